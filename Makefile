@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make demo` runs the main job, `make test` the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench protos generate system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[jax]'
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[jax,dev]'
+	touch $@ $(VENV)/.installed-demo
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/mlprof demo
+
+system-deps:
+	scripts/system-deps.sh
+
+test: $(VENV)/.installed-dev system-deps
+	$(BIN)/ruff check exporter tests bench alerts dashboards
+	$(BIN)/ruff format --check exporter tests bench alerts dashboards
+	$(BIN)/mypy
+	@# pytest exits 5 when it collected nothing: that is a failure, not a pass.
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check exporter tests bench alerts dashboards
+	$(BIN)/mypy
+
+bench: $(VENV)/.installed-dev
+	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
+
+protos: $(VENV)/.installed-dev
+	scripts/gen-protos.sh
+
+clean:
+	rm -rf $(VENV) mlprof-data .pytest_cache .mypy_cache .ruff_cache

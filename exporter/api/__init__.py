@@ -1,0 +1,1 @@
+"""HTTP API of the sidecar: /metrics, health, webhook and REST endpoints."""

@@ -1,0 +1,238 @@
+"""Settings: one model, env prefix ``MLPROF_``, optional YAML file.
+
+Precedence, highest first: command-line overrides, environment, YAML file, defaults.
+Every default works on one machine with no cloud account.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from exporter.errors import ConfigError
+
+__all__ = ["ENV_PREFIX", "Settings", "load_settings", "parse_hostport"]
+
+ENV_PREFIX = "MLPROF_"
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+
+
+def parse_hostport(value: str, default_port: int | None = None) -> tuple[str, int]:
+    """Split ``host:port`` (IPv6 as ``[::1]:port``); raise ValueError naming what is wrong."""
+    text = value.strip()
+    if not text:
+        raise ValueError("expected HOST:PORT, got an empty value")
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"expected [IPv6]:PORT, got {value!r}")
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, ""
+        elif ":" in host:
+            raise ValueError(f"expected HOST:PORT (IPv6 in brackets), got {value!r}")
+    if not host:
+        raise ValueError(f"expected HOST:PORT with a host, got {value!r}")
+    if not port_text:
+        if default_port is None:
+            raise ValueError(f"expected HOST:PORT with a port, got {value!r}")
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"expected a port 1-65535, got {port_text!r} in {value!r}")
+    return host, int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _split_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Sidecar settings; each field is also ``MLPROF_<FIELD>`` in the environment.
+
+    >>> Settings(listen="127.0.0.1:9500").listen_port
+    9500
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", validate_default=True, frozen=True
+    )
+
+    listen: str = Field("127.0.0.1:9464", description="HTTP address of /metrics and the API.")
+    shared_dir: Path = Field(
+        Path("./mlprof-data/shared"), description="Directory shared with the workload."
+    )
+    store: str = Field("./mlprof-data/store", description="Session store: a path or fsspec URL.")
+    auth_token: SecretStr | None = Field(
+        None, description="Bearer token for the API; required to listen off loopback."
+    )
+    metrics_auth: bool = Field(
+        True, description="Require the token on /metrics too when one is set."
+    )
+    pyroscope_url: str | None = Field(None, description="Grafana Pyroscope base URL.")
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint for metrics push.")
+    targets: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Static profiler targets, host:port,..."
+    )
+    collect_interval_s: float = Field(
+        5.0, gt=0, le=3600, description="How often sources are read and step logs tailed."
+    )
+    duty_cycle_window_s: float = Field(
+        60.0, gt=0, le=3600, description="Window of the step-log duty-cycle estimate."
+    )
+    series_ttl_s: float = Field(
+        900.0, gt=0, description="Drop a run's series after this long without a step."
+    )
+    log_level: str = Field("info", description="debug, info, warning or error.")
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        parse_hostport(value)
+        return value
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _split_targets(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("targets")
+    @classmethod
+    def _check_targets(cls, value: list[str]) -> list[str]:
+        for item in value:
+            parse_hostport(item, default_port=9999)
+        return value
+
+    @field_validator("pyroscope_url", "otlp_endpoint")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, value: str) -> str:
+        level = value.lower()
+        if level not in {"debug", "info", "warning", "error"}:
+            raise ValueError(f"expected debug, info, warning or error, got {value!r}")
+        return level
+
+    @model_validator(mode="after")
+    def _loopback_unless_token(self) -> Settings:
+        host, _ = parse_hostport(self.listen)
+        if not is_loopback(host) and not self.token:
+            raise ValueError(
+                f"listening on {host} (not loopback) needs an auth token: "
+                f"set {ENV_PREFIX}AUTH_TOKEN or listen on 127.0.0.1"
+            )
+        return self
+
+    @property
+    def listen_host(self) -> str:
+        return parse_hostport(self.listen)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return parse_hostport(self.listen)[1]
+
+    @property
+    def token(self) -> str | None:
+        """The auth token in clear, or None when unset or empty."""
+        if self.auth_token is None:
+            return None
+        return self.auth_token.get_secret_value() or None
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of option: value")
+    return {str(key).lower().removeprefix(ENV_PREFIX.lower()): val for key, val in data.items()}
+
+
+def _describe(error: Any, config_file: Path | None) -> str:
+    loc = [str(part) for part in error.get("loc", ())]
+    field = loc[0] if loc else ""
+    msg = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    if error.get("type") == "extra_forbidden":
+        where = f"config file {config_file}" if config_file else "settings"
+        return f"{where}: unknown option {field!r}"
+    if not field:
+        return msg
+    value = error.get("input")
+    shown = "" if isinstance(value, dict) or value is None else f"={value!r}"
+    if field == "auth_token":
+        shown = ""
+    return f"{ENV_PREFIX}{field.upper()}{shown}: {msg}"
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from overrides, environment, an optional YAML file and defaults.
+
+    Raises ConfigError with one line per bad option.
+    """
+    yaml_data = _read_yaml(config_file) if config_file else {}
+    cleaned = {key: val for key, val in overrides.items() if val is not None}
+
+    class _Loaded(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, env_settings, _YamlSource(settings_cls, yaml_data)
+
+    try:
+        loaded = _Loaded(**cleaned)
+    except ValidationError as exc:
+        lines = [_describe(err, config_file) for err in exc.errors()]
+        raise ConfigError("; ".join(lines)) from None
+    return Settings.model_construct(**dict(loaded))

@@ -1,0 +1,1 @@
+"""Metric sources (step logs, libtpu, NVML, JAX) published through OpenTelemetry."""

@@ -1,0 +1,1 @@
+"""Protobuf schemas written from public upstream definitions, and their generated code."""

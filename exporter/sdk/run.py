@@ -1,0 +1,242 @@
+"""``sdk.run``: a training run's identity, configs and step log in the shared dir."""
+
+from __future__ import annotations
+
+import atexit
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import secrets
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from exporter import schema
+from exporter.sdk.steplog import StepLogWriter
+
+__all__ = ["Run", "run"]
+
+_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
+DEFAULT_SHARED_DIR = "./mlprof-data/shared"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _software() -> dict[str, str | None]:
+    return {
+        "python": platform.python_version(),
+        "jax": _version("jax"),
+        "jaxlib": _version("jaxlib"),
+        "libtpu": _version("libtpu") or _version("libtpu-nightly"),
+        "mlprof_exporter": _version("mlprof-exporter"),
+    }
+
+
+def _system() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu_count": os.cpu_count()}
+    if "jax" not in sys.modules:
+        return info  # never import JAX on the workload's behalf
+    jax = sys.modules["jax"]
+    devices = jax.local_devices()
+    info.update(
+        backend=jax.default_backend(),
+        device_kind=devices[0].device_kind if devices else None,
+        device_count=jax.device_count(),
+        local_device_count=len(devices),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    return info
+
+
+def _new_run_id(name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{re.sub(r'[^a-zA-Z0-9-]', '-', name)[:40]}-{stamp}-{secrets.token_hex(2)}"
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)  # atomic: the sidecar never reads half a file
+
+
+class _Step:
+    """Context manager timing one step; reused per run to keep ``step()`` cheap."""
+
+    __slots__ = ("_run", "_start", "_tokens", "_wall")
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._tokens = 0
+        self._start = 0.0
+        self._wall = 0.0
+
+    def __enter__(self) -> _Step:
+        self._wall = time.time()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = time.perf_counter()
+        run = self._run
+        wait = self._start - run._last_end if run._last_end else 0.0
+        run._last_end = end
+        run.step_number += 1
+        run._writer.append(
+            f'{run._step_prefix}"step":{run.step_number},"start":{self._wall:.6f},'
+            f'"duration":{end - self._start:.9f},"wait":{wait:.9f},"tokens":{self._tokens}}}\n'
+        )
+
+
+class Run:
+    """One training run as the sidecar sees it. Create it with :func:`run`."""
+
+    def __init__(
+        self,
+        name: str,
+        shared_dir: Path,
+        configs: Mapping[str, Any] | None,
+        profiler_port: int | None,
+        run_id: str | None,
+        host: str | None,
+    ) -> None:
+        self.name = name
+        self.shared_dir = shared_dir
+        self.configs = dict(configs or {})
+        self.profiler_port = profiler_port
+        self.run_id = run_id or os.environ.get("MLPROF_RUN_ID") or _new_run_id(name)
+        self.host = host or socket.gethostname()
+        self.step_number = 0
+        self._last_end = 0.0
+        self._step_obj = _Step(self)
+        self._writer: StepLogWriter
+        self._step_prefix = ""
+        self._record_prefix = ""
+        self._end_prefix = ""
+        self._profiler_started = False
+        self._closed = True
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> Run:
+        """Write ``run.json``, open the step log and start the profiler server."""
+        if self.profiler_port is not None:
+            import jax.profiler
+
+            jax.profiler.start_server(self.profiler_port)
+            self._profiler_started = True
+        identity = {"run_id": self.run_id, "workload": self.name, "host": self.host}
+        log = (
+            self.shared_dir
+            / schema.STEPS_DIR
+            / f"{self.host}-{os.getpid()}{schema.STEP_LOG_SUFFIX}"
+        )
+        self._writer = StepLogWriter(log, identity)
+        self._step_prefix = '{"kind":"step",' + self._writer.prefix[1:]
+        self._record_prefix = '{"kind":"record",' + self._writer.prefix[1:]
+        self._end_prefix = '{"kind":"end",' + self._writer.prefix[1:]
+        info = self.info()
+        _write_json(self.shared_dir / schema.RUNS_DIR / f"{self.run_id}.json", info)
+        _write_json(self.shared_dir / schema.RUN_FILE, info)
+        self._closed = False
+        atexit.register(self.close)
+        return self
+
+    def close(self) -> None:
+        """Flush the step log, mark the run ended and stop the profiler server."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._writer.append(f'{self._end_prefix}"time":{time.time():.6f}}}\n')
+        self._writer.close()
+        if self._profiler_started:
+            import jax.profiler
+
+            jax.profiler.stop_server()  # type: ignore[no-untyped-call]
+            self._profiler_started = False
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- per step ----------------------------------------------------------------
+    def step(self, tokens: int = 0) -> _Step:
+        """Time one training step; use as ``with run.step(tokens=n): ...``."""
+        step = self._step_obj
+        step._tokens = tokens
+        return step
+
+    def record(self, name: str, value: float, step: int | None = None) -> None:
+        """Record a user gauge such as ``loss`` or ``mfu`` (published as ``train_<name>``)."""
+        if not _NAME_RE.match(name):
+            raise ValueError(f"record name {name!r}: expected [a-zA-Z_][a-zA-Z0-9_]* (<= 64)")
+        number = float(value)
+        if not math.isfinite(number):
+            return  # a NaN loss is the user's signal, not a gauge value JSON can carry
+        at = self.step_number if step is None else step
+        self._writer.append(
+            f'{self._record_prefix}"name":"{name}","value":{number!r},"step":{at},'
+            f'"time":{time.time():.6f}}}\n'
+        )
+
+    def flush(self) -> None:
+        """Write buffered lines now (they are written every second anyway)."""
+        self._writer.flush()
+
+    # -- identity ----------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """The content of ``run.json``."""
+        now = time.time()
+        return {
+            "schema": schema.SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "name": self.name,
+            "host": self.host,
+            "pid": os.getpid(),
+            "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            "start_unix": now,
+            "profiler_port": self.profiler_port,
+            "software": _software(),
+            "system": _system(),
+            "configs": self.configs,
+        }
+
+
+def run(
+    name: str,
+    shared_dir: str | os.PathLike[str] | None = None,
+    configs: Mapping[str, Any] | None = None,
+    profiler_port: int | None = None,
+    run_id: str | None = None,
+    host: str | None = None,
+) -> Run:
+    """Start a run: writes ``run.json`` and opens the step log; use as a context manager.
+
+    ``shared_dir`` defaults to ``$MLPROF_SHARED_DIR`` or ``./mlprof-data/shared``;
+    ``run_id`` to ``$MLPROF_RUN_ID`` (set it to the same value on every host of a
+    multi-host job) or a generated id.
+    """
+    if not name or not isinstance(name, str):
+        raise ValueError("run name: expected a non-empty string")
+    directory = Path(shared_dir or os.environ.get("MLPROF_SHARED_DIR") or DEFAULT_SHARED_DIR)
+    return Run(name, directory, configs, profiler_port, run_id, host).start()
