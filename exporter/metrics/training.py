@@ -291,9 +291,7 @@ class TrainingMetrics:
     def _observe_last_step(self, options: CallbackOptions) -> Iterable[Observation]:
         return self._observe(lambda s: s.last_step)
 
-    def _record_callback(
-        self, name: str
-    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def _record_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             return self._observe(lambda s: s.records.get(name))
 

@@ -1,0 +1,17 @@
+"""Shared fixtures. Every test gets its own directories; nothing touches ./mlprof-data."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _clean_mlprof_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tests see only the MLPROF_ variables they set themselves."""
+    for name in list(os.environ):
+        if name.startswith("MLPROF_"):
+            monkeypatch.delenv(name)
+    yield

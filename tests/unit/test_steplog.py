@@ -1,0 +1,207 @@
+"""Step-log tailing: partial lines, restart without loss or double count, rotation,
+malformed lines; and the metrics a user scrapes from it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from exporter import sdk
+from exporter.metrics.steplog import StepLogTailer
+from exporter.metrics.telemetry import Telemetry, build_telemetry
+from exporter.metrics.training import TrainingMetrics
+
+IDENT = {"run_id": "r1", "workload": "w", "host": "h"}
+LABELS = {"run_id": "r1", "workload": "w", "host": "h"}
+
+
+def step_line(n: int, start: float = 1000.0, duration: float = 0.5, tokens: int = 10) -> str:
+    rec = {"kind": "step", **IDENT, "step": n, "start": start + n, "duration": duration}
+    return json.dumps({**rec, "wait": 0.5, "tokens": tokens}) + "\n"
+
+
+class Sidecar:
+    """The tailer and the metrics, as `mlprof serve` wires them, restartable."""
+
+    def __init__(self, shared: Path, clock: float = 2000.0) -> None:
+        self.shared = shared
+        self.now = clock
+        self.telemetry: Telemetry = build_telemetry()
+        self.metrics = TrainingMetrics(
+            self.telemetry.meter, shared, window_s=10, clock=lambda: self.now
+        )
+        self.errors: list[str] = []
+        self.tailer = StepLogTailer(
+            shared, shared / "sidecar" / "state.json", self.metrics, self.errors.append
+        )
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        return self.telemetry.registry.get_sample_value(name, labels or LABELS)
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Path:
+    (tmp_path / "steps").mkdir()
+    return tmp_path
+
+
+def test_partial_last_line_waits_for_its_newline(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    line = step_line(1)
+    log.write_text(step_line(0) + line[:20])
+    car = Sidecar(shared)
+    assert car.tailer.poll().records == 1
+    assert car.value("train_steps_total") == 1
+    with log.open("a") as fh:
+        fh.write(line[20:])
+    assert car.tailer.poll().records == 1
+    assert car.value("train_steps_total") == 2
+    assert car.errors == []
+
+
+def test_restart_neither_loses_nor_double_counts(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    log.write_text("".join(step_line(n, tokens=5) for n in range(10)))
+    first = Sidecar(shared)
+    first.tailer.poll()
+    assert first.value("train_steps_total") == 10
+    with log.open("a") as fh:
+        fh.write("".join(step_line(n, tokens=5) for n in range(10, 15)))
+    # A new sidecar process: totals come back from the state file, then the 5 new lines.
+    second = Sidecar(shared)
+    assert second.value("train_steps_total") == 10
+    second.tailer.poll()
+    assert second.value("train_steps_total") == 15
+    assert second.value("train_tokens_total") == 75
+    assert second.value("train_step") == 14
+
+
+def test_crash_before_persisting_recounts_exactly_once(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    log.write_text("".join(step_line(n) for n in range(4)))
+    first = Sidecar(shared)
+    first.tailer.poll()
+    state = (shared / "sidecar" / "state.json").read_bytes()
+    with log.open("a") as fh:
+        fh.write("".join(step_line(n) for n in range(4, 7)))
+    first.tailer.poll()
+    # Simulate a crash that lost the last state write: offsets and totals roll back together.
+    (shared / "sidecar" / "state.json").write_bytes(state)
+    second = Sidecar(shared)
+    second.tailer.poll()
+    assert second.value("train_steps_total") == 7
+
+
+def test_truncation_and_rotation_start_the_file_over(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    log.write_text("".join(step_line(n) for n in range(5)))
+    car = Sidecar(shared)
+    car.tailer.poll()
+    log.write_text(step_line(5))  # truncated and rewritten, shorter than the offset
+    car.tailer.poll()
+    assert car.value("train_steps_total") == 6
+    rotated = shared / "steps" / "h-1.jsonl.1"
+    log.rename(rotated)  # rotated away (no longer *.jsonl) and a new file starts
+    log.write_text("".join(step_line(n) for n in range(6, 8)) + "x" * 0)
+    car.tailer.poll()
+    assert car.value("train_steps_total") == 8
+    (shared / "steps" / "h-2.jsonl").write_text(step_line(8))  # a new file from a new pid
+    car.tailer.poll()
+    assert car.value("train_steps_total") == 9
+
+
+def test_malformed_lines_are_counted_and_skipped(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    bad = [
+        "not json\n",
+        "[1, 2]\n",
+        json.dumps({"kind": "step", **IDENT, "step": 1, "start": "x", "duration": 1}) + "\n",
+        json.dumps({"kind": "teleport", **IDENT}) + "\n",
+        json.dumps({"kind": "step", "step": 1, "start": 1, "duration": 1}) + "\n",
+    ]
+    log.write_text(step_line(0) + "".join(bad) + step_line(1))
+    car = Sidecar(shared)
+    stats = car.tailer.poll()
+    assert stats.records == 2
+    assert sorted(car.errors) == ["json", "schema", "schema", "schema", "schema"]
+    assert car.value("train_steps_total") == 2
+
+
+def test_garbage_without_newline_does_not_stall_the_file(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    log.write_bytes(b"\0" * (2 << 20))
+    car = Sidecar(shared)
+    car.tailer.poll()
+    with log.open("a") as fh:
+        fh.write("\n" + step_line(0))
+    car.tailer.poll()
+    assert car.value("train_steps_total") == 1
+    assert "line_too_long" in car.errors
+
+
+def test_step_duration_histogram_and_user_gauges(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    rec = {"kind": "record", **IDENT, "name": "loss", "value": 2.5, "step": 3, "time": 1}
+    log.write_text(
+        step_line(0, duration=0.003) + step_line(1, duration=7.0) + json.dumps(rec) + "\n"
+    )
+    car = Sidecar(shared)
+    car.tailer.poll()
+    assert car.value("train_step_duration_seconds_bucket", {**LABELS, "le": "0.005"}) == 1
+    assert car.value("train_step_duration_seconds_bucket", {**LABELS, "le": "10.0"}) == 2
+    assert car.value("train_step_duration_seconds_sum") == pytest.approx(7.003)
+    assert car.value("train_loss") == 2.5
+
+
+def test_duty_cycle_is_busy_time_over_the_window(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    # Steps of 0.5 s every 1 s from t=1001: half the time is spent waiting for input.
+    log.write_text("".join(step_line(n, duration=0.5) for n in range(1, 30)))
+    car = Sidecar(shared, clock=1030.0)
+    car.tailer.poll()
+    duty = {"run_id": "r1", "workload": "w", "host": "h", "accelerator": "unknown", "source": "sdk"}
+    assert car.value("accelerator_duty_cycle", duty) == pytest.approx(0.5, abs=0.06)
+    # The workload stalls: as polls go on with no new steps, the estimate falls to 0.
+    car.now = 1060.0
+    car.tailer.poll()
+    assert car.value("accelerator_duty_cycle", duty) == 0.0
+
+
+def test_series_expire_after_the_ttl_and_end_marks_down(shared: Path) -> None:
+    with sdk.run("w", shared_dir=shared, run_id="r1", host="h") as run:
+        with run.step(tokens=1):
+            pass
+    car = Sidecar(shared)
+    car.now = os.stat(next((shared / "steps").iterdir())).st_mtime + 1
+    car.tailer.poll()
+    assert car.value("mlprof_workload_up") == 0  # the run wrote its end record
+    assert car.value("train_steps_total") == 1
+    car.now += 10_000
+    assert car.metrics.expire() == 1
+    assert car.value("train_steps_total") is None
+
+
+def test_sdk_log_is_read_back_exactly(shared: Path) -> None:
+    with sdk.run("w", shared_dir=shared, run_id="r1", host="h", configs={"lr": 0.1}) as run:
+        for _ in range(50):
+            with run.step(tokens=3):
+                pass
+            run.record("loss", 1.25)
+    info = json.loads((shared / "run.json").read_text())
+    assert info["run_id"] == "r1" and info["configs"] == {"lr": 0.1}
+    assert json.loads((shared / "runs" / "r1.json").read_text())["host"] == "h"
+    car = Sidecar(shared)
+    car.tailer.poll()
+    assert car.value("train_steps_total") == 50
+    assert car.value("train_tokens_total") == 150
+    assert car.value("train_step") == 50
+    assert car.value("train_loss") == 1.25
+    assert car.errors == []
+
+
+def test_sdk_rejects_bad_record_names(tmp_path: Path) -> None:
+    with sdk.run("w", shared_dir=tmp_path) as run, pytest.raises(ValueError, match="record name"):
+        run.record("bad name", 1.0)
