@@ -4,7 +4,6 @@ malformed lines; and the metrics a user scrapes from it."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -171,11 +170,10 @@ def test_duty_cycle_is_busy_time_over_the_window(shared: Path) -> None:
 
 
 def test_series_expire_after_the_ttl_and_end_marks_down(shared: Path) -> None:
-    with sdk.run("w", shared_dir=shared, run_id="r1", host="h") as run:
-        with run.step(tokens=1):
-            pass
+    with sdk.run("w", shared_dir=shared, run_id="r1", host="h") as run, run.step(tokens=1):
+        pass
     car = Sidecar(shared)
-    car.now = os.stat(next((shared / "steps").iterdir())).st_mtime + 1
+    car.now = next((shared / "steps").iterdir()).stat().st_mtime + 1
     car.tailer.poll()
     assert car.value("mlprof_workload_up") == 0  # the run wrote its end record
     assert car.value("train_steps_total") == 1
