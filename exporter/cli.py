@@ -214,5 +214,124 @@ def demo(
         )
 
 
+@main.command()
+@click.argument("input_text", metavar="INPUT")
+@click.option(
+    "--kind",
+    type=click.Choice(["device", "host", "memory"]),
+    help="Which flame graph (default: device time when the capture has devices, else "
+    "host; memory for a memory pprof).",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["folded", "pprof", "html"]), default="folded",
+    show_default=True,
+)  # fmt: skip
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="File.")
+@click.option("--max-nodes", type=click.IntRange(min=1), help="Fold the smallest frames.")
+@click.option("--per-step", is_flag=True, help="Device time per step (the Steps line).")
+@click.option("--store", help="Session store, to name a session by id (env MLPROF_STORE).")
+def flamegraph(
+    input_text: str,
+    store: str | None,
+    kind: str | None,
+    fmt: str,
+    output: Path | None,
+    max_nodes: int | None,
+    per_step: bool,
+) -> None:
+    """Flame graph (self/total) of an .xplane.pb, a memory pprof or a session (dir or id)."""
+    from exporter.profiles.convert import flamegraph_from_path, render, resolve_input
+
+    input_path = resolve_input(input_text, _settings(None, store=store).store)
+    graph = flamegraph_from_path(input_path, kind, per_step)  # type: ignore[arg-type]
+    if max_nodes is not None:
+        graph = graph.truncated(max_nodes)
+    title = f"{input_path.name} ({graph.sample_type}, {graph.unit})"
+    data = render(graph, fmt, title)
+    if output is None:
+        if fmt == "pprof" and sys.stdout.isatty():
+            raise ConfigError("--format pprof is binary: give -o FILE or redirect stdout")
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        output.write_bytes(data)
+    except OSError as exc:
+        raise MlprofError(f"-o {output}: cannot write ({exc.strerror})") from None
+    click.echo(
+        f"wrote {output} ({graph.node_count} frames, total {graph.root.total} {graph.unit})",
+        err=True,
+    )
+
+
+@main.command("memory-profile")
+@settings_options
+@click.option(
+    "--wait", "wait_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+    help="Seconds to wait for the workload's answer (0 = do not wait).",
+)  # fmt: skip
+def memory_profile(
+    config_file: Path | None,
+    listen: str | None,
+    shared_dir: str | None,
+    store: str | None,
+    wait_s: float,
+) -> None:
+    """Ask the workload (SDK) for a device-memory profile in the shared dir."""
+    from exporter.profiles.memory_watcher import answers_to, request_memory_profile
+
+    settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
+    request_id = request_memory_profile(settings.shared_dir)
+    click.echo(f"requested memory profile {request_id} in {settings.shared_dir}", err=True)
+    if not wait_s:
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        found = answers_to(settings.shared_dir, request_id)
+        if found:
+            for path in found:
+                click.echo(str(path))
+            return
+        time.sleep(0.25)
+    raise MlprofError(
+        f"no answer to memory-profile request {request_id} within {wait_s:g}s: is a workload "
+        f"using the SDK with JAX running on {settings.shared_dir}?"
+    )
+
+
+@main.command("fake-tpu")
+@click.option(
+    "--chips", type=click.IntRange(1, 4096), default=None, help="Number of chips [default: 4]."
+)
+@click.option(
+    "--listen", default="127.0.0.1:8431", show_default=True,
+    envvar="MLPROF_FAKE_TPU_LISTEN", help="gRPC address of the fake runtime.",
+)  # fmt: skip
+@click.option(
+    "--script", "script_file", type=click.Path(path_type=Path, dir_okay=False),
+    help="YAML/JSON file of per-chip values over time (see exporter/faketpu.py).",
+)  # fmt: skip
+def fake_tpu(chips: int | None, listen: str, script_file: Path | None) -> None:
+    """Serve libtpu's runtime-metrics gRPC service with scripted values (no TPU needed)."""
+    from exporter.faketpu import FakeTpuRuntime, default_script, load_script
+
+    script = load_script(script_file, chips) if script_file else default_script(chips or 4)
+    fake = FakeTpuRuntime(script, listen).start()
+    click.echo(
+        f"mlprof fake-tpu: {script.chips} chips on {fake.addr} "
+        f"(point the sidecar at it: MLPROF_TPU_METRICS_ADDR={fake.addr}); Ctrl-C stops\n"
+        + fake.table()
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fake.stop(grace_s=1.0)
+
+
 if __name__ == "__main__":
     main()

@@ -25,6 +25,7 @@ __all__ = ["ENV_PREFIX", "Settings", "load_settings", "parse_hostport"]
 
 ENV_PREFIX = "MLPROF_"
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+SOURCE_NAMES = frozenset({"auto", "tpu", "nvml", "jax"})
 
 
 def parse_hostport(value: str, default_port: int | None = None) -> tuple[str, int]:
@@ -92,7 +93,45 @@ class Settings(BaseSettings):
         True, description="Require the token on /metrics too when one is set."
     )
     pyroscope_url: str | None = Field(None, description="Grafana Pyroscope base URL.")
+    pyroscope_tenant: str | None = Field(
+        None, description="Pyroscope tenant (X-Scope-OrgID) in multi-tenant mode."
+    )
+    pyroscope_user: str | None = Field(None, description="Pyroscope basic-auth user.")
+    pyroscope_password: SecretStr | None = Field(
+        None, description="Pyroscope basic-auth password (or Grafana Cloud token)."
+    )
+    spool_dir: Path = Field(
+        Path("./mlprof-data/spool"),
+        description="Profiles waiting for Pyroscope, kept across restarts.",
+    )
+    spool_max_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        le=1 << 40,
+        description="Spool size limit; the oldest profiles are dropped (and counted) beyond.",
+    )
+    memory_profile_interval_s: float = Field(
+        0.0,
+        ge=0,
+        le=86400,
+        description="Seconds between device-memory profiles taken by the SDK (0 = off); "
+        "read by the workload's SDK from the same MLPROF_ variable.",
+    )
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint for metrics push.")
+    otlp_headers: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Extra OTLP request headers, key=value,... (over OTEL_EXPORTER_OTLP_HEADERS).",
+    )
+    otlp_interval_s: float = Field(
+        15.0, gt=0, le=3600, description="How often metrics are pushed to the OTLP endpoint."
+    )
+    sources: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["auto"],
+        description="Accelerator metric sources: auto, or a list of tpu, nvml, jax.",
+    )
+    tpu_metrics_addr: str = Field(
+        "localhost:8431", description="libtpu runtime-metrics gRPC address (host:port)."
+    )
     targets: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Static profiler targets, host:port,..."
     )
@@ -104,6 +143,24 @@ class Settings(BaseSettings):
     )
     series_ttl_s: float = Field(
         900.0, gt=0, description="Drop a run's series after this long without a step."
+    )
+    alert_cooldown_s: float = Field(
+        600.0, ge=0, le=86400, description="Alert-triggered captures of one run at most this often."
+    )
+    alert_dedup_window_s: float = Field(
+        3600.0,
+        ge=0,
+        le=7 * 86400,
+        description="An alert fingerprint starts at most one capture within this window.",
+    )
+    alert_max_concurrent: int = Field(
+        2, ge=1, le=1000, description="Alert-triggered capture sessions running at once, at most."
+    )
+    alert_max_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Largest Alertmanager webhook body accepted (413 beyond).",
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
 
@@ -124,6 +181,41 @@ class Settings(BaseSettings):
         for item in value:
             parse_hostport(item, default_port=9999)
         return value
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _split_sources(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("sources")
+    @classmethod
+    def _check_sources(cls, value: list[str]) -> list[str]:
+        names = [item.lower() for item in value] or ["auto"]
+        unknown = [n for n in names if n not in SOURCE_NAMES]
+        if unknown:
+            raise ValueError(f"expected auto or a list of tpu, nvml, jax, got {unknown[0]!r}")
+        if "auto" in names and len(names) > 1:
+            raise ValueError("'auto' cannot be combined with named sources")
+        return list(dict.fromkeys(names))
+
+    @field_validator("tpu_metrics_addr")
+    @classmethod
+    def _check_tpu_addr(cls, value: str) -> str:
+        parse_hostport(value)
+        return value
+
+    @field_validator("otlp_headers", mode="before")
+    @classmethod
+    def _split_headers(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        headers = {}
+        for part in _split_list(value):
+            key, sep, val = part.partition("=")
+            if not sep or not key.strip():
+                raise ValueError("expected key=value,... (a part has no key or no '=')")
+            headers[key.strip().lower()] = val.strip()
+        return headers
 
     @field_validator("pyroscope_url", "otlp_endpoint")
     @classmethod
@@ -205,7 +297,7 @@ def _describe(error: Any, config_file: Path | None) -> str:
         return msg
     value = error.get("input")
     shown = "" if isinstance(value, dict) or value is None else f"={value!r}"
-    if field == "auth_token":
+    if field in ("auth_token", "otlp_headers", "pyroscope_password"):  # may hold credentials
         shown = ""
     return f"{ENV_PREFIX}{field.upper()}{shown}: {msg}"
 

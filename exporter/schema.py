@@ -8,6 +8,12 @@ Layout of the shared directory::
     runs/<run_id>.json            every run, so old step logs keep their identity
     steps/<host>-<pid>.jsonl      one JSON object per line, appended by the SDK
     sidecar/state.json            the sidecar's tail offsets and totals (sidecar only)
+    memory/<host>-<pid>-<ms>-<n>.pprof.gz   a device-memory profile (gzip pprof), and
+    memory/<host>-<pid>-<ms>-<n>.json       its identity: run_id, workload, host, pid,
+                                  time, trigger, request_id (written before the pprof)
+    requests/memory-profile-<id>.json       the sidecar asks the workload for a memory
+                                  profile: {"id", "time"}; each SDK process answers it
+                                  once with a profile whose request_id is <id>
 
 Every step-log line carries ``kind`` and the run identity (``run_id``, ``workload``,
 ``host``) so that the sidecar can tail any file without other state.
@@ -20,8 +26,16 @@ from typing import Final
 __all__ = [
     "DEMO_INPUT_DELAY_FILE",
     "KIND_END",
+    "KIND_MEMORY",
     "KIND_RECORD",
     "KIND_STEP",
+    "MEMORY_DIR",
+    "MEMORY_META_SUFFIX",
+    "MEMORY_PROFILE_INTERVAL_ENV",
+    "MEMORY_PROFILE_REQUEST_PREFIX",
+    "MEMORY_PROFILE_SUFFIX",
+    "REQUESTS_DIR",
+    "REQUEST_SUFFIX",
     "RUNS_DIR",
     "RUN_FILE",
     "SCHEMA_VERSION",
@@ -44,3 +58,16 @@ DEMO_INPUT_DELAY_FILE: Final = "demo-input-delay"
 KIND_STEP: Final = "step"  # step, start, duration, wait (s), tokens
 KIND_RECORD: Final = "record"  # name, value, step, time: a user-recorded gauge
 KIND_END: Final = "end"  # time: the run ended cleanly
+# time, devices: [{chip, platform, bytes_in_use, bytes_limit, peak_bytes_in_use}],
+# sampled from jax.Device.memory_stats() at most once per second.
+KIND_MEMORY: Final = "memory"
+
+# Device-memory profiles (jax.profiler.device_memory_profile()) and requests for them.
+MEMORY_DIR: Final = "memory"
+MEMORY_PROFILE_SUFFIX: Final = ".pprof.gz"
+MEMORY_META_SUFFIX: Final = ".json"
+REQUESTS_DIR: Final = "requests"
+MEMORY_PROFILE_REQUEST_PREFIX: Final = "memory-profile-"
+REQUEST_SUFFIX: Final = ".json"
+# Seconds between periodic memory profiles taken by the SDK (0 or unset = off).
+MEMORY_PROFILE_INTERVAL_ENV: Final = "MLPROF_MEMORY_PROFILE_INTERVAL_S"

@@ -12,9 +12,14 @@ from typing import Any
 
 from exporter import schema
 from exporter.config import Settings
+from exporter.metrics.exposition import ExpositionCache
+from exporter.metrics.otlp import otlp_reader
+from exporter.metrics.sources import AcceleratorSources
 from exporter.metrics.steplog import StepLogTailer
 from exporter.metrics.telemetry import Telemetry, build_telemetry
 from exporter.metrics.training import TrainingMetrics
+from exporter.profiles.memory_watcher import MemoryProfileWatcher
+from exporter.sinks.pyroscope import sink_from_settings
 
 __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
 
@@ -46,12 +51,14 @@ class PeriodicTask:
     async def run_forever(self) -> None:
         while True:
             try:
-                await asyncio.to_thread(self.func)
+                outcome = await asyncio.to_thread(self.func)
             except Exception as exc:  # keep the loop alive; the status tells what broke
                 log.exception("%s failed", self.name)
                 self.status.state, self.status.detail = "error", f"{type(exc).__name__}: {exc}"
             else:
-                self.status.state, self.status.detail = "ok", ""
+                # A func may return (state, detail), e.g. ("off", "no TPU runtime").
+                ok = isinstance(outcome, tuple) and len(outcome) == 2
+                self.status.state, self.status.detail = outcome if ok else ("ok", "")
             self.status.last_run = time.time()
             await asyncio.sleep(self.interval_s)
 
@@ -65,8 +72,14 @@ class Sidecar:
 
     def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
-        self.telemetry = telemetry or build_telemetry()
+        self.telemetry = telemetry or build_telemetry(
+            extra_readers=[r for r in [otlp_reader(settings)] if r is not None]
+        )
         meter = self.telemetry.meter
+        # /metrics bytes rendered ahead of the expected scrape (rendering 1k series ~16 ms).
+        self.exposition = ExpositionCache(
+            self.telemetry.registry, max_age_s=min(settings.collect_interval_s, 1.0)
+        )
         self.training = TrainingMetrics(
             meter,
             settings.shared_dir,
@@ -87,7 +100,42 @@ class Sidecar:
         self.tasks: list[PeriodicTask] = [
             PeriodicTask("step_log", self._tail_step_logs, min(settings.collect_interval_s, 1.0))
         ]
+        # Profiles: Pyroscope push with spool (None when no URL is set), and the
+        # device-memory profiles the SDK writes into the shared dir.
+        self.pyroscope = sink_from_settings(settings, meter)
+        self.memory_profiles = MemoryProfileWatcher(
+            settings.shared_dir, self.pyroscope.push if self.pyroscope else None
+        )
+        self.tasks.append(
+            PeriodicTask(
+                "memory_profiles",
+                self.memory_profiles.poll,
+                settings.collect_interval_s,
+                ComponentStatus(required=False),
+            )
+        )
+        if self.pyroscope is not None:
+            self.tasks.append(
+                PeriodicTask(
+                    "pyroscope_spool",
+                    self.pyroscope.drain,
+                    settings.collect_interval_s,
+                    ComponentStatus(required=False),
+                )
+            )
         self.statuses: dict[str, ComponentStatus] = {}
+        # Accelerator sources: each collects in a worker thread; scrapes read last values.
+        self.accelerators = AcceleratorSources(settings, meter)
+        self.training.memory = self.accelerators.jax_memory
+        for source in self.accelerators.runs:
+            status = ComponentStatus(source.state, source.detail, required=False)
+            if source.collect is None:
+                self.statuses[f"source.{source.name}"] = status
+            else:
+                interval = settings.collect_interval_s
+                self.tasks.append(
+                    PeriodicTask(f"source.{source.name}", source.collect, interval, status)
+                )
         self._running: list[asyncio.Task[None]] = []
 
     def _tail_step_logs(self) -> None:
@@ -115,4 +163,8 @@ class Sidecar:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._running = []
+        self.accelerators.close()
+        self.exposition.close()
+        if self.pyroscope is not None:
+            self.pyroscope.close()
         self.telemetry.shutdown()

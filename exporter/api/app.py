@@ -6,11 +6,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from exporter import __version__
 from exporter.api.auth import check_bearer
+from exporter.profiles.memory_watcher import (
+    MEMORY_REQUEST_ID,
+    answers_to,
+    request_memory_profile,
+)
 from exporter.sidecar import Sidecar
 
 __all__ = ["create_app"]
@@ -39,7 +45,7 @@ def create_app(sidecar: Sidecar) -> FastAPI:
     def require_token(request: Request) -> None:
         check_bearer(request, token)
 
-    def require_metrics_token(request: Request) -> None:
+    async def require_metrics_token(request: Request) -> None:  # async: no thread per scrape
         if sidecar.settings.metrics_auth:
             check_bearer(request, token)
 
@@ -56,9 +62,38 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["metrics"], dependencies=[Depends(require_metrics_token)])
-    def metrics() -> Response:
+    async def metrics() -> Response:
         """Prometheus exposition of every OpenTelemetry instrument."""
-        return Response(generate_latest(sidecar.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+        # Cached bytes are served from the event loop; a rendering runs in a worker thread.
+        cache = sidecar.exposition
+        body = cache.get_cached() or await run_in_threadpool(cache.get)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.post(
+        "/api/v1/memory-profiles",
+        status_code=202,
+        tags=["profiles"],
+        dependencies=[Depends(require_token)],
+    )
+    def post_memory_profile() -> dict[str, str]:
+        """Ask the workload (SDK) for a device-memory profile; it is pushed when it appears."""
+        request_id = request_memory_profile(sidecar.settings.shared_dir)
+        return {"request_id": request_id, "status_url": f"/api/v1/memory-profiles/{request_id}"}
+
+    @app.get(
+        "/api/v1/memory-profiles/{request_id}",
+        tags=["profiles"],
+        dependencies=[Depends(require_token)],
+    )
+    def get_memory_profile(request_id: str) -> JSONResponse:
+        """The profiles written in answer to a request (empty while the workload works)."""
+        if not MEMORY_REQUEST_ID.match(request_id):
+            return JSONResponse({"detail": "expected a request id like 1700000000-0a1b2c3d"}, 404)
+        found = answers_to(sidecar.settings.shared_dir, request_id)
+        done = [p.name for p in found if p.name in sidecar.memory_profiles.processed]
+        state = "converted" if found and len(done) == len(found) else "pending"
+        body = {"request_id": request_id, "state": state, "profiles": [p.name for p in found]}
+        return JSONResponse(body)
 
     app.state.require_token = require_token
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,7 +17,13 @@ from prometheus_client import CollectorRegistry
 
 from exporter import __version__
 
-__all__ = ["STEP_DURATION_BUCKETS_S", "Telemetry", "build_telemetry"]
+__all__ = [
+    "STEP_DURATION_BUCKETS_S",
+    "Telemetry",
+    "build_resource",
+    "build_telemetry",
+    "k8s_attributes",
+]
 
 # Steps range from ~1 ms (tiny models, CPU tests) to 10 min (huge pipeline stages);
 # a 1-2.5-5 series keeps quantile error under ~2.5x in every decade.
@@ -41,12 +48,34 @@ class Telemetry:
         self.provider.shutdown()
 
 
-def build_resource(extra: Mapping[str, str] | None = None) -> Resource:
-    """Resource attributes: service name, host and whatever the caller knows (k8s)."""
+# Downward-API variables a pod spec sets (OpenTelemetry Operator names first).
+K8S_RESOURCE_ENV = {
+    "k8s.pod.name": ("K8S_POD_NAME", "POD_NAME"),
+    "k8s.namespace.name": ("K8S_NAMESPACE_NAME", "POD_NAMESPACE"),
+    "k8s.node.name": ("K8S_NODE_NAME", "NODE_NAME"),
+}
+
+
+def k8s_attributes(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``k8s.pod.name`` / ``k8s.namespace.name`` / ``k8s.node.name`` from the environment."""
+    env = os.environ if environ is None else environ
+    found = {}
+    for attr, names in K8S_RESOURCE_ENV.items():
+        value = next((env[n] for n in names if env.get(n)), None)
+        if value:
+            found[attr] = value
+    return found
+
+
+def build_resource(
+    extra: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> Resource:
+    """Resource attributes: service name, host, k8s pod/namespace when set, and ``extra``."""
     attrs = {
         "service.name": "mlprof-exporter",
         "service.version": __version__,
         "host.name": socket.gethostname(),
+        **k8s_attributes(environ),
         **(extra or {}),
     }
     return Resource.create(attrs)

@@ -14,14 +14,15 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from exporter import schema
+from exporter.metrics.accelerator import accelerator_gauges
 from exporter.metrics.steplog import MalformedRecord
 
 __all__ = ["TrainingMetrics"]
@@ -29,6 +30,12 @@ __all__ = ["TrainingMetrics"]
 log = logging.getLogger(__name__)
 
 SeriesKey = tuple[str, str, str]  # run_id, workload, host
+
+
+class MemoryRecordHandler(Protocol):
+    def handle(self, record: dict[str, Any], identity: Mapping[str, str]) -> None: ...
+    def end(self, identity: Mapping[str, str]) -> None: ...
+
 
 MAX_RECORD_NAMES = 32  # user gauges become metric names: keep the set bounded
 # The SDK flushes every second; a workload silent for this long is not "up".
@@ -130,12 +137,10 @@ class TrainingMetrics:
         meter.create_observable_gauge(
             "train.step", [self._observe_last_step], unit="{step}", description="Last step number."
         )
-        meter.create_observable_gauge(
-            "accelerator.duty_cycle",
-            [self._observe_duty_cycle],
-            unit="1",
-            description="Fraction of time the accelerator executed work (0..1).",
-        )
+        # Shared with the hardware sources: one instrument, one callback per source.
+        accelerator_gauges(meter).add("duty_cycle", self._observe_duty_cycle)
+        # Handler of ``memory`` lines (JAX device memory), set by the sidecar when on.
+        self.memory: MemoryRecordHandler | None = None
         meter.create_observable_gauge(
             "mlprof.workload.up",
             [self._observe_up],
@@ -159,6 +164,11 @@ class TrainingMetrics:
                 self._handle_record(record, series)
             elif kind == schema.KIND_END:
                 series.ended = True
+                if self.memory is not None:
+                    self.memory.end(attrs)
+            elif kind == schema.KIND_MEMORY:
+                if self.memory is not None:
+                    self.memory.handle(record, attrs)
             else:
                 raise MalformedRecord(f"field 'kind': unknown kind {kind!r}")
 

@@ -199,3 +199,99 @@ class XStatMetadata(_message.Message):
         name: _Optional[str] = ...,
         description: _Optional[str] = ...,
     ) -> None: ...
+
+class XSpaceByLine(_message.Message):
+    __slots__ = ("planes", "errors", "warnings", "hostnames")
+    PLANES_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAMES_FIELD_NUMBER: _ClassVar[int]
+    planes: _containers.RepeatedCompositeFieldContainer[XPlaneByLine]
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    hostnames: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(
+        self,
+        planes: _Optional[_Iterable[_Union[XPlaneByLine, _Mapping]]] = ...,
+        errors: _Optional[_Iterable[str]] = ...,
+        warnings: _Optional[_Iterable[str]] = ...,
+        hostnames: _Optional[_Iterable[str]] = ...,
+    ) -> None: ...
+
+class XPlaneByLine(_message.Message):
+    __slots__ = ("id", "name", "lines", "event_metadata", "stat_metadata", "stats")
+    class EventMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: XEventMetadata
+        def __init__(
+            self,
+            key: _Optional[int] = ...,
+            value: _Optional[_Union[XEventMetadata, _Mapping]] = ...,
+        ) -> None: ...
+
+    class StatMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: XStatMetadata
+        def __init__(
+            self, key: _Optional[int] = ..., value: _Optional[_Union[XStatMetadata, _Mapping]] = ...
+        ) -> None: ...
+
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    EVENT_METADATA_FIELD_NUMBER: _ClassVar[int]
+    STAT_METADATA_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    lines: _containers.RepeatedScalarFieldContainer[bytes]
+    event_metadata: _containers.MessageMap[int, XEventMetadata]
+    stat_metadata: _containers.MessageMap[int, XStatMetadata]
+    stats: _containers.RepeatedCompositeFieldContainer[XStat]
+    def __init__(
+        self,
+        id: _Optional[int] = ...,
+        name: _Optional[str] = ...,
+        lines: _Optional[_Iterable[bytes]] = ...,
+        event_metadata: _Optional[_Mapping[int, XEventMetadata]] = ...,
+        stat_metadata: _Optional[_Mapping[int, XStatMetadata]] = ...,
+        stats: _Optional[_Iterable[_Union[XStat, _Mapping]]] = ...,
+    ) -> None: ...
+
+class XLineHeader(_message.Message):
+    __slots__ = ("id", "display_id", "name", "display_name", "timestamp_ns", "duration_ps")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_NS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_PS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    display_id: int
+    name: str
+    display_name: str
+    timestamp_ns: int
+    duration_ps: int
+    def __init__(
+        self,
+        id: _Optional[int] = ...,
+        display_id: _Optional[int] = ...,
+        name: _Optional[str] = ...,
+        display_name: _Optional[str] = ...,
+        timestamp_ns: _Optional[int] = ...,
+        duration_ps: _Optional[int] = ...,
+    ) -> None: ...
+
+class XPlaneHeader(_message.Message):
+    __slots__ = ("id", "name")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...

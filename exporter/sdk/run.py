@@ -19,6 +19,8 @@ from types import TracebackType
 from typing import Any
 
 from exporter import schema
+from exporter.sdk.memory import MemoryProfiler, interval_from_env
+from exporter.sdk.memory_stats import MemoryStatsSampler
 from exporter.sdk.steplog import StepLogWriter
 
 __all__ = ["Run", "run"]
@@ -127,6 +129,7 @@ class Run:
         self._record_prefix = ""
         self._end_prefix = ""
         self._profiler_started = False
+        self._memory: MemoryProfiler | None = None
         self._closed = True
 
     # -- lifecycle -------------------------------------------------------------
@@ -147,6 +150,11 @@ class Run:
         self._step_prefix = '{"kind":"step",' + self._writer.prefix[1:]
         self._record_prefix = '{"kind":"record",' + self._writer.prefix[1:]
         self._end_prefix = '{"kind":"end",' + self._writer.prefix[1:]
+        self._memory = MemoryProfiler(self.shared_dir, identity, interval_from_env())
+        self._writer.on_tick.append(self._memory.tick)
+        self._writer.on_tick.append(
+            MemoryStatsSampler.for_writer_prefix(self._writer.prefix, self._writer.append).tick
+        )
         info = self.info()
         _write_json(self.shared_dir / schema.RUNS_DIR / f"{self.run_id}.json", info)
         _write_json(self.shared_dir / schema.RUN_FILE, info)
@@ -198,6 +206,16 @@ class Run:
             f'{self._record_prefix}"name":"{name}","value":{number!r},"step":{at},'
             f'"time":{time.time():.6f}}}\n'
         )
+
+    def memory_profile(self, trigger: str = "programmatic") -> Path:
+        """Write a device-memory profile into the shared dir now; return its path.
+
+        Periodic profiles: ``$MLPROF_MEMORY_PROFILE_INTERVAL_S`` (0 = off). The sidecar
+        can also ask for one (``mlprof memory-profile``); both need JAX imported.
+        """
+        if self._memory is None:
+            raise RuntimeError("run not started: use sdk.run(...) to start it")
+        return self._memory.take(trigger)
 
     def flush(self) -> None:
         """Write buffered lines now (they are written every second anyway)."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["StepLogWriter"]
@@ -29,6 +31,8 @@ class StepLogWriter:
         self._buffer: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # Extra work for the flusher thread each second (e.g. requested memory profiles).
+        self.on_tick: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._run, name="mlprof-steplog", daemon=True)
         self._thread.start()
 
@@ -63,3 +67,8 @@ class StepLogWriter:
             except OSError:
                 # A full or vanished disk must not kill training; the next flush retries.
                 continue
+            for hook in list(self.on_tick):
+                try:
+                    hook()
+                except Exception as exc:  # a failing hook must not stop the step log
+                    print(f"mlprof: background task failed: {exc!r}", file=sys.stderr)

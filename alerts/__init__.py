@@ -1,0 +1,1 @@
+"""Shipped alerting content: Prometheus rules rendered from one thresholds table."""

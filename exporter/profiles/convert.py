@@ -1,0 +1,159 @@
+"""One entry point from a file or session to a flame graph and its rendering.
+
+Inputs: an XProf capture (``*.xplane.pb``), a device-memory pprof (gzip), or a session
+directory (XProf's ``plugins/profile/<session>/<host>.xplane.pb`` layout, or any folder
+holding captures), whose hosts are merged.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from google.protobuf.message import DecodeError
+
+from exporter.errors import InputError
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.html import render_html
+from exporter.profiles.memory import load_memory_profile
+from exporter.profiles.pprof import encode_pprof
+from exporter.profiles.xplane import Capture, device_flamegraph, host_flamegraph, load_capture
+
+__all__ = [
+    "FORMATS",
+    "KINDS",
+    "flamegraph_from_capture",
+    "flamegraph_from_path",
+    "render",
+    "resolve_input",
+]
+
+Kind = Literal["device", "host", "memory"]
+KINDS: tuple[Kind, ...] = ("device", "host", "memory")
+FORMATS = ("folded", "pprof", "html")
+CAPTURE_SUFFIX = ".xplane.pb"
+MEMORY_SUFFIXES = (".pprof.gz", ".pprof", ".pb.gz")
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def flamegraph_from_capture(
+    capture: Capture, kind: Kind | None = None, per_step: bool = False
+) -> FlameGraph:
+    """The device or host flame graph of one capture (``None``: device when present).
+
+    ``per_step`` divides device time by the number of steps on the ``Steps`` line.
+    """
+    if kind == "memory":
+        raise InputError(
+            f"{capture.source}: is an XProf capture; --kind memory needs a device-memory "
+            "pprof (from jax.profiler.device_memory_profile())"
+        )
+    planes = ", ".join(capture.plane_names) or "none"
+    if kind in (None, "device"):
+        graph = device_flamegraph(capture)
+        if graph is not None and per_step:
+            if not capture.steps:
+                raise InputError(f"{capture.source}: --per-step: no Steps line on the devices")
+            return graph.scaled(1 / capture.steps)
+        if graph is not None:
+            return graph
+        if kind == "device":
+            raise InputError(
+                f"{capture.source}: no device planes (/device:TPU:N or /device:GPU:N) in "
+                f"this capture (planes: {planes}); try --kind host"
+            )
+    if per_step:
+        raise InputError(f"{capture.source}: --per-step needs device planes (a Steps line)")
+    graph = host_flamegraph(capture)
+    if graph is not None:
+        return graph
+    raise InputError(
+        f"{capture.source}: nothing to convert: no device planes (/device:TPU:N, "
+        f"/device:GPU:N) and no host events (/host:CPU) in this capture (planes: {planes})"
+    )
+
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def resolve_input(text: str, store: str | None = None) -> Path:
+    """A file or directory path, else a session id in the local session store.
+
+    Session ids cannot leave the store: letters, digits, ``.``, ``_``, ``-`` only.
+    """
+    path = Path(text)
+    if path.exists() or store is None:
+        return path
+    if "://" in store and not store.startswith("file://"):
+        return path  # remote stores are read by the capture engine, not here
+    root = Path(store.removeprefix("file://"))
+    if _SESSION_ID.match(text) and ".." not in text:
+        candidate = root / "plugins" / "profile" / text
+        if candidate.is_dir():
+            return candidate
+    return path
+
+
+def _is_memory_file(path: Path) -> bool:
+    if path.name.endswith(CAPTURE_SUFFIX):
+        return False
+    if path.name.endswith(MEMORY_SUFFIXES):
+        return True
+    try:
+        with path.open("rb") as handle:
+            return handle.read(2) == GZIP_MAGIC
+    except OSError:
+        return False
+
+
+def _session_files(directory: Path, kind: Kind | None) -> list[Path]:
+    if kind == "memory":
+        found = sorted(p for s in MEMORY_SUFFIXES for p in directory.rglob(f"*{s}"))
+        what = "device-memory profiles (*.pprof.gz)"
+    else:
+        found = sorted(directory.rglob(f"*{CAPTURE_SUFFIX}"))
+        what = "XProf captures (*.xplane.pb)"
+    if not found:
+        raise InputError(f"{directory}: no {what} in this session directory")
+    return found
+
+
+def flamegraph_from_path(
+    path: Path, kind: Kind | None = None, per_step: bool = False
+) -> FlameGraph:
+    """Build the flame graph of a capture, memory profile or session directory."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file, directory or session in the store")
+    try:
+        if path.is_dir():
+            files = _session_files(path, kind)
+            graphs = [flamegraph_from_path(p, kind, per_step) for p in files]
+            merged = graphs[0]
+            for other in graphs[1:]:
+                merged.merge(other)
+            return merged
+        if _is_memory_file(path):
+            if per_step:
+                raise InputError(f"{path}: --per-step applies to device time, not memory")
+            if kind not in (None, "memory"):
+                raise InputError(
+                    f"{path}: is a device-memory pprof; it has no {kind} time (use --kind memory)"
+                )
+            return load_memory_profile(path)
+        with load_capture(path) as capture:
+            return flamegraph_from_capture(capture, kind, per_step)
+    except (DecodeError, ValueError, IndexError, KeyError, UnicodeDecodeError) as exc:
+        # Whatever slips past the readers' own checks is still a bad input, not a crash.
+        raise InputError(f"{path}: cannot convert ({type(exc).__name__}: {exc})") from None
+
+
+def render(graph: FlameGraph, fmt: str, title: str = "Flame graph") -> bytes:
+    """``graph`` as folded text, gzip pprof or a self-contained HTML page."""
+    if fmt == "folded":
+        return graph.to_folded().encode("utf-8")
+    if fmt == "pprof":
+        return encode_pprof(graph)
+    if fmt == "html":
+        return render_html(graph, title).encode("utf-8")
+    raise ValueError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")

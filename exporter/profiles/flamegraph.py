@@ -1,0 +1,325 @@
+"""Flame graphs whose nodes carry self and total values.
+
+``total`` of a node is its ``self`` plus the totals of its children; every operation
+here (add, merge, scaling, truncation, depth limit) keeps that exact.
+
+>>> graph = FlameGraph(sample_type="wall", unit="nanoseconds")
+>>> graph.add(["main", "step", "matmul"], 30)
+>>> graph.add(["main", "step"], 10)
+>>> graph.root.total, graph.find(["main", "step"]).self_value
+(40, 10)
+>>> print(graph.to_folded(), end="")
+main;step 10
+main;step;matmul 30
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from exporter.profiles.frames import FrameLabel
+
+__all__ = ["OTHER", "FlameGraph", "Frame"]
+
+OTHER = "other"  # the frame that holds what truncation folded away
+
+
+class Frame:
+    """One node: a label, where it lives, its self and total value and its children."""
+
+    __slots__ = ("children", "file", "line", "name", "self_value", "total")
+
+    def __init__(self, name: str, file: str = "", line: int = 0) -> None:
+        self.name = name
+        self.file = file
+        self.line = line
+        self.self_value = 0
+        self.total = 0
+        self.children: dict[str, Frame] = {}
+
+    def child(self, name: str, file: str = "", line: int = 0) -> Frame:
+        """The child called ``name``, created when missing."""
+        node = self.children.get(name)
+        if node is None:
+            node = self.children[name] = Frame(name, file, line)
+        return node
+
+    def __repr__(self) -> str:
+        return f"Frame({self.name!r}, self={self.self_value}, total={self.total})"
+
+
+def _as_label(item: str | FrameLabel) -> FrameLabel:
+    return item if isinstance(item, FrameLabel) else FrameLabel(item)
+
+
+def _clean(name: str) -> str:
+    # Folded text has no escaping: ';' separates frames and a newline ends a line.
+    return name.replace(";", ":").replace("\n", " ")
+
+
+@dataclass
+class FlameGraph:
+    """A tree of frames with self/total values of one sample type.
+
+    ``profile_name`` becomes Pyroscope's ``__name__``; ``sample_type``/``unit`` the pprof
+    sample type; ``time_nanos``/``duration_nanos`` when the data was recorded.
+    """
+
+    sample_type: str = "samples"
+    unit: str = "count"
+    profile_name: str = "profile"
+    period_type: str = ""
+    period_unit: str = ""
+    period: int = 1
+    time_nanos: int = 0
+    duration_nanos: int = 0
+    root: Frame = field(default_factory=lambda: Frame("root"))
+
+    def __post_init__(self) -> None:
+        self.period_type = self.period_type or self.sample_type
+        self.period_unit = self.period_unit or self.unit
+
+    # -- building ------------------------------------------------------------------
+    def add(self, stack: Iterable[str | FrameLabel], value: int) -> None:
+        """Add ``value`` to the node at ``stack`` (root-first) and its ancestors' totals."""
+        node = self.root
+        node.total += value
+        for item in stack:
+            label = _as_label(item)
+            node = node.child(label.name, label.file, label.line)
+            node.total += value
+        node.self_value += value
+
+    def find(self, stack: Sequence[str]) -> Frame | None:
+        """The node at ``stack`` (root-first), or None."""
+        node = self.root
+        for name in stack:
+            found = node.children.get(name)
+            if found is None:
+                return None
+            node = found
+        return node
+
+    def recompute_totals(self) -> None:
+        """Set every total to self plus children (after editing ``self_value`` directly)."""
+        for _, node in reversed(list(self._walk())):
+            node.total = node.self_value + sum(c.total for c in node.children.values())
+
+    def merge(self, other: FlameGraph) -> None:
+        """Add ``other``'s values into this graph (same sample type and unit)."""
+        if (other.sample_type, other.unit) != (self.sample_type, self.unit):
+            raise ValueError(
+                f"cannot merge {other.sample_type}/{other.unit} into {self.sample_type}/{self.unit}"
+            )
+        stack: list[tuple[Frame, Frame]] = [(self.root, other.root)]
+        while stack:
+            mine, theirs = stack.pop()
+            mine.self_value += theirs.self_value
+            mine.total += theirs.total
+            for name, child in theirs.children.items():
+                stack.append((mine.child(name, child.file, child.line), child))
+        if other.time_nanos and (not self.time_nanos or other.time_nanos < self.time_nanos):
+            end = max(
+                self.time_nanos + self.duration_nanos, other.time_nanos + other.duration_nanos
+            )
+            self.time_nanos = other.time_nanos
+            self.duration_nanos = end - other.time_nanos
+
+    # -- reading -------------------------------------------------------------------
+    def _walk(self) -> Iterator[tuple[int, Frame]]:
+        """(depth, node) pre-order, root included at depth 0; iterative (deep stacks)."""
+        stack: list[tuple[int, Frame]] = [(0, self.root)]
+        while stack:
+            depth, node = stack.pop()
+            yield depth, node
+            children = list(node.children.values())
+            stack.extend((depth + 1, c) for c in reversed(children))
+
+    def paths(self) -> Iterator[tuple[tuple[Frame, ...], Frame]]:
+        """(ancestors root-first excluding root, node) for every non-root node, pre-order."""
+        stack: list[tuple[tuple[Frame, ...], Frame]] = [
+            ((), c) for c in reversed(list(self.root.children.values()))
+        ]
+        while stack:
+            ancestors, node = stack.pop()
+            yield ancestors, node
+            below = (*ancestors, node)
+            stack.extend((below, c) for c in reversed(list(node.children.values())))
+
+    @property
+    def node_count(self) -> int:
+        """Number of frames, root excluded."""
+        return sum(1 for _ in self._walk()) - 1
+
+    @property
+    def max_depth(self) -> int:
+        """Length of the longest stack."""
+        return max(depth for depth, _ in self._walk())
+
+    def check(self) -> None:
+        """Raise ValueError where a total is not self plus children or a value is negative."""
+        for depth, node in reversed(list(self._walk())):  # deepest first: name the culprit
+            expected = node.self_value + sum(c.total for c in node.children.values())
+            if node.total != expected or node.self_value < 0:
+                raise ValueError(
+                    f"frame {node.name!r} at depth {depth}: total {node.total} != self "
+                    f"{node.self_value} + children {expected - node.self_value}"
+                )
+
+    def to_folded(self) -> str:
+        """Folded stacks, one ``a;b;c value`` line per node with self value."""
+        lines = [
+            ";".join(_clean(f.name) for f in (*ancestors, node)) + f" {node.self_value}"
+            for ancestors, node in self.paths()
+            if node.self_value
+        ]
+        return "\n".join(lines) + ("\n" if lines else "")
+
+    @classmethod
+    def from_folded(cls, text: str, **attrs: object) -> FlameGraph:
+        """Parse folded stacks (``a;b;c 123`` per line)."""
+        graph = cls(**attrs)  # type: ignore[arg-type]
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line:
+                continue
+            stack, _, value = line.rpartition(" ")
+            if not stack or not value.lstrip("-").isdigit():
+                raise ValueError(f"line {number}: expected 'frame;frame VALUE', got {raw!r}")
+            graph.add(stack.split(";"), int(value))
+        return graph
+
+    def to_dict(self) -> dict[str, object]:
+        """Nested ``{"n", "s", "t", "c"}`` dicts (name, self, total, children) for HTML/JSON."""
+
+        def build(node: Frame) -> dict[str, object]:
+            out: dict[str, object] = {"n": node.name, "s": node.self_value, "t": node.total}
+            if node.file:
+                out["f"] = f"{node.file}:{node.line}" if node.line else node.file
+            return out
+
+        top = build(self.root)
+        stack: list[tuple[Frame, dict[str, object]]] = [(self.root, top)]
+        while stack:
+            node, out = stack.pop()
+            kids = sorted(node.children.values(), key=lambda c: -c.total)
+            built = [build(c) for c in kids]
+            if built:
+                out["c"] = built
+            stack.extend(zip(kids, built, strict=True))
+        return top
+
+    # -- transforming (each returns a new graph) ------------------------------------
+    def _like(self) -> FlameGraph:
+        return FlameGraph(
+            sample_type=self.sample_type,
+            unit=self.unit,
+            profile_name=self.profile_name,
+            period_type=self.period_type,
+            period_unit=self.period_unit,
+            period=self.period,
+            time_nanos=self.time_nanos,
+            duration_nanos=self.duration_nanos,
+        )
+
+    def copy(self) -> FlameGraph:
+        """A deep copy."""
+        out = self._like()
+        out.merge(self)
+        return out
+
+    def scaled(self, factor: float) -> FlameGraph:
+        """Values multiplied by ``factor``, rounded so that totals stay exact.
+
+        Self values are rounded by largest remainder, so the root total is the rounded
+        scaled root total and every node's total is still self plus children.
+        """
+        out = self.copy()
+        nodes = [node for _, node in out._walk()]
+        exact = [node.self_value * factor for node in nodes]
+        floors = [int(x // 1) for x in exact]
+        target = round(self.root.total * factor)
+        missing = target - sum(floors)
+        order = sorted(range(len(nodes)), key=lambda i: floors[i] - exact[i])
+        for i in order[: max(0, missing)]:
+            floors[i] += 1
+        for node, value in zip(nodes, floors, strict=True):
+            node.self_value = value
+        out.recompute_totals()
+        return out
+
+    def normalized(self, total: int = 1_000_000) -> FlameGraph:
+        """Scaled so the root total is ``total`` (parts per million by default)."""
+        if self.root.total <= 0:
+            return self.copy()
+        return self.scaled(total / self.root.total)
+
+    def truncated(self, max_nodes: int) -> FlameGraph:
+        """At most ``max_nodes`` frames: the smallest subtrees fold into an ``other`` child.
+
+        Totals stay exact: an ``other`` node's self is the sum of the totals it replaced.
+        """
+        if max_nodes < 1:
+            raise ValueError("max_nodes must be at least 1")
+        if self.node_count <= max_nodes:
+            return self.copy()
+        # Rank by total, ancestors before descendants on ties (depth), so the kept set is
+        # closed under "parent of": a parent's total is never below its child's.
+        ranked: list[tuple[int, int, int, Frame, Frame]] = []
+        seq = 0
+        stack: list[tuple[int, Frame]] = [(0, self.root)]
+        while stack:
+            depth, node = stack.pop()
+            for child in node.children.values():
+                seq += 1
+                ranked.append((-child.total, depth + 1, seq, child, node))
+                stack.append((depth + 1, child))
+        keep_n = max_nodes
+        while True:
+            kept = (
+                heapq.nsmallest(keep_n, ranked, key=lambda r: (r[0], r[1], r[2])) if keep_n else []
+            )
+            kept_ids = {id(r[3]) for r in kept}
+            parents = {id(self.root): self.root} | {id(r[3]): r[3] for r in kept}
+            others = 0
+            for parent in parents.values():
+                names = [c.name for c in parent.children.values() if id(c) not in kept_ids]
+                if names and not any(
+                    c.name == OTHER and id(c) in kept_ids for c in parent.children.values()
+                ):
+                    others += 1
+            if keep_n + others <= max_nodes or keep_n == 0:
+                break
+            keep_n = max(0, keep_n - (keep_n + others - max_nodes))
+        out = self._like()
+        pending: list[tuple[Frame, Frame]] = [(self.root, out.root)]
+        while pending:
+            src, dst = pending.pop()
+            dst.self_value = src.self_value
+            folded = 0
+            for child in src.children.values():
+                if id(child) in kept_ids:
+                    pending.append((child, dst.child(child.name, child.file, child.line)))
+                else:
+                    folded += child.total
+            if folded:
+                dst.child(OTHER).self_value += folded
+        out.recompute_totals()
+        return out
+
+    def depth_limited(self, max_depth: int) -> FlameGraph:
+        """Stacks cut at ``max_depth`` frames; a cut frame's self absorbs what was below."""
+        out = self._like()
+        pending: list[tuple[int, Frame, Frame]] = [(0, self.root, out.root)]
+        while pending:
+            depth, src, dst = pending.pop()
+            if depth >= max_depth:
+                dst.self_value += src.total
+                continue
+            dst.self_value += src.self_value
+            for child in src.children.values():
+                pending.append((depth + 1, child, dst.child(child.name, child.file, child.line)))
+        out.recompute_totals()
+        return out

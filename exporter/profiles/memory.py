@@ -1,0 +1,84 @@
+"""Device-memory profiles -> in-use-space flame graphs.
+
+Input is the gzip pprof that ``jax.profiler.device_memory_profile()`` returns: sample
+types ``allocations/count`` and ``space/bytes``, one sample per live buffer or loaded
+executable, its Python allocation stack as locations, labels ``kind`` and ``device``.
+The flame graph is stacked device > Python frames (outermost first), value = bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exporter.errors import InputError
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.frames import FrameLabel, label_native, label_python
+from exporter.profiles.pprof import decode_pprof, from_pprof
+from exporter.proto import profile_pb2
+
+__all__ = ["in_use_bytes", "load_memory_profile", "memory_flamegraph"]
+
+SPACE = "space"
+
+
+def _relabel(label: FrameLabel) -> FrameLabel:
+    if label.name.startswith("0x") or not label.file:
+        return label_native(label.name, label.file, label.line)
+    return label_python(label.name, label.file, label.line)
+
+
+def _space_index(profile: profile_pb2.Profile, source: str) -> int:
+    names = [profile.string_table[v.type] for v in profile.sample_type]
+    for wanted in (SPACE, "inuse_space"):
+        if wanted in names:
+            return names.index(wanted)
+    raise InputError(
+        f"{source}: not a device-memory profile (sample types {names}, expected 'space')"
+    )
+
+
+def in_use_bytes(profile: profile_pb2.Profile, source: str = "profile") -> int:
+    """Sum of the profile's ``space`` values: the bytes in use when it was taken."""
+    index = _space_index(profile, source)
+    return sum(s.value[index] for s in profile.sample if len(s.value) > index)
+
+
+def memory_flamegraph(data: bytes, source: str = "profile") -> FlameGraph:
+    """The in-use-space flame graph (bytes) of a device-memory pprof (gzip or raw)."""
+    try:
+        profile = decode_pprof(data, source)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    index = _space_index(profile, source)
+    table = profile.string_table
+    device_key = next((i for i, s in enumerate(table) if s == "device"), -1)
+
+    def device(sample: profile_pb2.Sample) -> list[str]:
+        for label in sample.label:
+            if label.key == device_key and label.str:
+                return [table[label.str]]
+        return []
+
+    graph = from_pprof(
+        profile,
+        sample_type=profile.string_table[profile.sample_type[index].type],
+        profile_name="memory",
+        relabel=_relabel,
+        prefix=device,
+    )
+    # Pyroscope's memory profile type: memory:inuse_space:bytes:space:bytes.
+    graph.sample_type = "inuse_space"
+    graph.unit = "bytes"
+    graph.period_type, graph.period_unit = "space", "bytes"
+    return graph
+
+
+def load_memory_profile(path: Path) -> FlameGraph:
+    """Read a device-memory pprof file and build its flame graph."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read memory profile ({exc.strerror or exc})") from None
+    if not data:
+        raise InputError(f"{path}: empty file, expected a device-memory pprof")
+    return memory_flamegraph(data, str(path))

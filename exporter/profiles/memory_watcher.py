@@ -1,0 +1,179 @@
+"""The sidecar's side of device-memory profiles: pick up new ones, convert, publish.
+
+The workload's SDK writes ``memory/*.pprof.gz`` (with a ``.json`` identity beside each)
+into the shared directory; :class:`MemoryProfileWatcher` converts each new one once
+(remembered across restarts) and hands the flame graph and its labels to ``publish``
+(e.g. ``PyroscopeSink.push``). :func:`request_memory_profile` asks the workload for one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter import schema
+from exporter.errors import InputError
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.memory import load_memory_profile
+
+__all__ = [
+    "MEMORY_REQUEST_ID",
+    "MemoryProfileResult",
+    "MemoryProfileWatcher",
+    "answers_to",
+    "request_memory_profile",
+]
+
+log = logging.getLogger(__name__)
+
+PROFILE_SOURCE = "device_memory"
+MEMORY_REQUEST_ID = re.compile(r"^\d{9,12}-[0-9a-f]{8}$")  # what request_memory_profile makes
+REQUEST_TTL_S = 300.0  # requests older than this are removed (the SDK ignores them too)
+Publish = Callable[[FlameGraph, dict[str, str]], object]
+
+
+@dataclass(frozen=True)
+class MemoryProfileResult:
+    """One profile picked up: its file, labels, what publishing returned or the error."""
+
+    path: Path
+    labels: dict[str, str]
+    graph: FlameGraph | None
+    outcome: object = None
+    error: str = ""
+
+
+def request_memory_profile(shared_dir: Path) -> str:
+    """Ask the workload (SDK) for a device-memory profile; return the request id."""
+    request_id = f"{int(time.time())}-{secrets.token_hex(4)}"
+    directory = shared_dir / schema.REQUESTS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"{schema.MEMORY_PROFILE_REQUEST_PREFIX}{request_id}{schema.REQUEST_SUFFIX}"
+    tmp = directory / f".{name}.tmp"
+    tmp.write_text(json.dumps({"id": request_id, "time": time.time()}), encoding="utf-8")
+    tmp.replace(directory / name)
+    return request_id
+
+
+def _meta(path: Path) -> dict[str, Any]:
+    stem = path.name[: -len(schema.MEMORY_PROFILE_SUFFIX)]
+    meta_path = path.with_name(stem + schema.MEMORY_META_SUFFIX)
+    try:
+        data = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def answers_to(shared_dir: Path, request_id: str) -> list[Path]:
+    """Profiles written in answer to ``request_id``."""
+    directory = shared_dir / schema.MEMORY_DIR
+    return sorted(
+        p
+        for p in directory.glob(f"*{schema.MEMORY_PROFILE_SUFFIX}")
+        if _meta(p).get("request_id") == request_id
+    )
+
+
+class MemoryProfileWatcher:
+    """Converts each new device-memory profile in the shared dir once and publishes it.
+
+    ``poll()`` is what the sidecar calls periodically; ``keep`` bounds how many
+    converted profiles stay on disk (the oldest are deleted).
+    """
+
+    def __init__(
+        self,
+        shared_dir: Path,
+        publish: Publish | None = None,
+        state_path: Path | None = None,
+        keep: int = 100,
+    ) -> None:
+        self.shared_dir = shared_dir
+        self.directory = shared_dir / schema.MEMORY_DIR
+        self.publish = publish
+        self.state_path = state_path or shared_dir / schema.SIDECAR_DIR / "memory-profiles.json"
+        self.keep = keep
+        self.processed: set[str] = set()
+        self.errors = 0
+        try:
+            state = json.loads(self.state_path.read_text(encoding="utf-8"))
+            self.processed = set(state.get("processed", []))
+        except (OSError, ValueError, AttributeError):
+            self.processed = set()
+
+    def _save(self) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
+        tmp.write_text(json.dumps({"processed": sorted(self.processed)}), encoding="utf-8")
+        tmp.replace(self.state_path)
+
+    @staticmethod
+    def labels_for(meta: dict[str, Any], path: Path) -> dict[str, str]:
+        """Pyroscope labels of a profile from its identity file."""
+        return {
+            "service_name": str(meta.get("workload") or "unknown_service"),
+            "run_id": str(meta.get("run_id") or "unknown"),
+            "host": str(meta.get("host") or path.name.split("-")[0]),
+            "trigger": str(meta.get("trigger") or "periodic"),
+            "profile_source": PROFILE_SOURCE,
+        }
+
+    def poll(self) -> list[MemoryProfileResult]:
+        """Convert and publish every profile not seen before; oldest first."""
+        results: list[MemoryProfileResult] = []
+        try:
+            found = sorted(
+                self.directory.glob(f"*{schema.MEMORY_PROFILE_SUFFIX}"),
+                key=lambda p: p.stat().st_mtime,
+            )
+        except OSError:
+            found = []
+        for path in found:
+            if path.name in self.processed:
+                continue
+            meta = _meta(path)
+            labels = self.labels_for(meta, path)
+            try:
+                graph = load_memory_profile(path)
+                if meta.get("time"):
+                    graph.time_nanos = int(float(meta["time"]) * 1e9)
+            except InputError as exc:
+                self.errors += 1
+                log.warning("skipping memory profile: %s", exc)
+                results.append(MemoryProfileResult(path, labels, None, error=str(exc)))
+                self.processed.add(path.name)
+                continue
+            outcome = self.publish(graph, labels) if self.publish is not None else None
+            results.append(MemoryProfileResult(path, labels, graph, outcome))
+            self.processed.add(path.name)
+        if results:
+            self._retain(found)
+            self._save()
+        self._expire_requests()
+        return results
+
+    def _retain(self, found: list[Path]) -> None:
+        done = [p for p in found if p.name in self.processed]
+        for path in done[: max(0, len(done) - self.keep)]:
+            stem = path.name[: -len(schema.MEMORY_PROFILE_SUFFIX)]
+            path.unlink(missing_ok=True)
+            path.with_name(stem + schema.MEMORY_META_SUFFIX).unlink(missing_ok=True)
+            self.processed.discard(path.name)
+
+    def _expire_requests(self) -> None:
+        directory = self.shared_dir / schema.REQUESTS_DIR
+        now = time.time()
+        for entry in directory.glob(f"{schema.MEMORY_PROFILE_REQUEST_PREFIX}*"):
+            try:
+                if now - entry.stat().st_mtime > REQUEST_TTL_S:
+                    entry.unlink(missing_ok=True)
+            except OSError:
+                continue

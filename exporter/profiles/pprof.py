@@ -1,0 +1,200 @@
+"""FlameGraph <-> pprof ``Profile`` (gzip-compressed protobuf, as Pyroscope ingests it).
+
+Export writes one sample per node that has a self value (its stack leaf-first), with
+function and location tables deduplicated; import folds samples back into a tree.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Callable
+
+from google.protobuf.message import DecodeError
+
+from exporter.profiles.flamegraph import FlameGraph, Frame
+from exporter.profiles.frames import FrameLabel
+from exporter.proto import profile_pb2
+
+__all__ = ["decode_pprof", "encode_pprof", "from_pprof", "to_pprof"]
+
+Profile = profile_pb2.Profile
+LabelFn = Callable[[profile_pb2.Sample, list[str]], list[FrameLabel]]
+
+
+class _Strings:
+    """pprof's string table: index 0 is the empty string."""
+
+    def __init__(self, profile: profile_pb2.Profile) -> None:
+        self._table = profile.string_table
+        self._index: dict[str, int] = {"": 0}
+        self._table.append("")
+
+    def __call__(self, text: str) -> int:
+        found = self._index.get(text)
+        if found is None:
+            found = self._index[text] = len(self._table)
+            self._table.append(text)
+        return found
+
+
+def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
+    """Build a pprof Profile: one sample per node with self value, tables deduplicated."""
+    profile = profile_pb2.Profile()
+    strings = _Strings(profile)
+    sample_type = profile.sample_type.add()
+    sample_type.type = strings(graph.sample_type)
+    sample_type.unit = strings(graph.unit)
+    profile.period_type.type = strings(graph.period_type)
+    profile.period_type.unit = strings(graph.period_unit)
+    profile.period = graph.period
+    profile.time_nanos = graph.time_nanos
+    profile.duration_nanos = graph.duration_nanos
+    # One mapping: Pyroscope and `go tool pprof` expect locations to name one.
+    mapping = profile.mapping.add()
+    mapping.id = 1
+    mapping.has_functions = True
+    mapping.has_filenames = True
+    mapping.has_line_numbers = True
+
+    functions: dict[tuple[str, str], int] = {}
+    locations: dict[tuple[int, int], int] = {}
+    node_location: dict[int, int] = {}
+
+    def location_of(node: Frame) -> int:
+        loc_id = node_location.get(id(node))
+        if loc_id is not None:
+            return loc_id
+        fkey = (node.name, node.file)
+        fn_id = functions.get(fkey)
+        if fn_id is None:
+            fn_id = functions[fkey] = len(functions) + 1
+            fn = profile.function.add()
+            fn.id = fn_id
+            fn.name = fn.system_name = strings(node.name)
+            fn.filename = strings(node.file)
+        lkey = (fn_id, node.line)
+        loc_id = locations.get(lkey)
+        if loc_id is None:
+            loc_id = locations[lkey] = len(locations) + 1
+            loc = profile.location.add()
+            loc.id = loc_id
+            loc.mapping_id = 1
+            line = loc.line.add()
+            line.function_id = fn_id
+            line.line = node.line
+        node_location[id(node)] = loc_id
+        return loc_id
+
+    for ancestors, node in graph.paths():
+        if not node.self_value:
+            continue
+        sample = profile.sample.add()
+        sample.location_id.extend(location_of(f) for f in reversed((*ancestors, node)))
+        sample.value.append(node.self_value)
+    return profile
+
+
+def encode_pprof(graph: FlameGraph, level: int = 6) -> bytes:
+    """The gzip-compressed serialized pprof of ``graph``."""
+    return gzip.compress(to_pprof(graph).SerializeToString(), compresslevel=level, mtime=0)
+
+
+def decode_pprof(data: bytes, what: str = "profile") -> profile_pb2.Profile:
+    """Parse pprof bytes (gzip or not); ValueError naming ``what`` when it is not pprof."""
+    raw = data
+    if data[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ValueError(f"{what}: truncated or corrupt gzip data ({exc})") from None
+    profile = profile_pb2.Profile()
+    try:
+        profile.ParseFromString(raw)
+    except DecodeError:
+        raise ValueError(f"{what}: not a pprof profile (protobuf does not parse)") from None
+    table = profile.string_table
+    if not table or table[0] != "":
+        raise ValueError(f"{what}: not a pprof profile (string table must start with '')")
+    bad = [i for v in profile.sample_type for i in (v.type, v.unit) if not 0 <= i < len(table)]
+    if bad or not profile.sample_type:
+        raise ValueError(f"{what}: not a pprof profile (no valid sample types)")
+    return profile
+
+
+def _stack_labels(
+    profile: profile_pb2.Profile,
+) -> Callable[[profile_pb2.Sample], list[FrameLabel]]:
+    table = profile.string_table
+    functions = {f.id: f for f in profile.function}
+    cache: dict[int, list[FrameLabel]] = {}
+
+    def location_labels(loc: profile_pb2.Location) -> list[FrameLabel]:
+        if not loc.line:
+            return [FrameLabel(f"0x{loc.address:x}")]
+        out = []
+        # Inlined frames: line[0] is the innermost; we want outermost-first.
+        for line in reversed(loc.line):
+            fn = functions.get(line.function_id)
+            name = table[fn.name] if fn is not None else ""
+            file = table[fn.filename] if fn is not None else ""
+            out.append(FrameLabel(name or f"0x{loc.address:x}", file, line.line))
+        return out
+
+    locations = {loc.id: loc for loc in profile.location}
+
+    def stack(sample: profile_pb2.Sample) -> list[FrameLabel]:
+        frames: list[FrameLabel] = []
+        for loc_id in reversed(sample.location_id):
+            labels = cache.get(loc_id)
+            if labels is None:
+                loc = locations.get(loc_id)
+                labels = cache[loc_id] = (
+                    location_labels(loc) if loc else [FrameLabel(f"<location {loc_id}>")]
+                )
+            frames.extend(labels)
+        return frames
+
+    return stack
+
+
+def from_pprof(
+    profile: profile_pb2.Profile,
+    sample_type: str | None = None,
+    profile_name: str = "profile",
+    relabel: Callable[[FrameLabel], FrameLabel] | None = None,
+    prefix: Callable[[profile_pb2.Sample], list[str]] | None = None,
+) -> FlameGraph:
+    """Fold a pprof Profile into a FlameGraph of one sample type (default: the last one).
+
+    ``relabel`` maps each frame label (e.g. to the house convention); ``prefix`` gives
+    extra root-side frames per sample (e.g. the device a buffer lives on).
+    """
+    table = profile.string_table
+    types = [(table[v.type], table[v.unit]) for v in profile.sample_type]
+    names = [t for t, _ in types]
+    if sample_type is None:
+        index = len(types) - 1
+    elif sample_type in names:
+        index = names.index(sample_type)
+    else:
+        raise ValueError(f"sample type {sample_type!r} not in profile (has {names})")
+    graph = FlameGraph(
+        sample_type=types[index][0],
+        unit=types[index][1],
+        profile_name=profile_name,
+        period_type=table[profile.period_type.type] if profile.HasField("period_type") else "",
+        period_unit=table[profile.period_type.unit] if profile.HasField("period_type") else "",
+        period=profile.period or 1,
+        time_nanos=profile.time_nanos,
+        duration_nanos=profile.duration_nanos,
+    )
+    stack_of = _stack_labels(profile)
+    for sample in profile.sample:
+        if index >= len(sample.value) or not sample.value[index]:
+            continue  # zero-valued stacks would only add empty frames
+        frames: list[str | FrameLabel] = list(prefix(sample)) if prefix else []
+        labels = stack_of(sample)
+        frames.extend(relabel(label) for label in labels) if relabel else frames.extend(labels)
+        graph.add(frames, sample.value[index])
+    return graph

@@ -1,0 +1,269 @@
+"""Synthetic TPU-shaped XProf captures (XSpace) for tests and benchmarks.
+
+Planes, lines and stat names follow what real TPU captures carry: ``/device:TPU:N``
+planes with ``Steps``, ``XLA Modules`` and ``XLA Ops`` lines, HLO op metadata with
+``hlo_category``, ``tf_op`` (framework name scope), ``program_id``, ``flops`` and
+``bytes_accessed`` stats, a ``/host:CPU`` plane with a Python-tracer thread, and a
+``Task Environment`` plane with the profile start and stop times.
+
+Every duration is a whole number of nanoseconds, so the expected flame-graph values
+(:attr:`SyntheticCapture.expected_device_ns`) are exact.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.proto import xplane_pb2
+
+__all__ = ["SyntheticCapture", "tpu_capture", "write_tpu_capture"]
+
+_PS_PER_NS = 1000
+# (hlo_category, op-name stem, framework op): the mix a transformer step shows on TPU.
+_OP_KINDS = (
+    ("convolution fusion", "fusion", "dot_general"),
+    ("convolution", "convolution", "conv_general_dilated"),
+    ("loop fusion", "fusion", "add"),
+    ("output fusion", "fusion", "mul"),
+    ("data formatting", "copy", "transpose"),
+    ("all-reduce", "all-reduce", "psum"),
+    ("non-fusion elementwise", "multiply", "mul"),
+    ("custom-call", "custom-call", "flash_attention"),
+)
+_SCOPES = (
+    "embed",
+    "transformer/layer_{i}/attention",
+    "transformer/layer_{i}/mlp",
+    "transformer/layer_{i}/norm",
+    "lm_head",
+    "optimizer/adam",
+)
+
+
+@dataclass
+class SyntheticCapture:
+    """A generated XSpace and what a correct converter must find in it."""
+
+    space: xplane_pb2.XSpace
+    program: str
+    event_count: int = 0
+    # Device-time flame-graph leaf path (program, *scope, category, op) -> nanoseconds.
+    expected_device_ns: dict[tuple[str, ...], int] = field(default_factory=dict)
+    expected_host_frames: tuple[str, ...] = ()
+
+
+class _Stats:
+    """A plane's stat-metadata table, ids assigned on first use."""
+
+    def __init__(self, plane: xplane_pb2.XPlane) -> None:
+        self._plane = plane
+        self._ids: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        found = self._ids.get(name)
+        if found is None:
+            found = self._ids[name] = len(self._ids) + 1
+            meta = self._plane.stat_metadata[found]
+            meta.id = found
+            meta.name = name
+        return found
+
+
+def _add_stat(container: object, stat_id: int, value: object) -> None:
+    stat = container.stats.add()  # type: ignore[attr-defined]
+    stat.metadata_id = stat_id
+    if isinstance(value, str):
+        stat.str_value = value
+    elif isinstance(value, float):
+        stat.double_value = value
+    else:
+        stat.int64_value = int(value)  # type: ignore[call-overload]
+
+
+def _device_plane(
+    space: xplane_pb2.XSpace,
+    index: int,
+    program: str,
+    program_id: int,
+    ops: list[tuple[str, str, str]],
+    durations_ns: list[int],
+    steps: int,
+    ops_per_step: int,
+    start_ns: int,
+    rng: random.Random,
+    expected: dict[tuple[str, ...], int],
+) -> int:
+    plane = space.planes.add()
+    plane.id = index + 1
+    plane.name = f"/device:TPU:{index}"
+    stat = _Stats(plane)
+    _add_stat(plane, stat("core_details"), "TPU v5 lite")
+    _add_stat(plane, stat("peak_teraflops_per_second"), 197.0)
+    _add_stat(plane, stat("peak_hbm_bw_gigabytes_per_second"), 819.0)
+    # Event metadata: 1 = the module, 2.. = steps, then one per distinct HLO op.
+    module_meta = plane.event_metadata[1]
+    module_meta.id = 1
+    module_meta.name = f"{program}({program_id})"
+    _add_stat(module_meta, stat("program_id"), program_id)
+    first_op_id = 1000
+    for j, (op, category, scope) in enumerate(ops):
+        meta = plane.event_metadata[first_op_id + j]
+        meta.id = first_op_id + j
+        meta.name = op
+        meta.display_name = op
+        _add_stat(meta, stat("hlo_category"), category)
+        _add_stat(meta, stat("tf_op"), scope)
+        _add_stat(meta, stat("program_id"), program_id)
+        _add_stat(meta, stat("flops"), rng.randrange(1, 1 << 30))
+        _add_stat(meta, stat("bytes_accessed"), rng.randrange(1, 1 << 26))
+        _add_stat(meta, stat("long_name"), f"%{op} = bf16[8,1024] {op.split('.')[0]}(...)")
+
+    steps_line = plane.lines.add()
+    steps_line.id, steps_line.name, steps_line.timestamp_ns = 1, "Steps", start_ns
+    modules_line = plane.lines.add()
+    modules_line.id, modules_line.name, modules_line.timestamp_ns = 2, "XLA Modules", start_ns
+    ops_line = plane.lines.add()
+    ops_line.id, ops_line.name, ops_line.timestamp_ns = 3, "XLA Ops", start_ns
+    add_op = ops_line.events.add
+    step_id = stat("step_num")
+    n_ops = len(ops)
+    cursor_ps = 0
+    count = 0
+    totals = [0] * n_ops
+    for step in range(steps):
+        step_start = cursor_ps
+        cursor_ps += 5_000 * _PS_PER_NS  # host-side launch gap before the module runs
+        module_start = cursor_ps
+        base = rng.randrange(n_ops)
+        for k in range(ops_per_step):
+            j = (base + k * 7) % n_ops
+            dur_ns = durations_ns[j]
+            add_op(
+                metadata_id=first_op_id + j, offset_ps=cursor_ps, duration_ps=dur_ns * _PS_PER_NS
+            )
+            totals[j] += dur_ns
+            cursor_ps += (dur_ns + 50) * _PS_PER_NS  # ops leave small gaps
+        modules_line.events.add(
+            metadata_id=1, offset_ps=module_start, duration_ps=cursor_ps - module_start
+        )
+        meta_id = 2 + step
+        meta = plane.event_metadata[meta_id]
+        meta.id = meta_id
+        meta.name = str(step)
+        event = steps_line.events.add(
+            metadata_id=meta_id, offset_ps=step_start, duration_ps=cursor_ps - step_start
+        )
+        _add_stat(event, step_id, step)
+        count += ops_per_step + 2
+        cursor_ps += 20_000 * _PS_PER_NS
+    for j, (op, category, scope) in enumerate(ops):
+        if totals[j]:
+            path = (program, *scope.split("/"), category, op)
+            expected[path] = expected.get(path, 0) + totals[j]
+    return count
+
+
+def _host_plane(space: xplane_pb2.XSpace, steps: int, start_ns: int) -> tuple[int, tuple[str, ...]]:
+    plane = space.planes.add()
+    plane.id = 0
+    plane.name = "/host:CPU"
+    stat = _Stats(plane)
+    names = [
+        "$train.py:88 main",
+        "$train.py:61 train_step",
+        "train",  # the StepTraceAnnotation
+        "$model.py:40 __call__",
+        "$pjit.py:259 cache_miss",
+        "PjitFunction(train_step)",
+        "ThunkExecutor::Execute",
+    ]
+    for i, name in enumerate(names, 1):
+        meta = plane.event_metadata[i]
+        meta.id, meta.name = i, name
+    line = plane.lines.add()
+    line.id, line.name, line.display_name, line.timestamp_ns = 1, "python", "python", start_ns
+    step_stat = stat("step_num")
+    count = 0
+    step_ps = 900_000 * _PS_PER_NS
+    main_event = line.events.add(metadata_id=1, offset_ps=0, duration_ps=steps * step_ps + 1000)
+    count += 1
+    del main_event
+    for step in range(steps):
+        t0 = step * step_ps + 100
+        line.events.add(metadata_id=2, offset_ps=t0, duration_ps=step_ps - 200_000)
+        annotation = line.events.add(
+            metadata_id=3, offset_ps=t0 + 10, duration_ps=step_ps - 300_000
+        )
+        _add_stat(annotation, step_stat, step)
+        line.events.add(metadata_id=4, offset_ps=t0 + 20, duration_ps=400_000_000)
+        line.events.add(metadata_id=5, offset_ps=t0 + 30, duration_ps=100_000_000)
+        line.events.add(metadata_id=6, offset_ps=t0 + 100_000_030, duration_ps=50_000_000)
+        count += 5
+    worker = plane.lines.add()
+    worker.id, worker.name, worker.timestamp_ns = 2, "tf_XLACpuClient/12345", start_ns
+    for step in range(steps):
+        worker.events.add(metadata_id=7, offset_ps=step * step_ps + 5000, duration_ps=300_000_000)
+        count += 1
+    return count, ("python", "main", "train_step", "train", "__call__", "cache_miss")
+
+
+def tpu_capture(
+    devices: int = 4,
+    steps: int = 10,
+    ops_per_step: int = 1000,
+    distinct_ops: int = 400,
+    layers: int = 8,
+    seed: int = 0,
+    program: str = "jit_train_step",
+    host: bool = True,
+) -> SyntheticCapture:
+    """Build a TPU-shaped XSpace with ``devices * steps * ops_per_step`` op events."""
+    rng = random.Random(seed)
+    ops: list[tuple[str, str, str]] = []
+    for j in range(distinct_ops):
+        category, stem, fw_op = _OP_KINDS[j % len(_OP_KINDS)]
+        scope = _SCOPES[(j // len(_OP_KINDS)) % len(_SCOPES)].format(i=j % layers)
+        ops.append((f"{stem}.{j}", category, f"jit(train_step)/jit(main)/{scope}/{fw_op}"))
+    durations_ns = [rng.randrange(200, 40_000) for _ in ops]
+    space = xplane_pb2.XSpace()
+    space.hostnames.append("tpu-vm-0")
+    start_ns = time.time_ns() - 60_000_000_000
+    capture = SyntheticCapture(space=space, program=program)
+    if host:
+        count, frames = _host_plane(space, steps, start_ns)
+        capture.event_count += count
+        capture.expected_host_frames = frames
+    for device in range(devices):
+        capture.event_count += _device_plane(
+            space,
+            device,
+            program,
+            4242,
+            ops,
+            durations_ns,
+            steps,
+            ops_per_step,
+            start_ns,
+            rng,
+            capture.expected_device_ns,
+        )
+    env = space.planes.add()
+    env.id, env.name = devices + 1, "Task Environment"
+    stat = _Stats(env)
+    step_span_ns = steps * 2_000_000
+    start = env.stats.add(metadata_id=stat("profile_start_time"))
+    start.uint64_value = start_ns
+    stop = env.stats.add(metadata_id=stat("profile_stop_time"))
+    stop.uint64_value = start_ns + step_span_ns
+    return capture
+
+
+def write_tpu_capture(path: Path, **kwargs: object) -> SyntheticCapture:
+    """Write :func:`tpu_capture` to ``path`` (an ``.xplane.pb``) and return it."""
+    capture = tpu_capture(**kwargs)  # type: ignore[arg-type]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(capture.space.SerializeToString())
+    return capture

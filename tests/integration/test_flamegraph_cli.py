@@ -1,0 +1,187 @@
+"""``mlprof flamegraph``: formats, errors without tracebacks, and the HTML page in
+headless Chromium (Debian ``chromium``)."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from exporter.profiles.pprof import decode_pprof, from_pprof
+from exporter.profiles.synthetic import write_tpu_capture
+from tests.harness import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def mlprof(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "exporter.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "tpu-vm-0.xplane.pb"
+    write_tpu_capture(path, devices=2, steps=3, ops_per_step=400, distinct_ops=64)
+    return path
+
+
+def test_folded_to_stdout(capture: Path) -> None:
+    done = mlprof("flamegraph", str(capture), "--kind", "device")
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert re.match(r"^jit_train_step;jit\(train_step\);jit\(main\);.+ \d+$", first)
+
+
+def test_pprof_file(capture: Path, tmp_path: Path) -> None:
+    out = tmp_path / "device.pb.gz"
+    done = mlprof("flamegraph", str(capture), "--format", "pprof", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    graph = from_pprof(decode_pprof(out.read_bytes()))
+    graph.check()
+    assert (graph.sample_type, graph.unit) == ("device_time", "nanoseconds")
+    assert f"total {graph.root.total} nanoseconds" in done.stderr
+
+
+def test_session_directory_merges_hosts(capture: Path, tmp_path: Path) -> None:
+    session = tmp_path / "plugins" / "profile" / "session-1"
+    session.mkdir(parents=True)
+    shutil.copy(capture, session / "host-a.xplane.pb")
+    shutil.copy(capture, session / "host-b.xplane.pb")
+    one = mlprof("flamegraph", str(capture), "--max-nodes", "1")
+    both = mlprof("flamegraph", str(tmp_path), "--max-nodes", "1")
+    assert one.returncode == both.returncode == 0, both.stderr
+    total = int(one.stdout.split()[-1])
+    assert int(both.stdout.split()[-1]) == 2 * total
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (lambda good: good[: len(good) // 3], "truncated"),
+        (lambda good: b"\x00\x01garbage" * 10, "not an XProf capture"),
+        (lambda good: b"", "empty file"),
+    ],
+)
+def test_bad_input_is_one_line_exit_1(
+    capture: Path, tmp_path: Path, content: object, expected: str
+) -> None:
+    bad = tmp_path / "broken.xplane.pb"
+    bad.write_bytes(content(capture.read_bytes()))  # type: ignore[operator]
+    done = mlprof("flamegraph", str(bad))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"mlprof: {bad}")
+    assert expected in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_truncated_memory_profile_is_one_line_exit_1(tmp_path: Path) -> None:
+    import gzip
+
+    bad = tmp_path / "mem.pprof.gz"
+    bad.write_bytes(gzip.compress(b"\x0a\x04" * 100)[:25])
+    done = mlprof("flamegraph", str(bad), "--kind", "memory")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and str(bad) in done.stderr
+
+
+def test_missing_input(tmp_path: Path) -> None:
+    done = mlprof("flamegraph", str(tmp_path / "nope.xplane.pb"))
+    assert done.returncode == 1 and "no such file" in done.stderr
+
+
+def _chromium_dom(page: Path, fragment: str = "") -> str:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "Debian 'chromium' is required for the HTML test (apt-get install chromium)"
+    url = page.as_uri() + (f"#{fragment}" if fragment else "")
+    done = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+         "--dump-dom", url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _frames(dom: str) -> list[dict[str, str]]:
+    frames = []
+    for match in re.finditer(r'<div class="frame([^"]*)"([^>]*)>([^<]*)</div>', dom):
+        attrs = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', match.group(2)))
+        attrs = {k: html.unescape(v) for k, v in attrs.items()}
+        attrs["class"] = match.group(1).strip()
+        attrs["text"] = html.unescape(match.group(3))
+        frames.append(attrs)
+    return frames
+
+
+def test_html_renders_zooms_and_searches(capture: Path, tmp_path: Path) -> None:
+    page = tmp_path / "device.html"
+    done = mlprof("flamegraph", str(capture), "--format", "html", "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert "<script src" not in text and "<link" not in text  # self-contained
+
+    dom = _chromium_dom(page)
+    assert 'data-ready="1"' in dom
+    frames = _frames(dom)
+    top = next(f for f in frames if f["path"] == "jit_train_step")
+    assert top["text"] == "jit_train_step"
+    assert "self: 0 ns" in top["tooltip"]
+    assert re.search(r"total: [\d.]+ ms \(100\.00% of all", top["tooltip"])
+    for frame in frames:  # hover text: self and total with units
+        assert re.search(r"self: [\d.]+ (ns|µs|ms|s) ", frame["tooltip"])
+        assert int(frame["total"]) >= int(frame["self"])
+
+    # Click-to-zoom sets the fragment; the zoomed view starts at the clicked frame.
+    leaf = max((f for f in frames if f["path"].count(";") == 8), key=lambda f: int(f["total"]))
+    zoom_to = ";".join(leaf["path"].split(";")[:4])
+    zoomed = _frames(_chromium_dom(page, "zoom=" + quote(zoom_to)))
+    assert zoomed[0]["path"] == zoom_to
+    assert all(f["path"].startswith(zoom_to) for f in zoomed)
+    assert len(zoomed) < len(frames)
+
+    # Search highlights the matching frames and sums them.
+    searched_dom = _chromium_dom(page, "search=all-reduce")
+    searched = _frames(searched_dom)
+    matches = [f for f in searched if "match" in f["class"].split()]
+    assert matches and all("all-reduce" in f["text"] for f in matches)
+    status = re.search(r'id="status"[^>]*data-matched="(\d+)"', searched_dom)
+    assert status is not None
+    paths = {f["path"] for f in matches}
+    outermost = [
+        f for f in matches
+        if not any(f["path"].startswith(p + ";") for p in paths if p != f["path"])
+    ]  # fmt: skip
+    assert int(status.group(1)) == sum(int(f["total"]) for f in outermost)
+
+
+def test_per_step_divides_by_the_steps_line(capture: Path) -> None:
+    whole = mlprof("flamegraph", str(capture), "--max-nodes", "1")
+    per_step = mlprof("flamegraph", str(capture), "--max-nodes", "1", "--per-step")
+    assert whole.returncode == per_step.returncode == 0, per_step.stderr
+    assert int(per_step.stdout.split()[-1]) == round(int(whole.stdout.split()[-1]) / 3)
+
+
+def test_session_id_in_the_store(capture: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    session = store / "plugins" / "profile" / "2025_01_01_12_00_00"
+    session.mkdir(parents=True)
+    shutil.copy(capture, session / "host-a.xplane.pb")
+    done = mlprof("flamegraph", "2025_01_01_12_00_00", "--store", str(store), "--max-nodes", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"jit_train_step;other {int(done.stdout.split()[-1])}\n"
+    (tmp_path / "outside").mkdir()
+    escape = mlprof("flamegraph", "../../../outside", "--store", str(store))
+    assert escape.returncode == 1 and "no such file, directory or session" in escape.stderr

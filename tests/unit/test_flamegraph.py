@@ -1,0 +1,174 @@
+"""FlameGraph: self/total invariants, merge, scaling, truncation, folded and pprof."""
+
+from __future__ import annotations
+
+import gzip
+import random
+
+import pytest
+
+from exporter.profiles.flamegraph import OTHER, FlameGraph
+from exporter.profiles.frames import FrameLabel
+from exporter.profiles.pprof import decode_pprof, encode_pprof, from_pprof, to_pprof
+
+
+def _graph() -> FlameGraph:
+    graph = FlameGraph(sample_type="wall", unit="nanoseconds", profile_name="wall")
+    graph.add(["main", "train_step", "forward"], 60)
+    graph.add(["main", "train_step", "backward"], 30)
+    graph.add(["main", "train_step"], 5)
+    graph.add(["main", "load_batch"], 5)
+    return graph
+
+
+def _random_graph(seed: int, stacks: int = 400) -> FlameGraph:
+    rng = random.Random(seed)
+    graph = FlameGraph(sample_type="wall", unit="nanoseconds")
+    for _ in range(stacks):
+        depth = rng.randint(1, 8)
+        graph.add([f"f{rng.randint(0, 6)}" for _ in range(depth)], rng.randint(1, 1000))
+    return graph
+
+
+def test_self_and_total() -> None:
+    graph = _graph()
+    step = graph.find(["main", "train_step"])
+    assert step is not None
+    assert (step.self_value, step.total) == (5, 95)
+    assert graph.root.total == 100
+    graph.check()
+
+
+def test_check_detects_broken_totals() -> None:
+    graph = _graph()
+    node = graph.find(["main", "load_batch"])
+    assert node is not None
+    node.total += 1
+    with pytest.raises(ValueError, match="load_batch"):
+        graph.check()
+
+
+def test_merge_adds_values_and_rejects_other_units() -> None:
+    a, b = _graph(), _graph()
+    b.add(["main", "eval"], 7)
+    a.merge(b)
+    a.check()
+    assert a.root.total == 207
+    assert a.find(["main", "eval"]).total == 7  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="cannot merge"):
+        a.merge(FlameGraph(sample_type="inuse_space", unit="bytes"))
+
+
+def test_folded_round_trip() -> None:
+    graph = _graph()
+    text = graph.to_folded()
+    assert "main;train_step;forward 60\n" in text
+    assert "main;train_step 5\n" in text
+    again = FlameGraph.from_folded(text, sample_type="wall", unit="nanoseconds")
+    assert again.to_folded() == text
+    with pytest.raises(ValueError, match="line 1"):
+        FlameGraph.from_folded("no value here")
+
+
+def test_folded_escapes_separators() -> None:
+    graph = FlameGraph()
+    graph.add(["a;b", "c\nd"], 1)
+    assert graph.to_folded() == "a:b;c d 1\n"
+
+
+@pytest.mark.parametrize("factor", [0.5, 1 / 3, 2.0, 0.001])
+def test_scaled_keeps_totals_exact(factor: float) -> None:
+    graph = _random_graph(1)
+    scaled = graph.scaled(factor)
+    scaled.check()
+    assert scaled.root.total == round(graph.root.total * factor)
+
+
+def test_normalized() -> None:
+    normalized = _random_graph(2).normalized(1_000_000)
+    normalized.check()
+    assert normalized.root.total == 1_000_000
+
+
+@pytest.mark.parametrize("budget", [1, 5, 20, 100])
+def test_truncated_folds_smallest_into_other(budget: int) -> None:
+    graph = _random_graph(3)
+    assert graph.node_count > 100
+    small = graph.truncated(budget)
+    small.check()
+    assert small.node_count <= budget
+    assert small.root.total == graph.root.total
+    # Kept frames keep their totals exactly; what went away is in "other" nodes.
+    for ancestors, node in small.paths():
+        if node.name == OTHER:
+            continue
+        original = graph.find([f.name for f in (*ancestors, node)])
+        assert original is not None and original.total == node.total
+
+
+def test_truncated_keeps_the_biggest_frames() -> None:
+    small = _graph().truncated(4)
+    names = {tuple(f.name for f in (*a, n)): n.total for a, n in small.paths()}
+    assert names == {
+        ("main",): 100,
+        ("main", "train_step"): 95,
+        ("main", OTHER): 5,  # load_batch
+        ("main", "train_step", OTHER): 90,  # forward and backward
+    }
+
+
+def test_depth_limited() -> None:
+    graph = FlameGraph()
+    graph.add([f"f{i}" for i in range(50)], 10)
+    graph.add(["f0", "g"], 5)
+    cut = graph.depth_limited(10)
+    cut.check()
+    assert cut.max_depth == 10
+    assert cut.root.total == 15
+    assert cut.find([f"f{i}" for i in range(10)]).self_value == 10  # type: ignore[union-attr]
+
+
+def test_pprof_round_trip_and_tables() -> None:
+    graph = _graph()
+    graph.add([FrameLabel("Model > forward", "model.py", 12)], 9)
+    graph.time_nanos, graph.duration_nanos = 1_700_000_000_000_000_000, 5_000_000_000
+    profile = decode_pprof(encode_pprof(graph))
+    table = profile.string_table
+    assert [(table[v.type], table[v.unit]) for v in profile.sample_type] == [
+        ("wall", "nanoseconds")
+    ]
+    assert (table[profile.period_type.type], table[profile.period_type.unit]) == (
+        "wall",
+        "nanoseconds",
+    )
+    assert profile.period == 1
+    assert profile.time_nanos == graph.time_nanos
+    # One sample per node with self value; "main" appears once in the function table.
+    assert len(profile.sample) == 5
+    names = [table[f.name] for f in profile.function]
+    assert len(names) == len(set(names))
+    assert len({loc.id for loc in profile.location}) == len(profile.location)
+    model = next(f for f in profile.function if table[f.name] == "Model > forward")
+    assert table[model.filename] == "model.py"
+    back = from_pprof(profile)
+    assert back.to_folded() == graph.to_folded()
+
+
+def test_pprof_is_gzip_protobuf() -> None:
+    data = encode_pprof(_graph())
+    assert data[:2] == b"\x1f\x8b"
+    assert to_pprof(_graph()).SerializeToString() == gzip.decompress(data)
+
+
+def test_decode_pprof_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="corrupt gzip"):
+        decode_pprof(encode_pprof(_graph())[:30], "x.pprof.gz")
+    with pytest.raises(ValueError, match=r"junk: not a pprof"):
+        decode_pprof(b"\xff\xff\xff", "junk")
+
+
+def test_to_dict_carries_self_total_and_file() -> None:
+    graph = FlameGraph()
+    graph.add([FrameLabel("f", "a.py", 3)], 4)
+    tree = graph.to_dict()
+    assert tree == {"n": "root", "s": 0, "t": 4, "c": [{"n": "f", "s": 4, "t": 4, "f": "a.py:3"}]}

@@ -1,0 +1,92 @@
+"""MemoryProfileWatcher: each profile once (across restarts), bad files recorded,
+retention, and the request/answer contract with the SDK."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from exporter import schema
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.memory_watcher import (
+    MEMORY_REQUEST_ID,
+    MemoryProfileWatcher,
+    answers_to,
+    request_memory_profile,
+)
+from exporter.proto import profile_pb2
+
+
+def _pprof(size: int) -> bytes:
+    profile = profile_pb2.Profile(
+        string_table=["", "allocations", "count", "space", "bytes", "f", "a.py"]
+    )
+    profile.sample_type.add(type=1, unit=2)
+    profile.sample_type.add(type=3, unit=4)
+    profile.function.add(id=1, name=5, filename=6)
+    profile.location.add(id=1, line=[profile_pb2.Line(function_id=1, line=3)])
+    profile.sample.add(location_id=[1], value=[1, size])
+    return gzip.compress(profile.SerializeToString())
+
+
+def _write(shared: Path, stem: str, data: bytes, **meta: object) -> Path:
+    directory = shared / schema.MEMORY_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{stem}{schema.MEMORY_META_SUFFIX}").write_text(json.dumps(meta))
+    path = directory / f"{stem}{schema.MEMORY_PROFILE_SUFFIX}"
+    path.write_bytes(data)
+    return path
+
+
+def test_each_profile_is_published_once_even_after_restart(tmp_path: Path) -> None:
+    published: list[tuple[FlameGraph, dict[str, str]]] = []
+
+    def publish(graph: FlameGraph, labels: dict[str, str]) -> str:
+        published.append((graph, labels))
+        return "ok"
+
+    _write(tmp_path, "h-1-1-1", _pprof(100), run_id="r", workload="w", host="h",
+           trigger="manual", time=1.7e9)  # fmt: skip
+    watcher = MemoryProfileWatcher(tmp_path, publish)
+    (result,) = watcher.poll()
+    assert result.outcome == "ok" and result.graph is not None
+    assert result.graph.root.total == 100
+    assert result.graph.time_nanos == int(1.7e18)
+    assert published[0][1] == {"service_name": "w", "run_id": "r", "host": "h",
+                               "trigger": "manual", "profile_source": "device_memory"}  # fmt: skip
+    assert watcher.poll() == []
+    assert MemoryProfileWatcher(tmp_path, publish).poll() == []  # restart: remembered
+    _write(tmp_path, "h-1-2-2", _pprof(7))
+    (second,) = MemoryProfileWatcher(tmp_path, publish).poll()
+    assert second.labels["service_name"] == "unknown_service"  # no identity file content
+    assert len(published) == 2
+
+
+def test_bad_profile_is_recorded_and_not_retried(tmp_path: Path) -> None:
+    path = _write(tmp_path, "h-1-1-1", b"\x1f\x8bnot really gzip")
+    watcher = MemoryProfileWatcher(tmp_path, lambda g, labels: None)
+    (result,) = watcher.poll()
+    assert result.graph is None and str(path) in result.error
+    assert watcher.errors == 1
+    assert watcher.poll() == []
+
+
+def test_retention_keeps_the_newest(tmp_path: Path) -> None:
+    for i in range(5):
+        _write(tmp_path, f"h-1-{i}-{i}", _pprof(i + 1))
+    watcher = MemoryProfileWatcher(tmp_path, None, keep=2)
+    assert len(watcher.poll()) == 5
+    left = sorted(p.name for p in (tmp_path / schema.MEMORY_DIR).iterdir())
+    assert len(left) == 4  # two profiles, each with its identity file
+
+
+def test_request_and_answers(tmp_path: Path) -> None:
+    request_id = request_memory_profile(tmp_path)
+    assert MEMORY_REQUEST_ID.match(request_id)
+    name = f"{schema.MEMORY_PROFILE_REQUEST_PREFIX}{request_id}{schema.REQUEST_SUFFIX}"
+    assert json.loads((tmp_path / schema.REQUESTS_DIR / name).read_text())["id"] == request_id
+    assert answers_to(tmp_path, request_id) == []
+    answer = _write(tmp_path, "h-1-1-1", _pprof(1), request_id=request_id)
+    _write(tmp_path, "h-1-2-2", _pprof(1), request_id="other")
+    assert answers_to(tmp_path, request_id) == [answer]

@@ -1,0 +1,54 @@
+"""The bounded on-disk spool: order, bound with eviction, survival across restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.sinks.spool import Spool
+
+
+def test_items_come_back_oldest_first(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=1000)
+    for i in range(5):
+        assert spool.put(f"payload-{i}".encode()).stored
+    assert [spool.read(item) for item in spool.items()] == [
+        f"payload-{i}".encode() for i in range(5)
+    ]
+    assert spool.size_bytes == 5 * len(b"payload-0")
+
+
+def test_bound_evicts_oldest_and_says_so(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=250)
+    for i in range(3):
+        spool.put(bytes([i]) * 100)
+    assert len(spool) == 2  # the third put evicted the first
+    put = spool.put(b"x" * 100)
+    assert put.stored and len(put.evicted) == 1
+    assert spool.size_bytes <= 250
+    assert [spool.read(i)[:1] for i in spool.items()] == [b"\x02", b"x"]
+
+
+def test_too_big_payload_is_refused(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=10)
+    put = spool.put(b"y" * 11)
+    assert not put.stored and "exceeds the spool limit" in put.reason
+    assert len(spool) == 0
+
+
+def test_survives_restart_and_cleans_partial_writes(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=1000)
+    spool.put(b"first")
+    spool.put(b"second")
+    (tmp_path / ".tmp-crashed.spool").write_bytes(b"half")
+    again = Spool(tmp_path, max_bytes=1000)
+    assert [again.read(i) for i in again.items()] == [b"first", b"second"]
+    assert not list(tmp_path.glob(".tmp-*"))
+    again.remove(again.items()[0])
+    assert [Spool(tmp_path, 1000).read(i) for i in Spool(tmp_path, 1000).items()] == [b"second"]
+
+
+def test_negative_bound_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        Spool(tmp_path, max_bytes=-1)

@@ -1,0 +1,182 @@
+"""XProf captures -> device and host flame graphs, on synthetic TPU-shaped captures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.errors import InputError
+from exporter.profiles.convert import flamegraph_from_path
+from exporter.profiles.synthetic import tpu_capture, write_tpu_capture
+from exporter.profiles.xplane import (
+    Capture,
+    device_flamegraph,
+    host_flamegraph,
+    load_capture,
+    parse_xspace,
+)
+from exporter.proto import xplane_pb2
+
+
+def _leaves(graph: object) -> dict[tuple[str, ...], int]:
+    return {
+        tuple(f.name for f in (*ancestors, node)): node.self_value
+        for ancestors, node in graph.paths()  # type: ignore[attr-defined]
+        if node.self_value
+    }
+
+
+def test_device_flamegraph_has_expected_op_totals(tmp_path: Path) -> None:
+    path = tmp_path / "tpu-vm-0.xplane.pb"
+    synthetic = write_tpu_capture(path, devices=2, steps=3, ops_per_step=700, distinct_ops=120)
+    graph = device_flamegraph(load_capture(path))
+    assert graph is not None
+    graph.check()
+    assert (graph.sample_type, graph.unit, graph.profile_name) == (
+        "device_time",
+        "nanoseconds",
+        "device",
+    )
+    assert _leaves(graph) == synthetic.expected_device_ns
+    # program > framework name scope > op category > HLO op
+    some_path = next(iter(synthetic.expected_device_ns))
+    assert some_path[0] == "jit_train_step"
+    assert some_path[-2] in {"convolution fusion", "loop fusion", "all-reduce", "convolution",
+                             "output fusion", "data formatting", "non-fusion elementwise",
+                             "custom-call"}  # fmt: skip
+    assert graph.root.total == sum(synthetic.expected_device_ns.values())
+    assert graph.time_nanos > 0
+
+
+def test_device_programs_found_by_time_containment() -> None:
+    """Ops whose metadata do not name their program are placed by the XLA Modules line."""
+    synthetic = tpu_capture(devices=1, steps=2, ops_per_step=50, distinct_ops=16, host=False)
+    for plane in synthetic.space.planes:
+        for meta in plane.event_metadata.values():
+            keep = [
+                s for s in meta.stats if plane.stat_metadata[s.metadata_id].name != "program_id"
+            ]
+            if meta.name.startswith(("fusion", "copy", "all-reduce", "convolution", "multiply",
+                                     "custom-call")):  # fmt: skip
+                del meta.stats[:]
+                meta.stats.extend(keep)
+    graph = device_flamegraph(Capture.from_space(synthetic.space))
+    assert graph is not None
+    assert _leaves(graph) == synthetic.expected_device_ns
+
+
+def test_host_flamegraph_stacks_by_containment() -> None:
+    synthetic = tpu_capture(devices=1, steps=4, ops_per_step=10)
+    graph = host_flamegraph(Capture.from_space(synthetic.space))
+    assert graph is not None
+    graph.check()
+    assert graph.find(list(synthetic.expected_host_frames)) is not None
+    step = graph.find(["python", "main", "train_step", "train"])
+    assert step is not None
+    call = step.children["__call__"]
+    assert set(call.children) == {"cache_miss", "PjitFunction(train_step)"}
+    assert call.self_value == 4 * (400_000 - 100_000 - 50_000)
+    assert graph.find(["tf_XLACpuClient", "ThunkExecutor > Execute"]) is not None
+    train_step = graph.find(["python", "main", "train_step"])
+    assert train_step is not None and train_step.file == "train.py" and train_step.line == 61
+
+
+def test_overlapping_events_never_make_negative_self() -> None:
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    for i, name in enumerate(["outer", "a", "b"], 1):
+        plane.event_metadata[i].id = i
+        plane.event_metadata[i].name = name
+    line = plane.lines.add(id=1, name="worker/77")
+    line.events.add(metadata_id=1, offset_ps=0, duration_ps=10_000)
+    line.events.add(metadata_id=2, offset_ps=1_000, duration_ps=6_000)
+    line.events.add(metadata_id=3, offset_ps=5_000, duration_ps=4_000)  # overlaps a
+    graph = host_flamegraph(Capture.from_space(space))
+    assert graph is not None
+    graph.check()
+    assert graph.find(["worker"]).total == 10  # type: ignore[union-attr]
+    assert graph.find(["worker", "outer", "b"]).total == 2  # type: ignore[union-attr]
+
+
+def test_cpu_capture_without_device_planes(tmp_path: Path) -> None:
+    space = tpu_capture(devices=0, steps=2).space
+    path = tmp_path / "cpu.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    assert device_flamegraph(load_capture(path)) is None
+    with pytest.raises(InputError, match=r"cpu\.xplane\.pb: no device planes .*--kind host"):
+        flamegraph_from_path(path, "device")
+    assert flamegraph_from_path(path, None).sample_type == "wall"
+
+
+def test_capture_with_neither_device_nor_host(tmp_path: Path) -> None:
+    space = xplane_pb2.XSpace()
+    space.planes.add(name="/host:metadata")
+    path = tmp_path / "empty.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    with pytest.raises(InputError, match=r"empty\.xplane\.pb: nothing to convert.*/host:metadata"):
+        flamegraph_from_path(path)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b[: len(b) // 2], "truncated"),
+        (lambda b: b"this is not a capture", "not an XProf capture"),
+        (lambda b: b"", "empty file"),
+        (lambda b: b[:3], "truncated"),
+    ],
+)
+def test_bad_files_name_the_file(tmp_path: Path, mutate: object, message: str) -> None:
+    good = tpu_capture(devices=1, steps=1, ops_per_step=20).space.SerializeToString()
+    path = tmp_path / "bad.xplane.pb"
+    path.write_bytes(mutate(good))  # type: ignore[operator]
+    with pytest.raises(InputError, match=rf"bad\.xplane\.pb.*{message}"):
+        flamegraph_from_path(path)
+
+
+def test_corrupt_line_is_an_input_error() -> None:
+    synthetic = tpu_capture(devices=1, steps=1, ops_per_step=20, host=False)
+    line = synthetic.space.planes[0].lines[2]
+    # A line whose events field holds bytes that are not an XEvent: the XSpace framing
+    # still parses, the line does not.
+    bad = xplane_pb2.XPlaneByLine()
+    bad.ParseFromString(synthetic.space.planes[0].SerializeToString())
+    bad.lines[2] = line.SerializeToString()[:5] + b"\x22\x05\xff\xff\xff\xff\xff"
+    space = xplane_pb2.XSpaceByLine()
+    space.planes.add().CopyFrom(bad)
+    with pytest.raises(InputError, match="<memory>: corrupt XProf capture"):
+        device_flamegraph(parse_xspace(space.SerializeToString(), "<memory>"))
+
+
+def test_synthetic_capture_scales() -> None:
+    synthetic = tpu_capture(devices=2, steps=5, ops_per_step=2000)
+    assert synthetic.event_count >= 20_000
+    names = [p.name for p in synthetic.space.planes]
+    assert names[:3] == ["/host:CPU", "/device:TPU:0", "/device:TPU:1"]
+    lines = [line.name for line in synthetic.space.planes[1].lines]
+    assert lines == ["Steps", "XLA Modules", "XLA Ops"]
+    stats = {m.name for m in synthetic.space.planes[1].stat_metadata.values()}
+    assert {"hlo_category", "tf_op", "program_id", "flops", "bytes_accessed"} <= stats
+
+
+def test_publish_capture_sends_device_and_host_graphs(tmp_path: Path) -> None:
+    from exporter.profiles.publish import publish_capture
+
+    path = tmp_path / "h.xplane.pb"
+    write_tpu_capture(path, devices=1, steps=2, ops_per_step=30)
+    sent: list[tuple[str, dict[str, str]]] = []
+    outcomes = publish_capture(
+        path,
+        lambda graph, labels: sent.append((graph.profile_name, labels)) or "ok",
+        service_name="trainer",
+        run_id="r1",
+        host="h",
+        trigger="alert",
+        session_id="s-1",
+    )
+    assert outcomes == {"xprof_device": "ok", "xprof_host": "ok"}
+    assert [name for name, _ in sent] == ["device", "wall"]
+    assert sent[0][1] == {"service_name": "trainer", "run_id": "r1", "host": "h",
+                          "trigger": "alert", "profile_source": "xprof_device",
+                          "session_id": "s-1"}  # fmt: skip
