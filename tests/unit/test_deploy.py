@@ -1,0 +1,112 @@
+"""Deployment files agree with the code: settings names and values, mounted files, configs
+that Debian's promtool and amtool accept."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.config import Settings, load_settings
+from tests.harness import ROOT
+
+COMPOSE = ROOT / "docker-compose.yml"
+K8S_DIR = ROOT / "deploy" / "k8s"
+
+
+def _k8s_docs() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(K8S_DIR.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {})
+    pod = spec.get("template", {}).get("spec", spec)
+    return [*pod.get("initContainers", []), *pod.get("containers", [])]
+
+
+def _check_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, where: str) -> Settings:
+    fields = set(Settings.model_fields)
+    for name, value in env.items():
+        if name.startswith("MLPROF_") and name not in {"MLPROF_RUN_ID", "MLPROF_CONFIG"}:
+            field = name.removeprefix("MLPROF_").lower()
+            assert field in fields, f"{where}: {name} is not a setting"
+            monkeypatch.setenv(name, value)
+    return load_settings()
+
+
+def test_compose_sidecar_environment_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    env = {
+        k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v))
+        for k, v in compose["services"]["sidecar"]["environment"].items()
+    }
+    settings = _check_env(env, monkeypatch, "docker-compose sidecar")
+    assert settings.listen_host == "0.0.0.0" and settings.token  # off loopback only with a token
+    target_hosts = {t.split(":")[0] for t in settings.targets}
+    assert target_hosts <= set(compose["services"]), "targets must name compose services"
+
+
+def test_compose_mounts_exist() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (ROOT / source).exists(), f"service {name} mounts missing {source}"
+
+
+def test_k8s_sidecar_environment_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    sidecars = [
+        c for d in _k8s_docs() for c in _containers(d) if c.get("args", [None])[0] == "serve"
+    ]
+    assert sidecars, "no sidecar container in deploy/k8s"
+    for container in sidecars:
+        env = {e["name"]: e.get("value", "from-secret") for e in container["env"]}
+        settings = _check_env(env, monkeypatch, f"k8s container {container['name']}")
+        assert settings.listen_host == "0.0.0.0" and settings.token
+        probes = {container["readinessProbe"]["httpGet"]["path"]}
+        probes.add(container["livenessProbe"]["httpGet"]["path"])
+        assert probes == {"/readyz", "/healthz"}
+
+
+def test_k8s_workload_and_sidecar_share_the_data_volume() -> None:
+    for doc in _k8s_docs():
+        containers = _containers(doc)
+        if len(containers) < 2:
+            continue
+        mounts = [{m["mountPath"] for m in c.get("volumeMounts", [])} for c in containers]
+        assert set.intersection(*mounts), f"{doc['metadata']['name']}: no shared mount"
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is missing: install Debian's prometheus / prometheus-alertmanager"
+    return path
+
+
+def test_compose_prometheus_and_alertmanager_configs_pass_their_checkers(tmp_path: Path) -> None:
+    prom = yaml.safe_load((ROOT / "deploy/compose/prometheus.yml").read_text())
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    shutil.copy(ROOT / "alerts" / "mlprof-rules.yaml", rules)
+    prom["rule_files"] = [str(rules / "*.yaml")]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prom))
+    result = subprocess.run([_tool("promtool"), "check", "config", str(config)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = re.search(r"SUCCESS: (\d+) rules found", result.stdout)
+    assert found and int(found.group(1)) >= 8, result.stdout  # the shipped rules were loaded
+    am = subprocess.run(
+        [_tool("amtool"), "check-config", str(ROOT / "deploy/compose/alertmanager.yml")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert am.returncode == 0, am.stdout + am.stderr
