@@ -42,5 +42,10 @@ bench: $(VENV)/.installed-dev
 protos: $(VENV)/.installed-dev
 	scripts/gen-protos.sh
 
+# Rendered rules and dashboards are committed; tests fail when they are stale.
+generate: $(VENV)/.installed-dev
+	$(BIN)/python -m alerts.render
+	$(BIN)/python -m dashboards.generate
+
 clean:
 	rm -rf $(VENV) mlprof-data .pytest_cache .mypy_cache .ruff_cache

@@ -13,6 +13,7 @@ Command line (from the repository root)::
     python -m alerts.render                    # rewrite alerts/mlprof-rules.yaml
     python -m alerts.render --check            # exit 1 when the committed file is stale
     python -m alerts.render --overrides alerts/overrides/e2e.yaml -o /tmp/rules.yaml
+    python -m alerts.render --prometheus-rule mlprof -o deploy/k8s/prometheusrule.yaml
 
 :func:`render_alertmanager_config` gives the example Alertmanager config with a real
 webhook URL and token, for tests and local stacks.
@@ -42,6 +43,7 @@ __all__ = [
     "main",
     "merge_overrides",
     "render_alertmanager_config",
+    "render_prometheus_rule",
     "render_rules",
 ]
 
@@ -146,7 +148,9 @@ class _Exprs:
         self.extra = str(selectors["workload"] or "").strip().strip(",")
         self.job = str(selectors["exporter_job"]).strip()
         if not self.job:
-            raise RuleConfigError("selectors.exporter_job: expected a matcher like 'job=\"mlprof\"'")
+            raise RuleConfigError(
+                "selectors.exporter_job: expected a matcher like 'job=\"mlprof\"'"
+            )
 
     def sel(self, metric: str, *matchers: str) -> str:
         parts = [m for m in (*matchers, self.extra) if m]
@@ -174,10 +178,7 @@ class _Exprs:
     def step_quantile(self, quantile: float, window: str, offset: str | None = None) -> str:
         at = f"[{window}]" + (f" offset {offset}" if offset else "")
         buckets = self.sel("train_step_duration_seconds_bucket")
-        return (
-            f"histogram_quantile({quantile}, "
-            f"sum by ({self.by}, le) (rate({buckets}{at})))"
-        )
+        return f"histogram_quantile({quantile}, sum by ({self.by}, le) (rate({buckets}{at})))"
 
 
 # -- rules ---------------------------------------------------------------------------
@@ -200,8 +201,10 @@ def _check(name: str, spec: Mapping[str, Any]) -> None:
             raise RuleConfigError(f"{where}: expected one of {SEVERITIES}, got {value!r}")
         if key == "action" and value is not None and value not in ACTIONS:
             raise RuleConfigError(f"{where}: expected one of {ACTIONS} or null, got {value!r}")
-        if key == "duration_ms" and value is not None and not (
-            isinstance(value, int) and not isinstance(value, bool) and value > 0
+        if (
+            key == "duration_ms"
+            and value is not None
+            and not (isinstance(value, int) and not isinstance(value, bool) and value > 0)
         ):
             raise RuleConfigError(f"{where}: expected milliseconds > 0 or null, got {value!r}")
         if key == "failed_statuses" and not (isinstance(value, str) and value):
@@ -319,9 +322,9 @@ def build_rules(table: Mapping[str, Any]) -> dict[str, Any]:
         f"and on ({q.by}) (sum by ({q.by}) ({steps}) > 0)\n"
         f"and on ({q.by}) {q.alive()}\n",
         "Training made no step progress while the workload is alive.",
-        f"Run {run}: no training step completed in the last {a['window']} although the "
-        "workload's heartbeat is fresh. It may be hung in a collective, a data loader or "
-        "a checkpoint.",
+        f"Run {run}: no training step completed in the last {a['window']} (last step "
+        f"{_last_step(q)}) although the workload's heartbeat is fresh. It may be hung in "
+        "a collective, a data loader or a checkpoint.",
     )
 
     a = alerts["MLAcceleratorMemoryNearCapacity"]
@@ -407,6 +410,18 @@ def build_rules(table: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _last_step(q: _Exprs) -> str:
+    """Template text: the run's last step number, looked up when the alert fires."""
+    # The alert's value is 0 by construction; the step it stopped at is what helps.
+    query = f"max({q.sel('train_step', 'run_id=%q', 'host=%q')})"
+    escaped = query.replace('"', '\\"')  # a Go template string literal
+    return (
+        f'{{{{ with printf "{escaped}" '
+        '$labels.run_id $labels.host | query }}{{ . | first | value | printf "%.0f" }}'
+        "{{ end }}"
+    )
+
+
 def _indent(text: str) -> str:
     return text.replace("\n", "\n  ")
 
@@ -445,6 +460,28 @@ def render_rules(overrides: Mapping[str, Any] | None = None) -> str:
         build_rules(table), Dumper=_Dumper, sort_keys=False, width=_NO_WRAP, allow_unicode=True
     )
     return _HEADER + body
+
+
+def render_prometheus_rule(
+    overrides: Mapping[str, Any] | None = None, *, name: str = "mlprof", namespace: str = ""
+) -> str:
+    """The same rules as a Prometheus Operator ``PrometheusRule`` resource (Kubernetes)."""
+    table = merge_overrides(load_thresholds(), overrides)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "labels": {"app.kubernetes.io/name": "mlprof-exporter", "role": "alert-rules"},
+    }
+    if namespace:
+        metadata["namespace"] = namespace
+    resource = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": metadata,
+        "spec": build_rules(table),
+    }
+    return _HEADER + yaml.dump(
+        resource, Dumper=_Dumper, sort_keys=False, width=_NO_WRAP, allow_unicode=True
+    )
 
 
 def render_alertmanager_config(
@@ -487,10 +524,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="exit 1 if the output file differs from a render"
     )
+    parser.add_argument(
+        "--prometheus-rule",
+        metavar="NAME",
+        help="render a Prometheus Operator PrometheusRule of this name instead",
+    )
     args = parser.parse_args(argv)
     try:
         overrides = load_overrides(args.overrides) if args.overrides else None
-        text = render_rules(overrides)
+        if args.prometheus_rule:
+            text = render_prometheus_rule(overrides, name=args.prometheus_rule)
+        else:
+            text = render_rules(overrides)
     except RuleConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -65,6 +65,8 @@ class StepLogTailer:
     >>> tailer.poll().records  # doctest: +SKIP
     """
 
+    ERROR_REASONS = ("json", "schema", "line_too_long")
+
     def __init__(
         self,
         shared_dir: Path,

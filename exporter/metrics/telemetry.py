@@ -25,12 +25,14 @@ __all__ = [
     "k8s_attributes",
 ]
 
-# Steps range from ~1 ms (tiny models, CPU tests) to 10 min (huge pipeline stages);
-# a 1-2.5-5 series keeps quantile error under ~2.5x in every decade.
-STEP_DURATION_BUCKETS_S = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0, 600.0,
-)  # fmt: skip
+# Steps range from ~1 ms (tiny models, CPU tests) to 10 min (huge pipeline stages). The
+# 1-1.5-2-3-5-7 series keeps adjacent bounds <= 1.5x apart, so a 25% step-time
+# regression moves the interpolated median instead of hiding inside one bucket.
+STEP_DURATION_BUCKETS_S = tuple(
+    round(mantissa * 10.0**exponent, 6)
+    for exponent in range(-3, 3)
+    for mantissa in (1, 1.5, 2, 3, 5, 7)
+)
 
 METER_NAME = "mlprof-exporter"
 
