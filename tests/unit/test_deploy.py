@@ -110,3 +110,17 @@ def test_compose_prometheus_and_alertmanager_configs_pass_their_checkers(tmp_pat
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert am.returncode == 0, am.stdout + am.stderr
+
+
+def test_k8s_prometheus_rule_matches_the_shipped_rules() -> None:
+    from alerts.render import render_prometheus_rule
+
+    committed = (K8S_DIR / "prometheusrule.yaml").read_text()
+    assert committed == render_prometheus_rule(None, name="mlprof"), (
+        "deploy/k8s/prometheusrule.yaml is stale: "
+        "python -m alerts.render --prometheus-rule mlprof -o deploy/k8s/prometheusrule.yaml"
+    )
+    rule = yaml.safe_load(committed)
+    shipped = yaml.safe_load((ROOT / "alerts" / "mlprof-rules.yaml").read_text())
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["spec"]["groups"] == shipped["groups"]
