@@ -333,5 +333,11 @@ def fake_tpu(chips: int | None, listen: str, script_file: Path | None) -> None:
         fake.stop(grace_s=1.0)
 
 
+# Capture commands live beside the capture API client (capture, snapshot, sessions, targets).
+from exporter.cli_capture import COMMANDS as _CAPTURE_COMMANDS  # noqa: E402
+
+for _command in _CAPTURE_COMMANDS:
+    main.add_command(_command)
+
 if __name__ == "__main__":
     main()

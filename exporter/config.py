@@ -162,6 +162,71 @@ class Settings(BaseSettings):
         le=256 * 1024 * 1024,
         description="Largest Alertmanager webhook body accepted (413 beyond).",
     )
+    capture_logdir: Path | None = Field(
+        None,
+        description="Directory the profiler server writes captures into, as the workload "
+        "sees it (mount it at the same path in the sidecar); captures are then moved into "
+        "the store. Default: <shared_dir>/captures.",
+    )
+    capture_max_duration_ms: int = Field(
+        60_000, ge=1, le=3_600_000, description="Longer capture requests are clamped to this."
+    )
+    capture_max_delay_ms: int = Field(
+        60_000, ge=0, le=3_600_000, description="Longer capture delays are clamped to this."
+    )
+    capture_max_host_tracer_level: int = Field(
+        3, ge=0, le=3, description="Highest host tracer level a capture may use (0-3)."
+    )
+    capture_max_device_tracer_level: int = Field(
+        1, ge=0, le=1, description="Highest device tracer level a capture may use (0-1)."
+    )
+    capture_max_python_tracer_level: int = Field(
+        1, ge=0, le=1, description="Highest Python tracer level a capture may use (0-1)."
+    )
+    capture_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Per-target time allowed beyond delay + duration."
+    )
+    capture_concurrency: int = Field(
+        16, ge=1, le=1024, description="Targets captured at once in a fan-out."
+    )
+    capture_retention_count: int = Field(
+        200, ge=0, description="Sessions kept in the store, oldest deleted first (0 = all)."
+    )
+    capture_retention_bytes: int = Field(
+        0, ge=0, description="Bytes of sessions kept in the store (0 = no limit)."
+    )
+    profiler_port: int = Field(
+        9999, ge=1, le=65535, description="Profiler port of targets found by DNS or k8s."
+    )
+    discovery_dns: str | None = Field(
+        None, description="DNS name whose A/AAAA records are targets (a headless Service)."
+    )
+    discovery_k8s_selector: str | None = Field(
+        None, description="Label selector of workload pods to capture (in-cluster only)."
+    )
+    discovery_k8s_namespace: str | None = Field(
+        None, description="Namespace of those pods (default: the sidecar's own)."
+    )
+    discovery_interval_s: float = Field(
+        15.0, gt=0, le=3600, description="How often targets are discovered and probed."
+    )
+    snapshot_mode: str = Field(
+        "auto",
+        description="Snapshots: continuous (XProf continuous profiling, TPU), ring (short "
+        "periodic captures) or auto (continuous on TPU targets, else ring).",
+    )
+    snapshot_interval_s: float = Field(
+        30.0, gt=0, le=86400, description="Ring mode: seconds between short captures."
+    )
+    snapshot_duration_ms: int = Field(
+        2000, ge=100, le=600_000, description="Ring mode: length of each short capture."
+    )
+    snapshot_max_count: int = Field(
+        4, ge=1, le=1000, description="Ring mode: captures kept per target."
+    )
+    snapshot_max_bytes: int = Field(
+        1 << 30, ge=1 << 20, description="Ring mode: bytes kept over all targets."
+    )
     log_level: str = Field("info", description="debug, info, warning or error.")
 
     @field_validator("listen")
@@ -225,6 +290,19 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
         return value.rstrip("/")
+
+    @field_validator("snapshot_mode")
+    @classmethod
+    def _check_snapshot_mode(cls, value: str) -> str:
+        mode = value.lower()
+        if mode not in {"auto", "continuous", "ring"}:
+            raise ValueError(f"expected auto, continuous or ring, got {value!r}")
+        return mode
+
+    @field_validator("discovery_dns", "discovery_k8s_selector", "discovery_k8s_namespace")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value.strip() or None if value is not None else None
 
     @field_validator("log_level")
     @classmethod

@@ -91,11 +91,20 @@ def _values(where: str, raw: Any, chips: int) -> tuple[float | None, ...]:
     if not isinstance(raw, list) or len(raw) > chips:
         raise InputError(f"{where}: expected a list of at most {chips} numbers (one per chip)")
     out: list[float | None] = []
-    for item in raw:
+    for raw_item in raw:
+        # YAML 1.1 reads 1.0e9 (no exponent sign) as text.
+        item = _yaml_number(raw_item) if isinstance(raw_item, str) else raw_item
         if item is not None and (isinstance(item, bool) or not isinstance(item, int | float)):
             raise InputError(f"{where}: expected numbers or null, got {item!r}")
         out.append(None if item is None else float(item))
     return tuple(out)
+
+
+def _yaml_number(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def load_script(path: Path, chips: int | None = None) -> FakeTpuScript:
@@ -108,7 +117,7 @@ def load_script(path: Path, chips: int | None = None) -> FakeTpuScript:
         raise InputError(f"--script {path}: not YAML or JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("frames"), list) or not data["frames"]:
         raise InputError(f"--script {path}: expected a mapping with a non-empty 'frames' list")
-    n = chips or data.get("chips") or 4
+    n = chips if chips is not None else data.get("chips", 4)
     total = data.get("hbm_total_bytes", DEFAULT_HBM_TOTAL)
     period = data.get("period_s", 5.0)
     if not isinstance(n, int) or not 1 <= n <= 4096:

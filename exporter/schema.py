@@ -24,6 +24,8 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "CAPTURES_DIR",
+    "CAPTURE_LOGDIR_ENV",
     "DEMO_INPUT_DELAY_FILE",
     "KIND_END",
     "KIND_MEMORY",
@@ -34,11 +36,13 @@ __all__ = [
     "MEMORY_PROFILE_INTERVAL_ENV",
     "MEMORY_PROFILE_REQUEST_PREFIX",
     "MEMORY_PROFILE_SUFFIX",
+    "PROFILE_SESSIONS_DIR",
     "REQUESTS_DIR",
     "REQUEST_SUFFIX",
     "RUNS_DIR",
     "RUN_FILE",
     "SCHEMA_VERSION",
+    "SESSION_FILE",
     "SIDECAR_DIR",
     "STEPS_DIR",
     "STEP_LOG_SUFFIX",
@@ -71,3 +75,13 @@ MEMORY_PROFILE_REQUEST_PREFIX: Final = "memory-profile-"
 REQUEST_SUFFIX: Final = ".json"
 # Seconds between periodic memory profiles taken by the SDK (0 or unset = off).
 MEMORY_PROFILE_INTERVAL_ENV: Final = "MLPROF_MEMORY_PROFILE_INTERVAL_S"
+
+# Captures: the profiler server and ``run.profile()`` write XProf's logdir layout
+# ``plugins/profile/<session_id>/<host>.xplane.pb`` under the capture logdir
+# ($MLPROF_CAPTURE_LOGDIR, default <shared_dir>/captures); a programmatic session's
+# ``session.json`` is written last (status "running" first), and the sidecar moves
+# finished sessions into its store.
+CAPTURE_LOGDIR_ENV: Final = "MLPROF_CAPTURE_LOGDIR"
+CAPTURES_DIR: Final = "captures"
+PROFILE_SESSIONS_DIR: Final = "plugins/profile"
+SESSION_FILE: Final = "session.json"

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import schema
+from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
+from exporter.capture.service import CaptureService
 from exporter.config import Settings
 from exporter.metrics.exposition import ExpositionCache
 from exporter.metrics.otlp import otlp_reader
@@ -91,6 +93,8 @@ class Sidecar:
             unit="{line}",
             description="Step-log lines skipped because they were malformed.",
         )
+        for reason in StepLogTailer.ERROR_REASONS:
+            step_log_errors.add(0, {"reason": reason})  # so increase() sees the first error
         self.tailer = StepLogTailer(
             settings.shared_dir,
             settings.shared_dir / schema.SIDECAR_DIR / "state.json",
@@ -123,6 +127,26 @@ class Sidecar:
                     ComponentStatus(required=False),
                 )
             )
+        # Captures: targets (static, run.json, DNS, k8s), the engine, snapshots, and the
+        # watcher that hands finished sessions to conversion and push.
+        self.capture = CaptureService.from_settings(
+            settings, meter, self.pyroscope.push if self.pyroscope else None
+        )
+        self.targets = self.capture.targets
+        self.captures = self.capture.engine
+        self.snapshots = self.capture.snapshots
+        # Alertmanager webhook policy: dedup, per-run cooldown, global limit, targets.
+        self.alerts = AlertPolicy(
+            self.targets, self.captures, AlertPolicyConfig.from_settings(settings), meter=meter
+        )
+        optional = ComponentStatus  # captures never hold readiness back
+        self.tasks += [
+            PeriodicTask("targets", self.targets.refresh, settings.discovery_interval_s,
+                         optional(required=False)),
+            PeriodicTask("sessions", self.capture.watcher.poll, settings.collect_interval_s,
+                         optional(required=False)),
+            PeriodicTask("snapshots", self.snapshots.tick, 1.0, optional(required=False)),
+        ]  # fmt: skip
         self.statuses: dict[str, ComponentStatus] = {}
         # Accelerator sources: each collects in a worker thread; scrapes read last values.
         self.accelerators = AcceleratorSources(settings, meter)
@@ -163,6 +187,7 @@ class Sidecar:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._running = []
+        self.capture.close()
         self.accelerators.close()
         self.exposition.close()
         if self.pyroscope is not None:

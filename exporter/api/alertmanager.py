@@ -37,7 +37,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, or 413 as soon as it is known to be larger than ``limit``."""
     declared = request.headers.get("content-length", "")
     too_large = HTTPException(
-        status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        status.HTTP_413_CONTENT_TOO_LARGE,
         f"body larger than {limit} bytes (MLPROF_ALERT_MAX_BODY_BYTES); "
         "lower max_alerts in Alertmanager's webhook_config",
     )

@@ -11,7 +11,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from exporter import __version__
+from exporter.api.alertmanager import router as alertmanager_router
 from exporter.api.auth import check_bearer
+from exporter.api.captures import router as captures_router
 from exporter.profiles.memory_watcher import (
     MEMORY_REQUEST_ID,
     answers_to,
@@ -96,4 +98,6 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         return JSONResponse(body)
 
     app.state.require_token = require_token
+    app.include_router(alertmanager_router)  # checks the token itself (counts refusals)
+    app.include_router(captures_router)  # targets, captures, sessions, snapshots
     return app

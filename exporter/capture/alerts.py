@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from exporter.capture.session import SessionRecord
     from exporter.capture.targets import ProfilerTarget
+    from exporter.config import Settings
 
 __all__ = [
     "ACTION_LABEL",
@@ -146,6 +147,14 @@ class AlertPolicyConfig:
     cooldown_s: float = 600.0
     dedup_window_s: float = 3600.0
     max_concurrent: int = 2
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AlertPolicyConfig:
+        return cls(
+            cooldown_s=settings.alert_cooldown_s,
+            dedup_window_s=settings.alert_dedup_window_s,
+            max_concurrent=settings.alert_max_concurrent,
+        )
 
 
 @dataclass(frozen=True)
@@ -417,8 +426,9 @@ class AlertPolicy:
                 "labels": dict(alert.labels),
                 "startsAt": alert.starts_at.isoformat() if alert.starts_at else None,
             },
-            **parameters,
         )
+        for field_name, value in parameters.items():
+            setattr(request, field_name, value)
         try:
             record = self.captures.submit(request, targets)
         except CaptureRejected as exc:

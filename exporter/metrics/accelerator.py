@@ -177,12 +177,6 @@ class DeviceSeries:
         with self._lock:
             self._chips = {key: v for key, v in self._chips.items() if key[0] != group}
 
-    def chips(self) -> list[str]:
-        """Chips published now, sorted."""
-        with self._lock:
-            self._expire(self._clock())
-            return sorted({chip for _, chip in self._chips}, key=_chip_order)
-
     def observe(self, field_name: str) -> list[Observation]:
         """This field's observations of every chip seen recently."""
         now = self._clock()
@@ -203,10 +197,6 @@ class DeviceSeries:
             del self._chips[key]
 
 
-def _chip_order(chip: str) -> tuple[int, str]:
-    return (int(chip), "") if chip.isdigit() else (1 << 30, chip)
-
-
 class RunIdentity:
     """``run_id``, ``workload`` and ``host`` of the run in the shared dir, for device series.
 
@@ -219,9 +209,14 @@ class RunIdentity:
         self.hostname = hostname or socket.gethostname()
         self._mtime: float | None = None
         self._identity: dict[str, str] = {"host": self.hostname}
+        self._lock = threading.Lock()  # sources collect in different worker threads
 
     def current(self) -> dict[str, str]:
         """The identity attributes to put on device series now."""
+        with self._lock:
+            return self._current()
+
+    def _current(self) -> dict[str, str]:
         try:
             mtime = self.path.stat().st_mtime
         except OSError:

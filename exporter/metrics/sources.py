@@ -111,7 +111,7 @@ class AcceleratorSources:
 
     def _nvml(self, stale: float, nvml: Any) -> SourceRun:
         series = DeviceSeries("nvml", "gpu", stale)
-        source = NvmlSource(nvml, series, self.identity, on_error=self._counter("nvml"))
+        source = NvmlSource(nvml, series, self.identity)
         why_off = source.start()
         if why_off is not None:
             state = "off" if self.auto else "error"
@@ -119,6 +119,7 @@ class AcceleratorSources:
                 logging.INFO if self.auto else logging.ERROR, "NVML source %s: %s", state, why_off
             )
             return SourceRun("nvml", None, state, why_off)
+        source.on_error = self._counter("nvml")  # an error series only for a running source
         self._gauges.add_series(series)
         return SourceRun("nvml", source.collect, close=source.shutdown)
 

@@ -21,6 +21,7 @@ from typing import Any
 from exporter import schema
 from exporter.sdk.memory import MemoryProfiler, interval_from_env
 from exporter.sdk.memory_stats import MemoryStatsSampler
+from exporter.sdk.profile import Profile
 from exporter.sdk.steplog import StepLogWriter
 
 __all__ = ["Run", "run"]
@@ -216,6 +217,16 @@ class Run:
         if self._memory is None:
             raise RuntimeError("run not started: use sdk.run(...) to start it")
         return self._memory.take(trigger)
+
+    def profile(
+        self, name: str, host_tracer_level: int = 2, python_tracer_level: int = 0
+    ) -> Profile:
+        """Trace this process into the capture logdir: ``with run.profile("warmup"):``.
+
+        Also a decorator (``@run.profile("eval")``, one session per call). The sidecar
+        stores, converts and pushes the session (trigger ``programmatic``); needs JAX.
+        """
+        return Profile(self, name, host_tracer_level, python_tracer_level)
 
     def flush(self) -> None:
         """Write buffered lines now (they are written every second anyway)."""

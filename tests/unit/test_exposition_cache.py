@@ -24,7 +24,9 @@ def test_renders_ahead_of_a_regular_scraper() -> None:
         renders.append(clock.now)
         return f"render {len(renders)} at {clock.now}".encode()
 
-    cache = ExpositionCache(CollectorRegistry(), max_age_s=1.0, render=render, clock=clock)
+    cache = ExpositionCache(
+        CollectorRegistry(), max_age_s=1.0, render=render, clock=clock, ahead_above_s=0.0
+    )
     try:
         assert cache.get() == b"render 1 at 0.0"  # first scrape: nothing cached, render now
         clock.now = 0.2
@@ -51,7 +53,9 @@ def test_a_failing_rendering_ahead_is_not_served() -> None:
             raise RuntimeError("collector broke")
         return b"ok %d" % calls["n"]
 
-    cache = ExpositionCache(CollectorRegistry(), max_age_s=1.0, render=render, clock=clock)
+    cache = ExpositionCache(
+        CollectorRegistry(), max_age_s=1.0, render=render, clock=clock, ahead_above_s=0.0
+    )
     try:
         cache.get()
         clock.now = 0.1
@@ -65,7 +69,9 @@ def test_a_failing_rendering_ahead_is_not_served() -> None:
 
 def test_get_cached_never_renders() -> None:
     clock = Clock()
-    cache = ExpositionCache(CollectorRegistry(), max_age_s=1.0, render=lambda r: b"x", clock=clock)
+    cache = ExpositionCache(
+        CollectorRegistry(), max_age_s=1.0, render=lambda r: b"x", clock=clock, ahead_above_s=0.0
+    )
     try:
         assert cache.get_cached() is None  # nothing yet: the caller renders in a thread
         assert cache.renders == 0
@@ -73,5 +79,23 @@ def test_get_cached_never_renders() -> None:
         assert cache.get_cached() == b"x"
         clock.now = 2.0
         assert cache.get_cached() is None
+    finally:
+        cache.close()
+
+
+def test_cheap_renderings_are_never_cached() -> None:
+    """A small sidecar shows a change on the very next scrape (read after write)."""
+    from prometheus_client import Counter
+
+    registry = CollectorRegistry()
+    counter = Counter("alerts", "Alerts.", registry=registry)
+    cache = ExpositionCache(registry, max_age_s=60.0)
+    try:
+        assert b"alerts_total 0.0" in cache.get()
+        counter.inc()
+        assert cache.get_cached() is None
+        assert b"alerts_total 1.0" in cache.get()
+        assert not cache.ahead
+        assert cache.inline_renders == 2
     finally:
         cache.close()

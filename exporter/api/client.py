@@ -1,0 +1,57 @@
+"""A small client of the sidecar's REST API (what ``mlprof capture`` and friends use)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from exporter.errors import ConfigError, InputError, MlprofError
+
+__all__ = ["ApiClient"]
+
+
+class ApiClient:
+    """Calls ``/api/v1`` on a running sidecar; errors become one-line MlprofErrors.
+
+    >>> ApiClient("http://127.0.0.1:9464").get("/api/v1/targets")  # doctest: +SKIP
+    """
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            base_url = f"http://{base_url}"
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise MlprofError(
+                f"cannot reach the sidecar at {self.base_url} ({exc}): is `mlprof serve` "
+                "running there (--url / MLPROF_LISTEN)?"
+            ) from None
+        if response.status_code in (401, 403):
+            raise ConfigError(f"{self.base_url}: {_detail(response)} (set MLPROF_AUTH_TOKEN)")
+        if response.status_code >= 400:
+            raise InputError(f"{method} {path}: {response.status_code} {_detail(response)}")
+        return response.json()
+
+    def get(self, path: str, **params: Any) -> Any:
+        clean = {k: v for k, v in params.items() if v is not None}
+        return self.request("GET", path, params=clean)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self.request("POST", path, json={k: v for k, v in body.items() if v is not None})
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        return response.text[:300]
+    return detail if isinstance(detail, str) else str(detail)

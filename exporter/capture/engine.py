@@ -1,0 +1,502 @@
+"""The capture engine: fan-out of remote traces (and snapshots) into the session store.
+
+Each target gets at most one session at a time (a profiler server runs one profiling
+session): a target already capturing is reported ``busy`` at once, never queued or
+retried. Captures run in a bounded pool of worker threads; each has a deadline of
+``delay + duration + timeout``. The profiler server writes its file into the capture
+logdir (a directory the workload sees, e.g. the shared dir); the engine then moves it
+into the store, so every store (``memory://``, ``gs://``, a local path) works the same.
+
+>>> engine = CaptureEngine(SessionStore("memory://doc"), Path("/shared/captures"))  # doctest: +SKIP
+>>> record = engine.submit(CaptureRequest(duration_ms=1000), registry.known())  # doctest: +SKIP
+>>> engine.wait(record.id).status  # doctest: +SKIP
+'done'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+
+from exporter.capture.client import ProfilerClient, XprofClient
+from exporter.capture.session import (
+    SessionRecord,
+    TargetResult,
+    TargetStatus,
+    check_session_id,
+    new_session_id,
+    utcnow,
+)
+from exporter.capture.store import PROFILE_DIR, SessionStore
+from exporter.capture.targets import ProfilerTarget, TargetRegistry, probe
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+
+    from exporter.config import Settings
+
+__all__ = [
+    "LEVEL_RANGES",
+    "TRIGGERS",
+    "CaptureEngine",
+    "CaptureLimits",
+    "CaptureRejected",
+    "CaptureRequest",
+    "SnapshotSource",
+    "TargetOutcome",
+]
+
+log = logging.getLogger(__name__)
+
+TRIGGERS: Final = ("manual", "alert", "programmatic", "snapshot", "periodic")
+# What XProf's profiler accepts: host 0-3, device 0-1, python 0-1.
+LEVEL_RANGES: Final[dict[str, tuple[int, int]]] = {
+    "host_tracer_level": (0, 3),
+    "device_tracer_level": (0, 1),
+    "python_tracer_level": (0, 1),
+}
+# Longest capture anyone may ask for at all; the configured maximum clamps below it.
+HARD_MAX_DURATION_MS: Final = 3_600_000
+# The holder name of the snapshot ring's short captures (see snapshots.py).
+RING_HOLDER: Final = "snapshot-ring"
+CAPTURE_SUFFIX: Final = ".xplane.pb"
+
+
+class CaptureRejected(ValueError):  # noqa: N818 (name fixed by the capture contract)
+    """A bad capture request; the message names the field and what was expected."""
+
+
+@dataclass
+class CaptureRequest:
+    """What to capture; levels and duration are clamped to the configured maxima."""
+
+    kind: Literal["trace", "snapshot"] = "trace"
+    duration_ms: int = 2000
+    host_tracer_level: int = 2
+    device_tracer_level: int = 1
+    python_tracer_level: int = 0
+    delay_ms: int = 0
+    name: str | None = None
+    trigger: str = "manual"
+    requester: str = "api"
+    alert: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CaptureLimits:
+    """Maxima and pool sizes (``MLPROF_CAPTURE_*``)."""
+
+    max_duration_ms: int = 60_000
+    max_delay_ms: int = 60_000
+    max_host_tracer_level: int = 3
+    max_device_tracer_level: int = 1
+    max_python_tracer_level: int = 1
+    timeout_s: float = 30.0  # beyond delay + duration, per target
+    concurrency: int = 16
+    retention_count: int = 200
+    retention_bytes: int = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CaptureLimits:
+        return cls(
+            max_duration_ms=settings.capture_max_duration_ms,
+            max_delay_ms=settings.capture_max_delay_ms,
+            max_host_tracer_level=settings.capture_max_host_tracer_level,
+            max_device_tracer_level=settings.capture_max_device_tracer_level,
+            max_python_tracer_level=settings.capture_max_python_tracer_level,
+            timeout_s=settings.capture_timeout_s,
+            concurrency=settings.capture_concurrency,
+            retention_count=settings.capture_retention_count,
+            retention_bytes=settings.capture_retention_bytes,
+        )
+
+
+@dataclass
+class TargetOutcome:
+    """What one target's capture produced: files in the staging directory, or an error."""
+
+    status: TargetStatus
+    error: str = ""
+    files: list[Path] = field(default_factory=list)
+    mode: str = "trace"
+
+
+class SnapshotSource(Protocol):
+    """Snapshots kept per target (continuous profiling or a ring of short captures)."""
+
+    def take(self, target: ProfilerTarget, staging: Path) -> TargetOutcome | None:
+        """Write the newest snapshot into ``staging``; None when none is kept for it."""
+        ...
+
+
+class CaptureEngine:
+    """Runs capture sessions in the background and records them in the store."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        logdir: Path,
+        limits: CaptureLimits | None = None,
+        client: ProfilerClient | None = None,
+        registry: TargetRegistry | None = None,
+        meter: Meter | None = None,
+    ) -> None:
+        self.store = store
+        self.logdir = logdir
+        self.limits = limits or CaptureLimits()
+        self._client = client
+        self.registry = registry
+        self.snapshots: SnapshotSource | None = None
+        self.on_complete: list[Callable[[SessionRecord], object]] = []
+        self._pool = ThreadPoolExecutor(self.limits.concurrency, thread_name_prefix="capture")
+        self._lock = threading.Lock()
+        self._busy: dict[str, str] = {}  # address -> session id holding it
+        self._running: dict[str, SessionRecord] = {}
+        self._done_events: dict[str, threading.Event] = {}
+        self._counter = (
+            meter.create_counter(
+                "mlprof.captures",
+                unit="{capture}",
+                description="Capture sessions finished, by trigger and status.",
+            )
+            if meter is not None
+            else None
+        )
+
+    @property
+    def client(self) -> ProfilerClient:
+        if self._client is None:
+            self._client = XprofClient()
+        return self._client
+
+    # -- public ------------------------------------------------------------------
+    def check(self, request: CaptureRequest) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        """Validate a request; return the options to run and what was clamped."""
+        if request.kind not in ("trace", "snapshot"):
+            raise CaptureRejected(f"kind={request.kind!r}: expected 'trace' or 'snapshot'")
+        if request.trigger not in TRIGGERS:
+            raise CaptureRejected(f"trigger={request.trigger!r}: expected one of {TRIGGERS}")
+        if request.name is not None:
+            try:
+                check_session_id(request.name)
+            except ValueError as exc:
+                raise CaptureRejected(str(exc)) from None
+        wanted = {
+            "duration_ms": request.duration_ms,
+            "delay_ms": request.delay_ms,
+            "host_tracer_level": request.host_tracer_level,
+            "device_tracer_level": request.device_tracer_level,
+            "python_tracer_level": request.python_tracer_level,
+        }
+        for key, value in wanted.items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise CaptureRejected(f"{key}={value!r}: expected an integer")
+        if not 1 <= request.duration_ms <= HARD_MAX_DURATION_MS:
+            raise CaptureRejected(
+                f"duration_ms={request.duration_ms}: expected 1..{HARD_MAX_DURATION_MS} "
+                f"(captures are clamped to {self.limits.max_duration_ms})"
+            )
+        if not 0 <= request.delay_ms <= HARD_MAX_DURATION_MS:
+            raise CaptureRejected(
+                f"delay_ms={request.delay_ms}: expected 0..{HARD_MAX_DURATION_MS}"
+            )
+        for key, (low, high) in LEVEL_RANGES.items():
+            if not low <= wanted[key] <= high:
+                raise CaptureRejected(f"{key}={wanted[key]}: expected {low}..{high}")
+        maxima = {
+            "duration_ms": self.limits.max_duration_ms,
+            "delay_ms": self.limits.max_delay_ms,
+            "host_tracer_level": self.limits.max_host_tracer_level,
+            "device_tracer_level": self.limits.max_device_tracer_level,
+            "python_tracer_level": self.limits.max_python_tracer_level,
+        }
+        options = {key: min(value, maxima[key]) for key, value in wanted.items()}
+        clamped = {
+            key: {"requested": wanted[key], "max": maxima[key]}
+            for key in wanted
+            if wanted[key] > maxima[key]
+        }
+        return options, clamped
+
+    def submit(self, request: CaptureRequest, targets: list[ProfilerTarget]) -> SessionRecord:
+        """Create the session (``running``) and return at once; the capture runs behind."""
+        options, clamped = self.check(request)
+        if not targets:
+            raise CaptureRejected("targets: expected at least one known profiler target")
+        unique = list({t.address: t for t in targets}.values())
+        session_id = new_session_id(request.name)
+        runs = {t.run_id for t in unique}
+        record = SessionRecord(
+            id=session_id,
+            kind=request.kind,
+            trigger=request.trigger,
+            requester=request.requester,
+            run_id=runs.pop() if len(runs) == 1 else None,
+            alert=request.alert,
+            name=request.name,
+            options=options,
+            clamped=clamped,
+            targets=[TargetResult(address=t.address, host=t.host, run_id=t.run_id) for t in unique],
+        )
+        free: list[tuple[int, ProfilerTarget]] = []
+        with self._lock:
+            for index, target in enumerate(unique):
+                holder = self._busy.get(target.address)
+                if request.kind == "snapshot" and holder == RING_HOLDER:
+                    free.append((index, target))  # the ring's windows are copied, not traced
+                elif holder is not None:
+                    result = record.targets[index]
+                    result.status, result.finished = "busy", utcnow()
+                    result.error = (
+                        f"profiler server {target.address} is busy with session {holder} "
+                        "(one profiling session per server at a time)"
+                    )
+                else:
+                    self._busy[target.address] = session_id
+                    free.append((index, target))
+            self._running[session_id] = record
+            self._done_events[session_id] = threading.Event()
+        self.store.write_record(record)
+        log.info(
+            "capture %s (%s, %s) on %s", session_id, request.kind, request.trigger,
+            ", ".join(t.address for t in unique),
+        )  # fmt: skip
+        threading.Thread(
+            target=self._run_session,
+            args=(record, free, request.kind),
+            name=f"session-{session_id}",
+            daemon=True,
+        ).start()
+        return record.model_copy(deep=True)
+
+    def get(self, session_id: str) -> SessionRecord | None:
+        """A session's record: live while running, else from the store."""
+        with self._lock:
+            live = self._running.get(session_id)
+            if live is not None:
+                return live.model_copy(deep=True)
+        return self.store.read_record(session_id)
+
+    def get_live(self, session_id: str) -> bool:
+        """Whether a session is running in this engine now."""
+        with self._lock:
+            return session_id in self._running
+
+    def busy(self, target: ProfilerTarget) -> bool:
+        """Whether this engine holds a session on the target now."""
+        with self._lock:
+            return target.address in self._busy
+
+    def reserve(self, target: ProfilerTarget, holder: str) -> bool:
+        """Hold a target for ``holder`` (e.g. the snapshot ring); False when it is busy."""
+        with self._lock:
+            if target.address in self._busy:
+                return False
+            self._busy[target.address] = holder
+            return True
+
+    def release(self, target: ProfilerTarget, holder: str) -> None:
+        with self._lock:
+            if self._busy.get(target.address) == holder:
+                del self._busy[target.address]
+
+    def wait(self, session_id: str, timeout: float | None = None) -> SessionRecord | None:
+        """Block until a session submitted here finishes; return its record."""
+        with self._lock:
+            event = self._done_events.get(session_id)
+        if event is not None:
+            event.wait(timeout)
+        return self.get(session_id)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- capture -------------------------------------------------------------------
+    def trace_into(
+        self,
+        target: ProfilerTarget,
+        session_id: str,
+        options: dict[str, int],
+        logdir: Path | None = None,
+    ) -> TargetOutcome:
+        """One remote trace of ``target`` into the staging logdir (blocking)."""
+        logdir = logdir or self.logdir
+        unreachable = probe(target.address, min(2.0, self.limits.timeout_s))
+        if unreachable:
+            self._mark(target, False, unreachable)
+            return TargetOutcome("unreachable", unreachable)
+        staging = logdir / PROFILE_DIR / check_session_id(session_id)
+        duration_ms = options["duration_ms"]
+        trace_options = {
+            "host_tracer_level": options["host_tracer_level"],
+            "device_tracer_level": options["device_tracer_level"],
+            "python_tracer_level": options["python_tracer_level"],
+            "delay_ms": options["delay_ms"],
+            "session_id": session_id,
+        }
+        began = time.monotonic()
+        try:
+            self.client.trace(target.address, str(logdir), duration_ms, trace_options)
+        except RuntimeError as exc:
+            elapsed_ms = (time.monotonic() - began) * 1000
+            message = str(exc).strip()
+            self._mark(target, True, "")
+            if "UNAVAILABLE" in message and elapsed_ms < options["delay_ms"] + duration_ms:
+                # The server answered at once without trace data: XProf's client says
+                # UNAVAILABLE both for "another profiling session active" and for an
+                # empty answer; the port was open, so the server is there and refusing.
+                return TargetOutcome(
+                    "busy",
+                    f"profiler server {target.address} refused the capture at once: another "
+                    f"profiling session is active on it, or it is not a profiler server "
+                    f"(XProf: {message})",
+                )
+            return TargetOutcome("failed", f"{target.address}: {message}")
+        self._mark(target, True, "")
+        files = self._files_of(target, staging)
+        if not files:
+            return TargetOutcome(
+                "failed",
+                f"{target.address}: the capture succeeded but wrote no {CAPTURE_SUFFIX} under "
+                f"{staging}: is the capture logdir ({logdir}) visible to the workload "
+                "at the same path (MLPROF_CAPTURE_LOGDIR)?",
+            )
+        return TargetOutcome("ok", files=files)
+
+    def staging_dir(self, session_id: str) -> Path:
+        check_session_id(session_id)
+        return self.logdir / PROFILE_DIR / session_id
+
+    def _files_of(self, target: ProfilerTarget, staging: Path) -> list[Path]:
+        if not staging.is_dir():
+            return []
+        stem = target.file_stem()
+        return sorted(p for p in staging.iterdir() if p.is_file() and p.name.startswith(f"{stem}."))
+
+    def _mark(self, target: ProfilerTarget, reachable: bool, error: str) -> None:
+        if self.registry is not None:
+            self.registry.mark(target.address, reachable, error)
+
+    def _capture_one(
+        self, target: ProfilerTarget, record: SessionRecord, kind: str, index: int
+    ) -> TargetOutcome:
+        with self._lock:
+            record.targets[index].started = utcnow()
+        try:
+            if kind == "snapshot" and self.snapshots is not None:
+                taken = self.snapshots.take(target, self.staging_dir(record.id))
+                if taken is not None:
+                    return taken
+            return self.trace_into(target, record.id, record.options)
+        except Exception as exc:  # one target's failure is its result, not the session's
+            log.exception("capture of %s failed", target.address)
+            return TargetOutcome("failed", f"{target.address}: {type(exc).__name__}: {exc}")
+        finally:
+            self.release(target, record.id)
+
+    def _run_session(
+        self, record: SessionRecord, free: list[tuple[int, ProfilerTarget]], kind: str
+    ) -> None:
+        with self._lock:
+            record.started = utcnow()
+        options = record.options
+        budget = (options["delay_ms"] + options["duration_ms"]) / 1000 + self.limits.timeout_s
+        futures: dict[Future[TargetOutcome], int] = {}
+        for index, target in free:
+            try:
+                futures[self._pool.submit(self._capture_one, target, record, kind, index)] = index
+            except RuntimeError:  # the pool is shut down: the sidecar is stopping
+                self.release(target, record.id)
+                self._apply(record, index, TargetOutcome("failed", "sidecar is stopping"))
+        # Targets beyond the pool size wait for a free worker: allow one budget per wave.
+        waves = max(1, -(-len(futures) // self.limits.concurrency))
+        budget *= waves
+        deadline = time.monotonic() + budget
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=max(0.0, deadline - time.monotonic()),
+                                 return_when="FIRST_COMPLETED")  # fmt: skip
+            if not done:
+                break
+            for future in done:
+                self._apply(record, futures[future], future.result())
+            self.store.write_record(self._snapshot(record))
+        for future in pending:  # still blocked in the profiler client: the target stays busy
+            index = futures[future]
+            address = record.targets[index].address
+            self._apply(record, index, TargetOutcome(
+                "timeout", f"{address}: no answer within {budget:g}s "
+                f"(delay + duration + MLPROF_CAPTURE_TIMEOUT_S)",
+            ))  # fmt: skip
+            future.add_done_callback(functools.partial(self._discard_late, record.id))
+        self._finish(record)
+
+    def _apply(self, record: SessionRecord, index: int, outcome: TargetOutcome) -> None:
+        result = record.targets[index]
+        names: list[str] = []
+        size = 0
+        error = outcome.error
+        for path in outcome.files:
+            try:
+                size += self.store.import_file(record.id, path)
+                names.append(path.name)
+            except OSError as exc:
+                error = f"cannot move {path.name} into the store {self.store.url}: {exc}"
+        with self._lock:
+            result.status = "failed" if outcome.status == "ok" and not names else outcome.status
+            result.error, result.files, result.bytes = error, names, size
+            result.mode = outcome.mode
+            result.finished = utcnow()
+
+    def _discard_late(self, session_id: str, future: Future[TargetOutcome]) -> None:
+        outcome = future.result()
+        for path in outcome.files:
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the staging dir, once no target writes there
+            self.staging_dir(session_id).rmdir()
+        log.warning(
+            "capture %s: a timed-out target answered late; its files are dropped", session_id
+        )
+
+    def _snapshot(self, record: SessionRecord) -> SessionRecord:
+        with self._lock:
+            return record.model_copy(deep=True)
+
+    def _finish(self, record: SessionRecord) -> None:
+        with self._lock:
+            record.status = record.summarize()
+            record.finished = utcnow()
+            final = record.model_copy(deep=True)
+        self.store.write_record(final)
+        staging = self.staging_dir(record.id)
+        if (
+            staging.is_dir()
+            and staging.resolve() != Path(self.store.session_dir(record.id)).resolve()
+        ):
+            shutil.rmtree(staging, ignore_errors=True)
+        with self._lock:
+            self._running.pop(record.id, None)
+            event = self._done_events.pop(record.id, None)
+        if event is not None:
+            event.set()
+        if self._counter is not None:
+            self._counter.add(1, {"trigger": final.trigger, "status": final.status})
+        log.info("capture %s finished: %s", final.id, final.status)
+        for hook in self.on_complete:
+            try:
+                hook(final)
+            except Exception:  # a hook never fails the capture
+                log.exception("on_complete hook %r failed for %s", hook, final.id)
+        try:
+            self.store.enforce_retention(self.limits.retention_count, self.limits.retention_bytes)
+        except OSError as exc:
+            log.warning("retention on %s failed: %s", self.store.url, exc)

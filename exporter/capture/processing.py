@@ -1,0 +1,177 @@
+"""After a session completes: each host's capture -> flame graphs -> Pyroscope + the store.
+
+:class:`SessionProcessor` is the engine's (and the watcher's) ``on_complete`` hook. It
+queues the work on its own thread, so a capture's API answer never waits for it, and
+records what it made as ``artifacts`` in ``session.json``:
+
+* ``<file stem>.<profile_source>.pb.gz`` beside the capture: the flame graph as pprof
+  (``go tool pprof``, Pyroscope's ``profilecli`` and ``mlprof flamegraph`` read it);
+* one push per flame graph when a sink is configured, with the sink's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+from exporter.capture.session import SessionRecord, utcnow
+from exporter.capture.store import SessionStore
+from exporter.profiles.flamegraph import FlameGraph
+
+__all__ = ["CAPTURE_SUFFIX", "Convert", "Push", "SessionProcessor", "xplane_flamegraphs"]
+
+log = logging.getLogger(__name__)
+
+CAPTURE_SUFFIX: Final = ".xplane.pb"
+Convert = Callable[[Path], Mapping[str, FlameGraph]]  # capture -> {profile_source: graph}
+Push = Callable[[FlameGraph, dict[str, str]], object]
+
+
+def xplane_flamegraphs(path: Path) -> dict[str, FlameGraph]:
+    """Device-time and host-time flame graphs of one ``.xplane.pb`` (those it has)."""
+    from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
+
+    graphs: dict[str, FlameGraph] = {}
+    with load_capture(path) as capture:
+        for source, build in (("xprof_device", device_flamegraph), ("xprof_host", host_flamegraph)):
+            graph = build(capture)
+            if graph is not None:
+                graphs[source] = graph
+    return graphs
+
+
+def _encode(graph: FlameGraph) -> bytes:
+    from exporter.profiles.pprof import encode_pprof
+
+    return encode_pprof(graph)
+
+
+class SessionProcessor:
+    """Converts a finished session's captures, pushes them, records the artifacts.
+
+    >>> processor = SessionProcessor(store, xplane_flamegraphs, sink.push)  # doctest: +SKIP
+    >>> engine.on_complete.append(processor)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        store: SessionStore,
+        convert: Convert = xplane_flamegraphs,
+        push: Push | None = None,
+        service_name: Callable[[str | None], str] = lambda run_id: "mlprof",
+        labels: Callable[..., dict[str, str]] | None = None,
+        write_pprof: bool = True,
+    ) -> None:
+        self.store = store
+        self.convert = convert
+        self.push = push
+        self.service_name = service_name
+        self.write_pprof = write_pprof
+        self._labels = labels
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="session-processor")
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self.processed = 0
+
+    def __call__(self, record: SessionRecord) -> Future[None] | None:
+        """Queue a finished session (once per id); return the future, None if skipped."""
+        if record.status == "running" or record.processed is not None:
+            return None
+        with self._lock:
+            if record.id in self._seen:
+                return None
+            self._seen.add(record.id)
+        return self._pool.submit(self._process_logged, record.id)
+
+    def _process_logged(self, session_id: str) -> None:
+        try:
+            self.process(session_id)
+        except Exception:  # the next poll must not spin on it: it stays marked as seen
+            log.exception("processing session %s failed", session_id)
+
+    def process(self, session_id: str) -> SessionRecord | None:
+        """Convert, push and record one session now (blocking)."""
+        record = self.store.read_record(session_id)
+        if record is None:
+            return None
+        artifacts: list[dict[str, Any]] = []
+        for target in record.targets:
+            for name in target.files:
+                if name.endswith(CAPTURE_SUFFIX):
+                    artifacts.extend(self._convert_one(record, target.host, target.run_id, name))
+        record = self.store.read_record(session_id) or record  # keep concurrent edits
+        record.artifacts = [a for a in record.artifacts if a.get("kind") != "flamegraph"]
+        record.artifacts.extend(artifacts)
+        record.processed = utcnow()
+        self.store.write_record(record)
+        self.processed += 1
+        log.info("session %s: %d flame graphs", session_id, len(artifacts))
+        return record
+
+    def _convert_one(
+        self, record: SessionRecord, host: str, run_id: str | None, name: str
+    ) -> list[dict[str, Any]]:
+        base = {"kind": "flamegraph", "capture": name, "host": host}
+        try:
+            with self.store.local_file(record.id, name) as path:
+                graphs = self.convert(path)
+        except Exception as exc:  # an unreadable capture is recorded, not fatal
+            return [base | {"error": f"cannot convert: {exc}"}]
+        artifacts = []
+        stem = name.removesuffix(CAPTURE_SUFFIX)
+        for source, graph in graphs.items():
+            artifact: dict[str, Any] = base | {
+                "profile_source": source,
+                "sample_type": graph.sample_type,
+                "unit": graph.unit,
+                "total": graph.root.total,
+                "nodes": graph.node_count,
+            }
+            if self.write_pprof:
+                pprof_name = f"{stem}.{source}.pb.gz"
+                try:
+                    self.store.write_file(record.id, pprof_name, _encode(graph))
+                    artifact["file"] = pprof_name
+                except OSError as exc:
+                    artifact["file_error"] = str(exc)
+            if self.push is not None:
+                labels = self._push_labels(record, source, host, run_id)
+                outcome = self.push(graph, labels)
+                artifact["push"] = {
+                    "sink": "pyroscope",
+                    "status": getattr(outcome, "status", str(outcome)),
+                    "message": getattr(outcome, "message", ""),
+                }
+            artifacts.append(artifact)
+        return artifacts
+
+    def _push_labels(
+        self, record: SessionRecord, source: str, host: str, run_id: str | None
+    ) -> dict[str, str]:
+        service = record.workload or self.service_name(run_id or record.run_id)
+        if self._labels is not None:
+            return self._labels(
+                source,
+                service_name=service,
+                run_id=run_id or record.run_id or "",
+                host=host,
+                trigger=record.trigger,
+                session_id=record.id,
+            )
+        from exporter.profiles.publish import capture_labels
+
+        return capture_labels(
+            source,
+            service_name=service,
+            run_id=run_id or record.run_id or "",
+            host=host,
+            trigger=record.trigger,
+            session_id=record.id,
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

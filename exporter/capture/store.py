@@ -1,0 +1,208 @@
+"""Session store: an fsspec URL in XProf's logdir layout, the store being the record.
+
+Layout (``xprof --logdir <store>`` opens it as is)::
+
+    plugins/profile/<session_id>/<host>_<port>.xplane.pb   one capture per target
+    plugins/profile/<session_id>/session.json              the SessionRecord
+
+``file://`` (or a plain path) is the default, ``memory://`` serves tests, ``gs://`` and
+``s3://`` work through the ``gcp``/``aws`` extras (gcsfs, s3fs).
+
+>>> store = SessionStore("memory://doc")
+>>> store.session_dir("s1")
+'/doc/plugins/profile/s1'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import ValidationError
+
+from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id
+from exporter.errors import ConfigError
+
+__all__ = ["PROFILE_DIR", "SessionStore"]
+
+log = logging.getLogger(__name__)
+
+PROFILE_DIR: Final = "plugins/profile"
+
+
+class SessionStore:
+    """Sessions under ``<url>/plugins/profile``; every id is checked before use."""
+
+    def __init__(self, url: str | os.PathLike[str]) -> None:
+        text = os.fspath(url)
+        try:
+            fs, root = fsspec.core.url_to_fs(text)
+        except (ImportError, ValueError) as exc:
+            raise ConfigError(
+                f"MLPROF_STORE={text!r}: cannot open this store ({exc}); gs:// needs "
+                "mlprof-exporter[gcp], s3:// needs mlprof-exporter[aws]"
+            ) from None
+        self.url = text
+        self.fs: Any = fs
+        self.is_local = isinstance(fs, LocalFileSystem)
+        self.root = os.path.realpath(root) if self.is_local else str(root).rstrip("/")
+        self.profile_root = posixpath.join(self.root, PROFILE_DIR)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SessionStore({self.url!r})"
+
+    # -- paths -------------------------------------------------------------------
+    def session_dir(self, session_id: str) -> str:
+        """The directory of a session; raises ValueError for an id that could escape."""
+        check_session_id(session_id)
+        path = posixpath.join(self.profile_root, session_id)
+        if self.is_local:
+            resolved = os.path.realpath(path)
+            if Path(resolved).parent != Path(os.path.realpath(self.profile_root)):
+                raise ValueError(f"session {session_id!r}: resolves outside the store")
+        return path
+
+    def local_dir(self, session_id: str) -> Path | None:
+        """The session directory as a local path, when the store is local."""
+        return Path(self.session_dir(session_id)) if self.is_local else None
+
+    # -- records -----------------------------------------------------------------
+    def write_record(self, record: SessionRecord) -> None:
+        """Write ``session.json`` (atomically on a local store)."""
+        directory = self.session_dir(record.id)
+        data = record.model_dump_json(indent=2).encode() + b"\n"
+        with self._lock:
+            self.fs.makedirs(directory, exist_ok=True)
+            target = posixpath.join(directory, SESSION_FILE)
+            if self.is_local:
+                tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
+                Path(tmp).write_bytes(data)
+                Path(tmp).replace(target)  # readers never see half a record
+            else:
+                self.fs.pipe_file(target, data)
+
+    def read_record(self, session_id: str) -> SessionRecord | None:
+        """The record of a session, or None when there is none (or it cannot be parsed)."""
+        try:
+            path = posixpath.join(self.session_dir(session_id), SESSION_FILE)
+        except ValueError:
+            return None
+        try:
+            data = self.fs.cat_file(path)
+        except (FileNotFoundError, OSError):
+            return None
+        try:
+            return SessionRecord.model_validate_json(data)
+        except ValidationError as exc:
+            log.warning("%s: not a session record (%s)", path, exc.errors()[0]["msg"])
+            return None
+
+    def session_ids(self) -> list[str]:
+        """Ids of every session directory in the store, sorted."""
+        try:
+            entries = self.fs.ls(self.profile_root, detail=False)
+        except (FileNotFoundError, OSError):
+            return []
+        ids = []
+        for entry in entries:
+            name = posixpath.basename(str(entry).rstrip("/"))
+            with contextlib.suppress(ValueError):
+                ids.append(check_session_id(name))
+        return sorted(ids)
+
+    def records(self) -> list[SessionRecord]:
+        """Every readable record, oldest first."""
+        found = [r for r in map(self.read_record, self.session_ids()) if r is not None]
+        return sorted(found, key=lambda r: (r.created, r.id))
+
+    # -- files -------------------------------------------------------------------
+    def files(self, session_id: str) -> dict[str, int]:
+        """Names and sizes of a session's files."""
+        try:
+            entries = self.fs.ls(self.session_dir(session_id), detail=True)
+        except (FileNotFoundError, OSError):
+            return {}
+        return {
+            posixpath.basename(str(e["name"]).rstrip("/")): int(e.get("size") or 0)
+            for e in entries
+            if e.get("type") == "file"
+        }
+
+    def import_file(self, session_id: str, source: Path) -> int:
+        """Move a local capture file into the session; return its size."""
+        directory = self.session_dir(session_id)
+        target = posixpath.join(directory, source.name)
+        size = source.stat().st_size
+        if self.is_local:
+            if os.path.realpath(source) == os.path.realpath(target):
+                return size  # the profiler server wrote straight into the store
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            shutil.move(source, target)
+            return size
+        self.fs.makedirs(directory, exist_ok=True)
+        self.fs.put_file(str(source), target)
+        source.unlink()
+        return size
+
+    def write_file(self, session_id: str, name: str, data: bytes) -> None:
+        """Write a derived file (e.g. a flame graph) into the session directory."""
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"file name {name!r}: expected a plain name")
+        directory = self.session_dir(session_id)
+        self.fs.makedirs(directory, exist_ok=True)
+        self.fs.pipe_file(posixpath.join(directory, name), data)
+
+    @contextlib.contextmanager
+    def local_file(self, session_id: str, name: str) -> Iterator[Path]:
+        """A local path of a session file (a temporary copy for remote stores)."""
+        path = posixpath.join(self.session_dir(session_id), name)
+        if self.is_local:
+            yield Path(path)
+            return
+        with tempfile.TemporaryDirectory(prefix="mlprof-session-") as tmp:
+            local = Path(tmp) / name
+            self.fs.get_file(path, str(local))
+            yield local
+
+    def delete(self, session_id: str) -> None:
+        directory = self.session_dir(session_id)
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(directory, recursive=True)
+
+    # -- retention ---------------------------------------------------------------
+    def enforce_retention(self, max_count: int, max_bytes: int) -> list[str]:
+        """Delete the oldest finished sessions beyond ``max_count``/``max_bytes`` (0 = no limit).
+
+        Running sessions and the newest session are never deleted. Returns the deleted ids.
+        """
+        if not max_count and not max_bytes:
+            return []
+        records = self.records()
+        sizes = {r.id: sum(self.files(r.id).values()) for r in records}
+        count, total = len(records), sum(sizes.values())
+        deleted = []
+        for record in records[:-1]:  # oldest first; the newest session always stays
+            over_count = max_count and count > max_count
+            over_bytes = max_bytes and total > max_bytes
+            if not (over_count or over_bytes):
+                break
+            if record.status == "running":
+                continue
+            self.delete(record.id)
+            deleted.append(record.id)
+            count -= 1
+            total -= sizes[record.id]
+        if deleted:
+            log.info("retention: deleted sessions %s", ", ".join(deleted))
+        return deleted

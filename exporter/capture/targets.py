@@ -1,0 +1,342 @@
+"""Profiler targets: workloads' profiler servers, found by static list, run.json, DNS or k8s.
+
+Only what discovery found is ever dialled: selection (``TargetRegistry.select``) filters
+known targets and never creates one from a caller's input.
+
+>>> registry = TargetRegistry([StaticDiscovery(["127.0.0.1:9999"])])
+>>> registry.refresh(check=False)
+>>> [t.address for t in registry.select(hosts=["127.0.0.1"])]
+['127.0.0.1:9999']
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import httpx
+
+from exporter import schema
+from exporter.config import parse_hostport
+
+__all__ = [
+    "DEFAULT_PROFILER_PORT",
+    "DnsDiscovery",
+    "K8sDiscovery",
+    "LocalRunDiscovery",
+    "ProfilerTarget",
+    "StaticDiscovery",
+    "TargetHealth",
+    "TargetRegistry",
+    "format_address",
+    "probe",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROFILER_PORT: Final = 9999
+SERVICEACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Pod annotations/labels the k8s discovery reads (see deploy/k8s/training-job.yaml).
+PORT_ANNOTATION: Final = "mlprof.io/profiler-port"
+RUN_ID_KEYS: Final = ("mlprof.io/run-id", "run_id")
+
+
+@dataclass(frozen=True)
+class ProfilerTarget:
+    """A workload's profiler server: the only address a capture dials."""
+
+    address: str  # host:port of the profiler server
+    host: str  # the ``host`` label of the workload's metrics
+    run_id: str | None  # the run it belongs to, when known
+    source: str  # static | local | dns | k8s
+    accelerator: str | None = None  # tpu | gpu | cpu when known (chooses snapshot mode)
+
+    @property
+    def address_host(self) -> str:
+        return parse_hostport(self.address)[0]
+
+    def file_stem(self) -> str:
+        """The stem XProf gives this target's capture file: ``<host>_<port>``."""
+        host, port = parse_hostport(self.address)
+        return f"{host}_{port}"
+
+
+@dataclass
+class TargetHealth:
+    """Last reachability of a target, as ``GET /api/v1/targets`` shows it."""
+
+    reachable: bool | None = None  # None: not probed yet
+    checked: float | None = None
+    error: str = ""
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def probe(address: str, timeout_s: float = 1.0) -> str:
+    """Open (and close) a TCP connection; return "" or the reason it failed."""
+    host, port = parse_hostport(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return ""
+    except OSError as exc:
+        return f"cannot connect to {address}: {exc.strerror or exc}"
+
+
+class Discovery(Protocol):
+    name: str
+
+    def discover(self) -> list[ProfilerTarget]: ...
+
+
+class StaticDiscovery:
+    """``MLPROF_TARGETS=host:port,...``; the host label is the address's host."""
+
+    name = "static"
+
+    def __init__(self, addresses: Iterable[str], default_port: int = DEFAULT_PROFILER_PORT):
+        self.targets = []
+        for item in addresses:
+            host, port = parse_hostport(item, default_port)
+            self.targets.append(ProfilerTarget(format_address(host, port), host, None, "static"))
+
+    def discover(self) -> list[ProfilerTarget]:
+        return list(self.targets)
+
+
+class LocalRunDiscovery:
+    """The workload beside the sidecar, from ``run.json`` in the shared dir (loopback)."""
+
+    name = "local"
+
+    def __init__(self, shared_dir: Path, address_host: str = "127.0.0.1") -> None:
+        self.shared_dir = shared_dir
+        self.address_host = address_host
+
+    def discover(self) -> list[ProfilerTarget]:
+        path = self.shared_dir / schema.RUN_FILE
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"{path}: cannot read run.json ({exc})") from None
+        port = info.get("profiler_port") if isinstance(info, dict) else None
+        if not isinstance(port, int) or not 0 < port < 65536:
+            return []  # the workload runs no profiler server
+        system = info.get("system") or {}
+        return [
+            ProfilerTarget(
+                format_address(self.address_host, port),
+                str(info.get("host") or self.address_host),
+                str(info["run_id"]) if info.get("run_id") else None,
+                "local",
+                system.get("backend") if isinstance(system, dict) else None,
+            )
+        ]
+
+
+Resolver = Callable[[str, int], list[str]]
+
+
+def _resolve_all(name: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+class DnsDiscovery:
+    """Every A/AAAA record of a name (a headless Service lists one per ready pod)."""
+
+    name = "dns"
+
+    def __init__(
+        self, name: str, port: int = DEFAULT_PROFILER_PORT, resolver: Resolver | None = None
+    ):
+        self.dns_name = name
+        self.port = port
+        self._resolve = resolver or _resolve_all
+
+    def discover(self) -> list[ProfilerTarget]:
+        try:
+            addresses = self._resolve(self.dns_name, self.port)
+        except socket.gaierror as exc:
+            raise RuntimeError(f"DNS name {self.dns_name!r}: {exc.strerror or exc}") from None
+        return [ProfilerTarget(format_address(ip, self.port), ip, None, "dns") for ip in addresses]
+
+
+class K8sDiscovery:
+    """Running pods matching a label selector, read from the Kubernetes API (in-cluster).
+
+    Needs ``get``/``list`` on ``pods`` in the namespace (deploy/k8s/capture-rbac.yaml).
+    A pod's host label is its name (the SDK's default host is the pod's hostname), its
+    run from the ``mlprof.io/run-id`` label or annotation, its port from the
+    ``mlprof.io/profiler-port`` annotation or the default.
+    """
+
+    name = "k8s"
+
+    def __init__(
+        self,
+        selector: str,
+        namespace: str,
+        api_url: str,
+        token: str | None = None,
+        ca_file: Path | None = None,
+        port: int = DEFAULT_PROFILER_PORT,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.selector = selector
+        self.namespace = namespace
+        self.api_url = api_url.rstrip("/")
+        self.port = port
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(
+            verify=str(ca_file) if ca_file else True, timeout=timeout_s, headers=self._headers
+        )
+
+    @classmethod
+    def in_cluster(
+        cls, selector: str, namespace: str | None, port: int = DEFAULT_PROFILER_PORT
+    ) -> K8sDiscovery:
+        """Use the pod's service account; raise RuntimeError outside a cluster."""
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        api_port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise RuntimeError(
+                "k8s discovery needs in-cluster config (KUBERNETES_SERVICE_HOST is not set)"
+            )
+        token_file = SERVICEACCOUNT_DIR / "token"
+        ns_file = SERVICEACCOUNT_DIR / "namespace"
+        token = token_file.read_text().strip() if token_file.is_file() else None
+        if namespace is None and ns_file.is_file():
+            namespace = ns_file.read_text().strip()
+        ca = SERVICEACCOUNT_DIR / "ca.crt"
+        return cls(
+            selector,
+            namespace or "default",
+            f"https://{format_address(host, int(api_port))}",
+            token,
+            ca if ca.is_file() else None,
+            port,
+        )
+
+    def discover(self) -> list[ProfilerTarget]:
+        url = f"{self.api_url}/api/v1/namespaces/{self.namespace}/pods"
+        try:
+            response = self._client.get(url, params={"labelSelector": self.selector})
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"Kubernetes API {self.api_url}: {exc}") from None
+        if response.status_code != 200:
+            reason = response.text[:200].strip()
+            raise RuntimeError(
+                f"Kubernetes API: listing pods in {self.namespace!r} answered "
+                f"{response.status_code} ({reason}); does the service account have the "
+                "Role in deploy/k8s/capture-rbac.yaml?"
+            )
+        return [t for pod in response.json().get("items", []) if (t := self._target(pod))]
+
+    def _target(self, pod: dict[str, Any]) -> ProfilerTarget | None:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        ip = status.get("podIP")
+        if status.get("phase") != "Running" or not ip or meta.get("deletionTimestamp"):
+            return None
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        port_text = str(annotations.get(PORT_ANNOTATION, self.port))
+        port = int(port_text) if port_text.isdigit() and 0 < int(port_text) < 65536 else self.port
+        run_id = next((d[k] for k in RUN_ID_KEYS for d in (labels, annotations) if d.get(k)), None)
+        return ProfilerTarget(format_address(ip, port), str(meta.get("name") or ip), run_id, "k8s")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class TargetRegistry:
+    """The known targets of every discovery, with their last reachability."""
+
+    def __init__(self, discoveries: Iterable[Discovery], probe_timeout_s: float = 1.0) -> None:
+        self.discoveries = list(discoveries)
+        self.probe_timeout_s = probe_timeout_s
+        self._lock = threading.Lock()
+        self._found: dict[str, list[ProfilerTarget]] = {}
+        self._errors: dict[str, str] = {}
+        self._health: dict[str, TargetHealth] = {}
+        self.refreshed: float | None = None
+
+    def refresh(self, check: bool = True) -> None:
+        """Run every discovery (keeping the last list of one that fails) and probe targets."""
+        for discovery in self.discoveries:
+            try:
+                found = discovery.discover()
+            except Exception as exc:  # a failing source keeps its last known targets
+                log.warning("target discovery %s: %s", discovery.name, exc)
+                with self._lock:
+                    self._errors[discovery.name] = str(exc)
+                continue
+            with self._lock:
+                self._found[discovery.name] = found
+                self._errors.pop(discovery.name, None)
+        if check:
+            for target in self.known():
+                error = probe(target.address, self.probe_timeout_s)
+                self.mark(target.address, not error, error)
+        with self._lock:
+            self.refreshed = time.time()
+            known = {t.address for t in self._known_locked()}
+            self._health = {a: h for a, h in self._health.items() if a in known}
+
+    def mark(self, address: str, reachable: bool, error: str = "") -> None:
+        """Record a target's reachability (probes and captures both report here)."""
+        with self._lock:
+            self._health[address] = TargetHealth(reachable, time.time(), error)
+
+    def health(self, address: str) -> TargetHealth:
+        with self._lock:
+            return self._health.get(address, TargetHealth())
+
+    def _known_locked(self) -> list[ProfilerTarget]:
+        merged: dict[str, ProfilerTarget] = {}
+        for discovery in self.discoveries:  # earlier discoveries win on the same address
+            for target in self._found.get(discovery.name, []):
+                merged.setdefault(target.address, target)
+        return list(merged.values())
+
+    def known(self) -> list[ProfilerTarget]:
+        """Every known target, one per address."""
+        with self._lock:
+            return self._known_locked()
+
+    def select(
+        self, run_id: str | None = None, hosts: Collection[str] | None = None
+    ) -> list[ProfilerTarget]:
+        """Known targets of ``run_id`` (if given) matching any of ``hosts`` (if given).
+
+        A host matches a target's ``host`` label or the host part of its address.
+        """
+        wanted = {h.strip().strip("[]").lower() for h in hosts} if hosts is not None else None
+        chosen = []
+        for target in self.known():
+            if run_id is not None and target.run_id != run_id:
+                continue
+            names = {target.host.lower(), target.address_host.lower(), target.address.lower()}
+            if wanted is not None and not names & wanted:
+                continue
+            chosen.append(target)
+        return chosen
+
+    def errors(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._errors)
+
+    def describe(self, targets: Iterable[ProfilerTarget] | None = None) -> list[dict[str, Any]]:
+        """Targets (default: all known) with their last reachability, for the API."""
+        chosen = self.known() if targets is None else targets
+        return [asdict(t) | {"health": asdict(self.health(t.address))} for t in chosen]

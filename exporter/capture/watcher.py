@@ -1,0 +1,124 @@
+"""Watches the capture logdir and the store for sessions the engine did not run.
+
+Programmatic sessions (``with run.profile("name"):`` in the workload) land in the
+capture logdir with a ``session.json`` the SDK writes last; the watcher moves them into
+the store and hands every finished, unprocessed session to the ``on_complete`` hooks
+(the same ones the engine calls), so a programmatic session is converted and pushed
+like any other. Sessions left unprocessed by a sidecar restart are picked up too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id, utcnow
+from exporter.capture.store import PROFILE_DIR, SessionStore
+
+__all__ = ["SessionWatcher"]
+
+log = logging.getLogger(__name__)
+
+
+class SessionWatcher:
+    """``poll()`` imports finished programmatic sessions and hands over unprocessed ones."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        logdir: Path,
+        running: Callable[[str], bool] = lambda session_id: False,
+    ) -> None:
+        self.store = store
+        self.logdir = logdir
+        self.running = running  # the engine's own sessions are its business while running
+        self.on_complete: list[Callable[[SessionRecord], object]] = []
+        self._settled: set[str] = set()
+        self._orphans_checked = False
+        self.imported = 0
+
+    def poll(self) -> tuple[str, str]:
+        if not self._orphans_checked:
+            self._fail_orphans()
+            self._orphans_checked = True
+        imported = self._import_programmatic()
+        handed = self._hand_over()
+        return "ok", f"{imported} imported, {handed} handed over"
+
+    def _same_dir(self, session_dir: Path) -> bool:
+        local = self.store.local_dir(session_dir.name) if self.store.is_local else None
+        return local is not None and local.resolve() == session_dir.resolve()
+
+    def _import_programmatic(self) -> int:
+        root = self.logdir / PROFILE_DIR
+        if not root.is_dir():
+            return 0
+        count = 0
+        for session_dir in sorted(root.iterdir()):
+            name = session_dir.name
+            try:
+                check_session_id(name)
+            except ValueError:
+                continue
+            if self.running(name) or self._same_dir(session_dir):
+                continue
+            record = _read(session_dir / SESSION_FILE)
+            if record is None or record.status == "running":
+                continue  # an engine capture still staging, or the SDK still writing
+            try:
+                for path in sorted(session_dir.iterdir()):
+                    if path.is_file() and path.name != SESSION_FILE:
+                        self.store.import_file(name, path)
+                self.store.write_record(record)
+            except (OSError, ValueError) as exc:
+                log.warning("cannot import session %s into %s: %s", name, self.store.url, exc)
+                continue
+            shutil.rmtree(session_dir, ignore_errors=True)
+            log.info("imported %s session %s", record.trigger, name)
+            count += 1
+        self.imported += count
+        return count
+
+    def _fail_orphans(self) -> None:
+        """Sessions left ``running`` by a previous sidecar process can never finish."""
+        for session_id in self.store.session_ids():
+            record = self.store.read_record(session_id)
+            if record is None or record.status != "running" or self.running(session_id):
+                continue
+            for target in record.targets:
+                if target.status == "running":
+                    target.status, target.error = "failed", "the sidecar stopped during the capture"
+            record.status, record.finished = record.summarize(), utcnow()
+            self.store.write_record(record)
+            log.warning("session %s was left running by a previous sidecar: %s", session_id,
+                        record.status)  # fmt: skip
+
+    def _hand_over(self) -> int:
+        count = 0
+        for session_id in self.store.session_ids():
+            if session_id in self._settled or self.running(session_id):
+                continue
+            record = self.store.read_record(session_id)
+            if record is None or record.status == "running":
+                continue
+            self._settled.add(session_id)
+            if record.processed is None and record.status != "failed":
+                for hook in self.on_complete:
+                    hook(record)
+                count += 1
+        return count
+
+
+def _read(path: Path) -> SessionRecord | None:
+    try:
+        return SessionRecord.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (ValidationError, json.JSONDecodeError, OSError) as exc:
+        log.warning("%s: not a session record (%s)", path, exc)
+        return None

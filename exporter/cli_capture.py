@@ -1,0 +1,282 @@
+"""``mlprof capture``, ``mlprof snapshot``, ``mlprof sessions``, ``mlprof targets``.
+
+They talk to a running sidecar's API (``--url``, default ``http://$MLPROF_LISTEN``) with
+``$MLPROF_AUTH_TOKEN``; ``capture`` shows a progress bar until the session ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from exporter.config import load_settings
+from exporter.errors import ConfigError, MlprofError
+
+__all__ = ["COMMANDS"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def api_options(func: F) -> F:
+    """``--url``, ``--config``, ``--json``: which sidecar to ask and how to print."""
+    options = [
+        click.option(
+            "--url", envvar="MLPROF_API_URL",
+            help="Sidecar base URL (env MLPROF_API_URL; default http://<MLPROF_LISTEN>).",
+        ),
+        click.option(
+            "--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+            envvar="MLPROF_CONFIG", help="YAML file of settings (env MLPROF_CONFIG).",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print the API's JSON answer."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _client(url: str | None, config_file: Path | None) -> Any:
+    from exporter.api.client import ApiClient
+
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"--config {config_file}: no such file")
+    settings = load_settings(config_file)
+    return ApiClient(url or f"http://{settings.listen}", settings.token)
+
+
+def _selector(targets: tuple[str, ...], run_id: str | None) -> dict[str, Any]:
+    return {"targets": list(targets) or None, "run_id": run_id}
+
+
+target_option = click.option(
+    "-t", "--target", "targets", multiple=True,
+    help="Known target by address or host (repeat; default: all known targets).",
+)  # fmt: skip
+run_option = click.option("--run-id", help="Only targets of this run.")
+
+
+@click.command()
+@api_options
+@target_option
+@run_option
+@click.option("-d", "--duration-ms", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option("--host-tracer-level", type=click.IntRange(0, 3), default=2, show_default=True)
+@click.option("--device-tracer-level", type=click.IntRange(0, 1), default=1, show_default=True)
+@click.option("--python-tracer-level", type=click.IntRange(0, 1), default=0, show_default=True)
+@click.option("--delay-ms", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--kind", type=click.Choice(["trace", "snapshot"]), default="trace", show_default=True
+)
+@click.option("--name", help="Session name (A-Z a-z 0-9 . _ -); a time stamp is appended.")
+@click.option("--no-wait", is_flag=True, help="Print the session id and return at once.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600.0,
+              show_default=True, help="Seconds to wait for the session to end.")  # fmt: skip
+def capture(
+    url: str | None,
+    config_file: Path | None,
+    as_json: bool,
+    targets: tuple[str, ...],
+    run_id: str | None,
+    duration_ms: int,
+    host_tracer_level: int,
+    device_tracer_level: int,
+    python_tracer_level: int,
+    delay_ms: int,
+    kind: str,
+    name: str | None,
+    no_wait: bool,
+    timeout_s: float,
+) -> None:
+    """Capture an XProf trace (or snapshot) of known targets into the session store."""
+    client = _client(url, config_file)
+    body = _selector(targets, run_id) | {
+        "kind": kind,
+        "duration_ms": duration_ms,
+        "host_tracer_level": host_tracer_level,
+        "device_tracer_level": device_tracer_level,
+        "python_tracer_level": python_tracer_level,
+        "delay_ms": delay_ms,
+        "name": name,
+    }
+    started = client.post("/api/v1/captures", body)
+    session_id, status_url = started["session_id"], started["status_url"]
+    for key, clamp in started.get("clamped", {}).items():
+        click.echo(f"{key} {clamp['requested']} clamped to {clamp['max']}", err=True)
+    if no_wait:
+        click.echo(json.dumps(started, indent=2) if as_json else session_id)
+        return
+    record = _wait(client, status_url, started, timeout_s)
+    _report(record, as_json)
+
+
+def _wait(client: Any, status_url: str, started: dict[str, Any], timeout_s: float) -> Any:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    options = started.get("options", {})
+    expected_s = (options.get("duration_ms", 0) + options.get("delay_ms", 0)) / 1000
+    total = len(started["targets"])
+    deadline = time.monotonic() + timeout_s
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"),
+        TimeElapsedColumn(), transient=True, console=None,
+    ) as progress:  # fmt: skip
+        task = progress.add_task(started["session_id"], total=total, state="starting")
+        began = time.monotonic()
+        while True:
+            record = client.get(status_url)
+            done = sum(1 for t in record["targets"] if t["status"] != "running")
+            elapsed = time.monotonic() - began
+            state = (
+                f"capturing {min(elapsed, expected_s):.1f}/{expected_s:g}s"
+                if elapsed < expected_s
+                else "collecting"
+            )
+            progress.update(task, completed=done, state=f"{state}, {done}/{total} targets")
+            if record["status"] != "running":
+                return record
+            if time.monotonic() > deadline:
+                raise MlprofError(
+                    f"session {record['id']} still running after {timeout_s:g}s; "
+                    f"see {client.base_url}{status_url}"
+                )
+            time.sleep(0.25)
+
+
+def _report(record: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(record, indent=2))
+    else:
+        click.echo(f"session {record['id']}: {record['status']}")
+        for target in record["targets"]:
+            files = ", ".join(target["files"]) or "-"
+            line = f"  {target['address']:<24} {target['host']:<20} {target['status']:<11} {files}"
+            click.echo(line + (f"  ({target['error']})" if target["error"] else ""))
+    if record["status"] != "done":
+        bad = [t["address"] for t in record["targets"] if t["status"] != "ok"]
+        raise MlprofError(f"session {record['id']} {record['status']}: {', '.join(bad)} failed")
+
+
+@click.group()
+def snapshot() -> None:
+    """Keep snapshots of targets (TPU continuous profiling, else a ring) and take them."""
+
+
+@snapshot.command("start")
+@api_options
+@target_option
+@run_option
+def snapshot_start(
+    url: str | None, config_file: Path | None, as_json: bool, targets: tuple[str, ...],
+    run_id: str | None,
+) -> None:  # fmt: skip
+    """Start keeping snapshots of the chosen targets."""
+    answer = _client(url, config_file).post("/api/v1/snapshots/start", _selector(targets, run_id))
+    _print_snapshots(answer["snapshots"], as_json)
+
+
+@snapshot.command("stop")
+@api_options
+@target_option
+@run_option
+def snapshot_stop(
+    url: str | None, config_file: Path | None, as_json: bool, targets: tuple[str, ...],
+    run_id: str | None,
+) -> None:  # fmt: skip
+    """Stop keeping snapshots (of the chosen targets, default all)."""
+    answer = _client(url, config_file).post("/api/v1/snapshots/stop", _selector(targets, run_id))
+    click.echo(
+        json.dumps(answer) if as_json else "stopped: " + (", ".join(answer["stopped"]) or "none")
+    )
+
+
+@snapshot.command("status")
+@api_options
+def snapshot_status(url: str | None, config_file: Path | None, as_json: bool) -> None:
+    """Show the targets kept for snapshots."""
+    _print_snapshots(_client(url, config_file).get("/api/v1/snapshots")["snapshots"], as_json)
+
+
+@snapshot.command("take")
+@api_options
+@target_option
+@run_option
+@click.option("--name", help="Session name.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0)
+def snapshot_take(
+    url: str | None, config_file: Path | None, as_json: bool, targets: tuple[str, ...],
+    run_id: str | None, name: str | None, timeout_s: float,
+) -> None:  # fmt: skip
+    """Store the newest snapshot of the chosen targets as a session."""
+    client = _client(url, config_file)
+    body = _selector(targets, run_id) | {"kind": "snapshot", "name": name}
+    started = client.post("/api/v1/captures", body)
+    _report(_wait(client, started["status_url"], started | {"options": {}}, timeout_s), as_json)
+
+
+def _print_snapshots(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no targets kept for snapshots")
+    for row in rows:
+        error = row.get("error") or row.get("last_error") or ""
+        click.echo(
+            f"{row['address']:<24} {row['mode']:<11} windows={row.get('windows', 0)}"
+            + (f"  ({error})" if error else "")
+        )
+
+
+@click.command()
+@api_options
+@click.option("--run-id", help="Only sessions of this run.")
+@click.option(
+    "--trigger", type=click.Choice(["manual", "alert", "programmatic", "snapshot", "periodic"])
+)
+@click.option("--since", help="Created at or after (ISO 8601, e.g. 2026-11-29T08:00).")
+@click.option("--limit", type=click.IntRange(1, 10000), default=20, show_default=True)
+def sessions(
+    url: str | None, config_file: Path | None, as_json: bool, run_id: str | None,
+    trigger: str | None, since: str | None, limit: int,
+) -> None:  # fmt: skip
+    """List capture sessions in the store, newest first."""
+    answer = _client(url, config_file).get(
+        "/api/v1/sessions", run_id=run_id, trigger=trigger, since=since, limit=limit
+    )
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+        return
+    for record in answer["sessions"]:
+        hosts = ",".join(t["host"] for t in record["targets"])
+        click.echo(
+            f"{record['id']:<40} {record['status']:<8} {record['trigger']:<12} "
+            f"{record['created'][:19]}  {record.get('run_id') or '-'}  {hosts}"
+        )
+    click.echo(f"{len(answer['sessions'])} of {answer['total']} sessions", err=True)
+
+
+@click.command()
+@api_options
+def targets(url: str | None, config_file: Path | None, as_json: bool) -> None:
+    """List the profiler targets the sidecar knows, with their last reachability."""
+    answer = _client(url, config_file).get("/api/v1/targets")
+    if as_json:
+        click.echo(json.dumps(answer, indent=2))
+        return
+    for target in answer["targets"]:
+        health = target["health"]
+        state = {True: "reachable", False: "unreachable", None: "unknown"}[health["reachable"]]
+        click.echo(
+            f"{target['address']:<24} {target['host']:<20} {target['run_id'] or '-':<32} "
+            f"{target['source']:<7} {state}{' busy' if target['busy'] else ''}"
+        )
+    for source, error in answer.get("discovery_errors", {}).items():
+        click.echo(f"discovery {source}: {error}", err=True)
+
+
+COMMANDS = [capture, snapshot, sessions, targets]

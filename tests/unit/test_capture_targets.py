@@ -1,0 +1,188 @@
+"""Target discovery: static, run.json, DNS (the real resolver), k8s (an API double)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from exporter.capture.targets import (
+    DnsDiscovery,
+    K8sDiscovery,
+    LocalRunDiscovery,
+    ProfilerTarget,
+    StaticDiscovery,
+    TargetRegistry,
+)
+
+
+def test_static_targets_default_port_and_ipv6() -> None:
+    found = StaticDiscovery(["10.0.0.1", "worker-1:7000", "[::1]:9000"]).discover()
+    assert [(t.address, t.host, t.source) for t in found] == [
+        ("10.0.0.1:9999", "10.0.0.1", "static"),
+        ("worker-1:7000", "worker-1", "static"),
+        ("[::1]:9000", "::1", "static"),
+    ]
+    assert found[2].file_stem() == "::1_9000"
+
+
+def test_local_run_json(tmp_path: Path) -> None:
+    discovery = LocalRunDiscovery(tmp_path)
+    assert discovery.discover() == []
+    run = {"run_id": "r1", "host": "trainer-0", "profiler_port": 9123,
+           "system": {"backend": "tpu"}}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert discovery.discover() == [
+        ProfilerTarget("127.0.0.1:9123", "trainer-0", "r1", "local", "tpu")
+    ]
+    (tmp_path / "run.json").write_text(json.dumps(run | {"profiler_port": None}))
+    assert discovery.discover() == []
+    (tmp_path / "run.json").write_text("{half")
+    with pytest.raises(RuntimeError, match=r"cannot read run\.json"):
+        discovery.discover()
+
+
+def test_dns_lists_every_address_of_the_name() -> None:
+    found = DnsDiscovery("localhost", 9999).discover()
+    assert "127.0.0.1:9999" in {t.address for t in found}
+    assert all(t.source == "dns" for t in found)
+    with pytest.raises(RuntimeError, match=r"DNS name 'no-such-host\.invalid'"):
+        DnsDiscovery("no-such-host.invalid").discover()
+
+
+def _pod(name: str, ip: str | None, phase: str = "Running", **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ml", **meta},
+        "status": {"phase": phase, **({"podIP": ip} if ip else {})},
+    }
+
+
+class _KubeApi:
+    """Answers GET /api/v1/namespaces/<ns>/pods like the Kubernetes API (PodList JSON)."""
+
+    def __init__(self, pods: list[dict[str, Any]], token: str) -> None:
+        self.pods, self.token, self.requests = pods, token, []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                api.requests.append((url.path, parse_qs(url.query), self.headers["Authorization"]))
+                if self.headers["Authorization"] != f"Bearer {api.token}":
+                    body, status = {"kind": "Status", "reason": "Unauthorized"}, 401
+                elif url.path == "/api/v1/namespaces/ml/pods":
+                    body, status = {"kind": "PodList", "apiVersion": "v1", "items": api.pods}, 200
+                else:
+                    body = {
+                        "kind": "Status",
+                        "reason": "Forbidden",
+                        "message": 'pods is forbidden: User "x" cannot list resource',
+                    }
+                    status = 403  # fmt: skip
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def kube() -> Iterator[_KubeApi]:
+    pods = [
+        _pod("trainer-0", "10.1.0.5", labels={"mlprof.io/run-id": "run-a"}),
+        _pod(
+            "trainer-1",
+            "10.1.0.6",
+            annotations={"mlprof.io/profiler-port": "7777", "mlprof.io/run-id": "run-a"},
+        ),
+        _pod("pending", None, phase="Pending"),
+        _pod("leaving", "10.1.0.7", deletionTimestamp="2026-11-29T08:00:00Z"),
+    ]
+    api = _KubeApi(pods, "sa-token")
+    yield api
+    api.server.shutdown()
+
+
+def test_k8s_discovery_lists_running_pods_of_the_selector(kube: _KubeApi) -> None:
+    discovery = K8sDiscovery("app=trainer", "ml", kube.url, token="sa-token")
+    found = discovery.discover()
+    assert found == [
+        ProfilerTarget("10.1.0.5:9999", "trainer-0", "run-a", "k8s"),
+        ProfilerTarget("10.1.0.6:7777", "trainer-1", "run-a", "k8s"),
+    ]
+    [(_path, query, auth)] = kube.requests
+    assert query == {"labelSelector": ["app=trainer"]} and auth == "Bearer sa-token"
+
+
+def test_k8s_errors_name_the_rbac(kube: _KubeApi) -> None:
+    with pytest.raises(RuntimeError, match=r"answered 403 .*capture-rbac.yaml"):
+        K8sDiscovery("app=x", "other", kube.url, token="sa-token").discover()
+    with pytest.raises(RuntimeError, match="answered 401"):
+        K8sDiscovery("app=x", "ml", kube.url, token="wrong").discover()
+
+
+def test_k8s_in_cluster_needs_the_service_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(RuntimeError, match="in-cluster config"):
+        K8sDiscovery.in_cluster("app=x", None)
+
+
+class _Failing:
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def discover(self) -> list[ProfilerTarget]:
+        if self.fail:
+            raise RuntimeError("API down")
+        return [ProfilerTarget("10.0.0.9:9999", "h9", "run-b", "k8s")]
+
+
+def test_registry_selects_known_targets_only_and_keeps_them_when_a_source_fails() -> None:
+    flaky = _Failing()
+    registry = TargetRegistry(
+        [StaticDiscovery(["127.0.0.1:1"]), flaky, StaticDiscovery(["127.0.0.1:1"])]
+    )
+    registry.refresh(check=False)
+    assert len(registry.known()) == 2  # one per address
+    assert [t.host for t in registry.select(run_id="run-b")] == ["h9"]
+    assert [t.host for t in registry.select(hosts=["H9"])] == ["h9"]
+    assert [t.address for t in registry.select(hosts=["10.0.0.9"])] == ["10.0.0.9:9999"]
+    assert registry.select(hosts=["10.0.0.10"]) == []
+    assert registry.select(run_id="run-b", hosts=["127.0.0.1"]) == []
+    flaky.fail = True
+    registry.refresh(check=True)
+    assert len(registry.known()) == 2
+    assert registry.errors() == {"flaky": "API down"}
+    health = registry.health("127.0.0.1:1")
+    assert health.reachable is False and "cannot connect" in health.error
+
+
+def test_shipped_rbac_grants_what_k8s_discovery_uses_and_no_more() -> None:
+    import yaml
+
+    from tests.harness import ROOT
+
+    docs = list(yaml.safe_load_all((ROOT / "deploy/k8s/capture-rbac.yaml").read_text()))
+    kinds = {d["kind"]: d for d in docs}
+    [rule] = kinds["Role"]["rules"]
+    assert rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    binding = kinds["RoleBinding"]
+    assert binding["roleRef"]["name"] == kinds["Role"]["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == kinds["ServiceAccount"]["metadata"]["name"]
+    assert kinds["Service"]["spec"]["clusterIP"] == "None"  # headless: one record per pod
