@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -14,6 +15,7 @@ from exporter import __version__
 from exporter.api.alertmanager import router as alertmanager_router
 from exporter.api.auth import check_bearer
 from exporter.api.captures import router as captures_router
+from exporter.api.ui import router as ui_router
 from exporter.profiles.memory_watcher import (
     MEMORY_REQUEST_ID,
     answers_to,
@@ -22,6 +24,8 @@ from exporter.profiles.memory_watcher import (
 from exporter.sidecar import Sidecar
 
 __all__ = ["create_app"]
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def create_app(sidecar: Sidecar) -> FastAPI:
@@ -43,6 +47,23 @@ def create_app(sidecar: Sidecar) -> FastAPI:
     )
     app.state.sidecar = sidecar
     token = sidecar.settings.token
+
+    @app.middleware("http")
+    async def refuse_cross_origin_writes(request: Request, call_next: Any) -> Response:
+        """Refuse state-changing requests a browser sends from another site.
+
+        On loopback without a token, any web page could otherwise POST to the sidecar;
+        browsers always send ``Origin`` on cross-site POSTs, Alertmanager and curl never do.
+        """
+        origin = request.headers.get("origin")
+        if request.method not in SAFE_METHODS and origin is not None:
+            own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+            if origin != own:
+                return JSONResponse(
+                    {"detail": f"cross-origin request from {origin} refused"}, status_code=403
+                )
+        response: Response = await call_next(request)
+        return response
 
     def require_token(request: Request) -> None:
         check_bearer(request, token)
@@ -100,4 +121,5 @@ def create_app(sidecar: Sidecar) -> FastAPI:
     app.state.require_token = require_token
     app.include_router(alertmanager_router)  # checks the token itself (counts refusals)
     app.include_router(captures_router)  # targets, captures, sessions, snapshots
+    app.include_router(ui_router)  # the capture page Grafana links to
     return app
