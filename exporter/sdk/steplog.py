@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +19,7 @@ MAX_BUFFERED_LINES = 10_000  # bounds memory if the flusher thread is starved
 class StepLogWriter:
     """Append JSON lines to one file, flushed by a background thread every second.
 
-    ``append`` costs a list append; the file write happens on the flusher thread, at
+    ``append`` costs a deque append; the file write happens on the flusher thread, at
     ``close`` and when the buffer grows past ``MAX_BUFFERED_LINES``.
     """
 
@@ -28,7 +29,9 @@ class StepLogWriter:
         self._file = path.open("a", encoding="utf-8")
         # Constant fields are serialised once; each line only formats its numbers.
         self.prefix = json.dumps(identity, separators=(",", ":"))[:-1] + ","
-        self._buffer: list[str] = []
+        # A deque that is never replaced: the workload's appends and the flusher's
+        # poplefts are each atomic, so no line can land in a buffer already written.
+        self._buffer: deque[str] = deque()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         # Extra work for the flusher thread each second (e.g. requested memory profiles).
@@ -45,7 +48,8 @@ class StepLogWriter:
         with self._lock:
             if self._file.closed:
                 return
-            lines, self._buffer = self._buffer, []
+            buffer = self._buffer
+            lines = [buffer.popleft() for _ in range(len(buffer))]
             if lines:
                 self._file.write("".join(lines))
                 self._file.flush()

@@ -242,3 +242,13 @@ def test_tensorcore_utilization_only_where_the_runtime_offers_it(tmp_path: Path)
     assert sample(t, "accelerator_duty_cycle", "1") == pytest.approx(0.85)
     assert sample(t, "accelerator_tensorcore_utilization", "1") is None
     assert fake.requests == 4  # ListSupportedMetrics + the three base metrics, nothing else
+
+
+def test_hbm_capacity_is_not_asked_for_every_interval(fake: FakeTpuRuntime, tmp_path: Path) -> None:
+    t = telemetry()
+    source = tpu_source(fake.addr, t, tmp_path, Clock())
+    source.collect()
+    first = fake.requests  # ListSupportedMetrics + duty, usage, total, tensor-core
+    source.collect()
+    assert (first, fake.requests - first) == (5, 3)
+    assert sample(t, "accelerator_memory_limit_bytes", "3") == 16 * GIB  # still published
