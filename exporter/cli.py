@@ -92,16 +92,29 @@ def _build_server(settings: Settings) -> Any:
     return uvicorn.Server(config)
 
 
-def _check_port_free(settings: Settings) -> None:
+def _check_startup(settings: Settings) -> None:
+    """Turn the usual start-up failures into one line each: port taken, directory unusable."""
     import socket
 
     with socket.socket(socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET) as s:
+        # As uvicorn does: a restart must not wait for the last run's TIME_WAIT sockets.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((settings.listen_host, settings.listen_port))
         except OSError as exc:
             raise ConfigError(
                 f"MLPROF_LISTEN={settings.listen}: cannot listen there ({exc.strerror})"
             ) from None
+    directories = {"MLPROF_SHARED_DIR": settings.shared_dir}
+    if "://" not in settings.store or settings.store.startswith("file://"):
+        directories["MLPROF_STORE"] = Path(settings.store.removeprefix("file://"))
+    for option, directory in directories.items():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{option}={directory}: cannot create it ({exc.strerror})") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ConfigError(f"{option}={directory}: not writable by this user")
 
 
 @main.command()
@@ -112,7 +125,7 @@ def serve(
     """Run the sidecar: /metrics, health, API, and background collection."""
     settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
     _configure_logging(settings.log_level)
-    _check_port_free(settings)
+    _check_startup(settings)
     base = f"http://{settings.listen}"
     logging.getLogger("exporter").info(
         "serving %s/metrics (API docs %s/docs), tailing %s", base, base, settings.shared_dir
@@ -150,7 +163,7 @@ def demo(
         raise ConfigError(
             "the demo workload needs JAX: pip install 'mlprof-exporter[jax]'"
         ) from None
-    _check_port_free(settings)
+    _check_startup(settings)
     shared = settings.shared_dir.resolve()
     shared.mkdir(parents=True, exist_ok=True)
     log_path = shared / "demo-workload.log"

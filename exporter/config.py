@@ -332,10 +332,14 @@ class Settings(BaseSettings):
 
     @property
     def token(self) -> str | None:
-        """The auth token in clear, or None when unset or empty."""
+        """The auth token in clear, or None when unset or blank.
+
+        Surrounding whitespace is dropped: a Kubernetes Secret made from a file often
+        ends in a newline, and no client would send it.
+        """
         if self.auth_token is None:
             return None
-        return self.auth_token.get_secret_value() or None
+        return self.auth_token.get_secret_value().strip() or None
 
 
 class _YamlSource(PydanticBaseSettingsSource):

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ from exporter.sinks.pyroscope import sink_from_settings
 __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 10.0  # how long shutdown waits for background calls in flight
 
 
 @dataclass
@@ -49,11 +52,18 @@ class PeriodicTask:
     func: Callable[[], Any]
     interval_s: float
     status: ComponentStatus = field(default_factory=ComponentStatus)
+    # Its own thread: a push stuck in retries must not starve the step-log tail (the
+    # default pool has cpu+4 threads, fewer than the sidecar's tasks on small nodes).
+    executor: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"mlprof-{self.name}")
 
     async def run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                outcome = await asyncio.to_thread(self.func)
+                outcome = await loop.run_in_executor(self.executor, self.func)
             except Exception as exc:  # keep the loop alive; the status tells what broke
                 log.exception("%s failed", self.name)
                 self.status.state, self.status.detail = "error", f"{type(exc).__name__}: {exc}"
@@ -187,6 +197,10 @@ class Sidecar:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._running = []
+        # Let calls in flight finish before their clients close under them (bounded).
+        pending = [asyncio.to_thread(t.executor.shutdown, True) for t in self.tasks]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*pending), STOP_TIMEOUT_S)
         self.capture.close()
         self.accelerators.close()
         self.exposition.close()

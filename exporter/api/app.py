@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -56,12 +57,16 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         browsers always send ``Origin`` on cross-site POSTs, Alertmanager and curl never do.
         """
         origin = request.headers.get("origin")
-        if request.method not in SAFE_METHODS and origin is not None:
-            own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-            if origin != own:
-                return JSONResponse(
-                    {"detail": f"cross-origin request from {origin} refused"}, status_code=403
-                )
+        # Hosts, not schemes: behind a TLS-terminating proxy the page is https and the
+        # sidecar sees http, yet they are the same site.
+        if (
+            request.method not in SAFE_METHODS
+            and origin is not None
+            and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()
+        ):
+            return JSONResponse(
+                {"detail": f"cross-origin request from {origin} refused"}, status_code=403
+            )
         response: Response = await call_next(request)
         return response
 

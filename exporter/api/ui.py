@@ -40,4 +40,6 @@ def capture_page(
     # Values reach the page only as JSON inside a non-executed script element; "<" is
     # escaped so that no value can close that element.
     blob = json.dumps(init).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return HTMLResponse(_PAGE.replace("__INIT__", blob))
+    # Never framed: the page may hold a token in sessionStorage (clickjacking).
+    headers = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
+    return HTMLResponse(_PAGE.replace("__INIT__", blob), headers=headers)

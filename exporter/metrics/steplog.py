@@ -112,10 +112,14 @@ class StepLogTailer:
     def poll(self) -> TailStats:
         """Read what is new in every step log, apply it, and persist offsets."""
         stats = TailStats()
+        if not self.steps_dir.is_dir():
+            # Missing for now (not created yet, a volume remounting): keep every offset, or
+            # the files would be read, and counted, again from zero when they come back.
+            return stats
         try:
             paths = sorted(self.steps_dir.glob(f"*{schema.STEP_LOG_SUFFIX}"))
         except OSError:
-            paths = []
+            return stats
         seen = set()
         changed = False
         for path in paths:

@@ -43,6 +43,8 @@ HEARTBEAT_TIMEOUT_S = 10.0
 # Data younger than this may still sit in the SDK's buffer: the duty-cycle window
 # never extends past it unless a step ended later.
 SDK_FLUSH_LAG_S = 1.5
+# A scrape must not read files: an unknown run's backend is looked up at most this often.
+RUN_INFO_RETRY_S = 30.0
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
 
 
@@ -119,7 +121,7 @@ class TrainingMetrics:
         self._lock = threading.Lock()
         self._series: dict[SeriesKey, _Series] = {}
         self._files: dict[str, SeriesKey] = {}
-        self._accelerators: dict[str, str] = {}
+        self._accelerators: dict[str, tuple[str, float]] = {}  # run -> (backend, retry at)
         self._record_names: set[str] = set()
         self._last_poll = 0.0
         self._step_duration = meter.create_histogram(
@@ -153,26 +155,33 @@ class TrainingMetrics:
         kind = record.get("kind")
         key = (_text(record, "run_id"), _text(record, "workload"), _text(record, "host"))
         attrs = {"run_id": key[0], "workload": key[1], "host": key[2]}
+        duration: float | None = None
+        new_name: str | None = None
         with self._lock:
             series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _Series(last_heartbeat=self._clock())
             self._files[source] = key
             if kind == schema.KIND_STEP:
-                self._handle_step(record, series, attrs)
+                duration = self._handle_step(record, series)
             elif kind == schema.KIND_RECORD:
-                self._handle_record(record, series)
+                new_name = self._handle_record(record, series)
             elif kind == schema.KIND_END:
                 series.ended = True
-                if self.memory is not None:
-                    self.memory.end(attrs)
-            elif kind == schema.KIND_MEMORY:
-                if self.memory is not None:
-                    self.memory.handle(record, attrs)
-            else:
+            elif kind != schema.KIND_MEMORY:
                 raise MalformedRecord(f"field 'kind': unknown kind {kind!r}")
+        # A scrape holds OpenTelemetry's locks while our callbacks take self._lock, so
+        # calls into OpenTelemetry (and the memory handler) happen after releasing it.
+        if duration is not None:
+            self._step_duration.record(duration, attrs)
+        if new_name is not None:
+            self._register_gauge(new_name)
+        if self.memory is not None and kind == schema.KIND_END:
+            self.memory.end(attrs)
+        elif self.memory is not None and kind == schema.KIND_MEMORY:
+            self.memory.handle(record, attrs)
 
-    def _handle_step(self, record: dict[str, Any], series: _Series, attrs: dict[str, str]) -> None:
+    def _handle_step(self, record: dict[str, Any], series: _Series) -> float:
         start = _number(record, "start")
         duration = _number(record, "duration")
         step = int(_number(record, "step"))
@@ -191,24 +200,29 @@ class TrainingMetrics:
         horizon = end - self.window_s * 2
         while series.intervals and series.intervals[0][1] < horizon:
             series.intervals.popleft()
-        self._step_duration.record(duration, attrs)
+        return duration
 
-    def _handle_record(self, record: dict[str, Any], series: _Series) -> None:
+    def _handle_record(self, record: dict[str, Any], series: _Series) -> str | None:
+        """Store a user value; return its name if it is new (its gauge is not made yet)."""
         name = _text(record, "name")
         value = _number(record, "value")
         if not _NAME_RE.match(name):
             raise MalformedRecord(f"field 'name': {name!r} is not a metric name")
-        if name not in self._record_names:
+        new = name not in self._record_names
+        if new:
             if len(self._record_names) >= MAX_RECORD_NAMES:
                 raise MalformedRecord(f"record {name!r}: more than {MAX_RECORD_NAMES} names")
             self._record_names.add(name)
-            self._meter.create_observable_gauge(
-                f"train.{name}",
-                [self._record_callback(name)],
-                unit="1",
-                description=f"User-recorded value {name!r}.",
-            )
         series.records[name] = value
+        return name if new else None
+
+    def _register_gauge(self, name: str) -> None:
+        self._meter.create_observable_gauge(
+            f"train.{name}",
+            [self._record_callback(name)],
+            unit="1",
+            description=f"User-recorded value {name!r}.",
+        )
 
     def heartbeat(self, source: str, mtime: float) -> None:
         with self._lock:
@@ -231,10 +245,10 @@ class TrainingMetrics:
                 self._series[(run_id, workload, host)] = _Series.from_json(data)
             for name, key in state.get("files", {}).items():
                 self._files[name] = (key[0], key[1], key[2])
-        for series in list(self._series.values()):
-            for name in series.records:
-                if name not in self._record_names:
-                    self._handle_record({"name": name, "value": series.records[name]}, series)
+        names = {name for series in self._series.values() for name in series.records}
+        for name in sorted(names - self._record_names):
+            self._record_names.add(name)
+            self._register_gauge(name)
 
     # -- housekeeping ----------------------------------------------------------------
     def expire(self) -> int:
@@ -272,15 +286,18 @@ class TrainingMetrics:
         return min(1.0, busy / (horizon - start))
 
     def _accelerator(self, run_id: str) -> str:
-        found = self._accelerators.get(run_id)
-        if found is None:
-            path = self._shared_dir / schema.RUNS_DIR / f"{run_id}.json"
-            try:
-                info = json.loads(path.read_text(encoding="utf-8"))
-                found = str(info.get("system", {}).get("backend") or "unknown")
-            except (OSError, ValueError, AttributeError):
-                return "unknown"  # not cached: the run file may appear later
-            self._accelerators[run_id] = found
+        """The run's backend from ``runs/<run_id>.json``; "unknown" is retried now and then."""
+        now = self._clock()
+        cached = self._accelerators.get(run_id)
+        if cached is not None and (cached[0] != "unknown" or now < cached[1]):
+            return cached[0]
+        path = self._shared_dir / schema.RUNS_DIR / f"{run_id}.json"
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+            found = str(info.get("system", {}).get("backend") or "unknown")
+        except (OSError, ValueError, AttributeError):
+            found = "unknown"  # the run file may appear later: look again after a while
+        self._accelerators[run_id] = (found, now + RUN_INFO_RETRY_S)
         return found
 
     # -- OpenTelemetry callbacks ------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 from exporter import schema
 from exporter.sdk.memory import MemoryProfiler, interval_from_env
-from exporter.sdk.memory_stats import MemoryStatsSampler
+from exporter.sdk.memory_stats import MemoryStatsSampler, jax_local_devices
 from exporter.sdk.profile import Profile
 from exporter.sdk.steplog import StepLogWriter
 
@@ -49,13 +49,15 @@ def _software() -> dict[str, str | None]:
 
 def _system() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "cpu_count": os.cpu_count()}
-    if "jax" not in sys.modules:
-        return info  # never import JAX on the workload's behalf
+    # Never import JAX, nor initialise its backends, on the workload's behalf: on
+    # multi-host TPU that would break a later jax.distributed.initialize().
+    devices = jax_local_devices()
+    if not devices:
+        return info
     jax = sys.modules["jax"]
-    devices = jax.local_devices()
     info.update(
         backend=jax.default_backend(),
-        device_kind=devices[0].device_kind if devices else None,
+        device_kind=devices[0].device_kind,
         device_count=jax.device_count(),
         local_device_count=len(devices),
         process_index=jax.process_index(),
@@ -92,9 +94,12 @@ class _Step:
         self._start = time.perf_counter()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         end = time.perf_counter()
         run = self._run
+        if exc_type is not None:
+            run._last_end = end  # a step that raised did not complete: not counted
+            return
         wait = self._start - run._last_end if run._last_end else 0.0
         run._last_end = end
         run.step_number += 1
@@ -131,6 +136,7 @@ class Run:
         self._end_prefix = ""
         self._profiler_started = False
         self._memory: MemoryProfiler | None = None
+        self._info: dict[str, Any] = {}
         self._closed = True
 
     # -- lifecycle -------------------------------------------------------------
@@ -156,12 +162,26 @@ class Run:
         self._writer.on_tick.append(
             MemoryStatsSampler.for_writer_prefix(self._writer.prefix, self._writer.append).tick
         )
-        info = self.info()
-        _write_json(self.shared_dir / schema.RUNS_DIR / f"{self.run_id}.json", info)
-        _write_json(self.shared_dir / schema.RUN_FILE, info)
+        self._info = self.info()
+        self._write_run_files()
+        if "backend" not in self._info["system"] and "jax" in sys.modules:
+            # JAX's backends start later (after jax.distributed.initialize()): record the
+            # devices from the flusher thread once they exist.
+            self._writer.on_tick.append(self._complete_system_info)
         self._closed = False
         atexit.register(self.close)
         return self
+
+    def _write_run_files(self) -> None:
+        _write_json(self.shared_dir / schema.RUNS_DIR / f"{self.run_id}.json", self._info)
+        _write_json(self.shared_dir / schema.RUN_FILE, self._info)
+
+    def _complete_system_info(self) -> None:
+        system = _system()
+        if "backend" in system:
+            self._info["system"] = system
+            self._write_run_files()
+            self._writer.on_tick.remove(self._complete_system_info)
 
     def close(self) -> None:
         """Flush the step log, mark the run ended and stop the profiler server."""
@@ -190,9 +210,12 @@ class Run:
 
     # -- per step ----------------------------------------------------------------
     def step(self, tokens: int = 0) -> _Step:
-        """Time one training step; use as ``with run.step(tokens=n): ...``."""
+        """Time one training step; use as ``with run.step(tokens=n): ...``.
+
+        One step at a time per run: the returned object is reused, not nestable.
+        """
         step = self._step_obj
-        step._tokens = tokens
+        step._tokens = int(tokens)  # the line must stay valid JSON whatever is passed
         return step
 
     def record(self, name: str, value: float, step: int | None = None) -> None:

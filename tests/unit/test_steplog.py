@@ -4,9 +4,11 @@ malformed lines; and the metrics a user scrapes from it."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from exporter import sdk
 from exporter.metrics.steplog import StepLogTailer
@@ -203,3 +205,42 @@ def test_sdk_log_is_read_back_exactly(shared: Path) -> None:
 def test_sdk_rejects_bad_record_names(tmp_path: Path) -> None:
     with sdk.run("w", shared_dir=tmp_path) as run, pytest.raises(ValueError, match="record name"):
         run.record("bad name", 1.0)
+
+
+def test_new_record_names_during_scrapes_do_not_deadlock(shared: Path) -> None:
+    car = Sidecar(shared)
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            generate_latest(car.telemetry.registry)
+
+    def feed() -> None:
+        for i in range(32):
+            rec = {"kind": "record", **IDENT, "name": f"m{i}", "value": float(i), "step": i}
+            car.metrics.handle({**rec, "time": 1.0}, "h-1.jsonl")
+            for n in range(20):
+                car.metrics.handle(json.loads(step_line(i * 20 + n)), "h-1.jsonl")
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    worker = threading.Thread(target=feed, daemon=True)
+    worker.start()
+    worker.join(60)  # a liveness bound, not a speed assertion: a deadlock never returns
+    stop.set()
+    assert not worker.is_alive(), "a new user gauge deadlocked against a concurrent scrape"
+    scraper.join(60)
+    assert car.value("train_m31") == 31.0
+    assert car.value("train_steps_total") == 640
+
+
+def test_a_missing_steps_directory_for_one_poll_does_not_recount(shared: Path) -> None:
+    log = shared / "steps" / "h-1.jsonl"
+    log.write_text("".join(step_line(n) for n in range(5)))
+    car = Sidecar(shared)
+    car.tailer.poll()
+    (shared / "steps").rename(shared / "steps.away")  # e.g. a remount or a slow volume
+    car.tailer.poll()
+    (shared / "steps.away").rename(shared / "steps")
+    car.tailer.poll()
+    assert car.value("train_steps_total") == 5
