@@ -92,6 +92,10 @@ def _build_server(settings: Settings) -> Any:
     return uvicorn.Server(config)
 
 
+def _shown_store(store: str) -> str:
+    return store if "://" in store else str(Path(store).resolve())
+
+
 def _check_startup(settings: Settings) -> None:
     """Turn the usual start-up failures into one line each: port taken, directory unusable."""
     import socket
@@ -187,13 +191,18 @@ def demo(
                 f"  API docs     {base}/docs",
                 f"  readiness    {base}/readyz",
                 f"  shared dir   {shared}   (run.json, steps/*.jsonl)",
-                f"  store        {settings.store}",
+                f"  store        {_shown_store(settings.store)}   (captures; xprof --logdir)",
                 *(
                     [f"  profiler     127.0.0.1:{profiler_port} (XProf remote capture)"]
                     if profiler_port
                     else []
                 ),
                 f"  slow it down echo 0.2 > {knob}   (remove the file to recover)",
+                *(
+                    [f"  capture      mlprof capture --url {base} --duration-ms 2000"]
+                    if profiler_port
+                    else []
+                ),
                 "  stop         Ctrl-C" + (f" (or after {duration:g}s)" if duration else ""),
             ]
         )
