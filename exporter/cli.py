@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -134,7 +135,7 @@ def serve(
     logging.getLogger("exporter").info(
         "serving %s/metrics (API docs %s/docs), tailing %s", base, base, settings.shared_dir
     )
-    _build_server(settings).run()
+    _run_until_interrupted(_build_server(settings))
 
 
 @main.command()
@@ -223,17 +224,33 @@ def demo(
 
     threading.Thread(target=watch, daemon=True).start()
     try:
-        server.run()
+        _run_until_interrupted(server)
     finally:
-        if workload.poll() is None:
-            workload.send_signal(signal.SIGTERM)
-            try:
-                workload.wait(30)
-            except subprocess.TimeoutExpired:
-                workload.kill()
+        _stop_workload(workload)
         click.echo(
             f"mlprof demo: stopped (workload exit {workload.wait()}); data kept in {shared.parent}"
         )
+
+
+def _run_until_interrupted(server: Any) -> None:
+    """Run uvicorn; Ctrl-C is the normal way to stop, not an error."""
+    # uvicorn re-raises the signal it caught once it has shut down cleanly.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+
+
+def _stop_workload(workload: subprocess.Popen[bytes]) -> None:
+    # A Ctrl-C in the terminal reached the workload too: let it finish its step and
+    # write its end record before asking again.
+    for sig, grace_s in ((None, 10.0), (signal.SIGTERM, 30.0)):
+        if workload.poll() is not None:
+            return
+        if sig is not None:
+            workload.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            workload.wait(grace_s)
+    if workload.poll() is None:
+        workload.kill()
 
 
 @main.command()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -128,3 +130,29 @@ def test_demo_command_runs_and_stops_cleanly(tmp_path: Path) -> None:
     steps = list((tmp_path / "mlprof-data" / "shared" / "steps").glob("*.jsonl"))
     assert steps and steps[0].read_text().count('"kind":"step"') > 0
     assert steps[0].read_text().rstrip().splitlines()[-1].startswith('{"kind":"end"')
+
+
+def test_ctrl_c_stops_the_demo_and_its_workload_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "demo", "--profiler-port", "0",
+         "--listen", f"127.0.0.1:{port}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: scrape(f"http://127.0.0.1:{port}/metrics").get("train_steps_total"),
+            timeout=90,
+            what="the demo's first steps",
+        )
+        os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+        out, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert demo.returncode == 0, out
+    assert "stopped (workload exit 0)" in out
+    assert "Aborted" not in out and "Traceback" not in out
+    log = next((tmp_path / "mlprof-data" / "shared" / "steps").glob("*.jsonl")).read_text()
+    assert log.rstrip().splitlines()[-1].startswith('{"kind":"end"')
