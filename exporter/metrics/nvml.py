@@ -73,10 +73,18 @@ class NvmlSource:
             if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
                 return
             sample = nvml.nvmlGpmSampleAlloc()
-            nvml.nvmlGpmSampleGet(handle, sample)
         except (AttributeError, nvml.NVMLError):
             return  # older driver or GPU: no tensor-core series
+        try:
+            nvml.nvmlGpmSampleGet(handle, sample)
+        except nvml.NVMLError:
+            self._free(sample)
+            return
         self._gpm[chip] = sample
+
+    def _free(self, sample: Any) -> None:
+        with contextlib.suppress(self.nvml.NVMLError):
+            self.nvml.nvmlGpmSampleFree(sample)
 
     def _tensor_util(self, chip: str, handle: Any) -> float | None:
         previous = self._gpm.get(chip)
@@ -85,6 +93,9 @@ class NvmlSource:
         nvml = self.nvml
         try:
             current = nvml.nvmlGpmSampleAlloc()
+        except nvml.NVMLError:
+            return None
+        try:
             nvml.nvmlGpmSampleGet(handle, current)
             request = nvml.c_nvmlGpmMetricsGet_t()
             request.version = nvml.NVML_GPM_METRICS_GET_VERSION
@@ -93,9 +104,10 @@ class NvmlSource:
             request.sample2 = current
             request.metrics[0].metricId = nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
             nvml.nvmlGpmMetricsGet(request)
-            nvml.nvmlGpmSampleFree(previous)
         except nvml.NVMLError:
+            self._free(current)  # keep ``previous`` for the next interval
             return None
+        self._free(previous)
         self._gpm[chip] = current
         if request.metrics[0].nvmlReturn != 0:
             return None
@@ -142,8 +154,7 @@ class NvmlSource:
 
     def shutdown(self) -> None:
         for sample in self._gpm.values():
-            with contextlib.suppress(self.nvml.NVMLError):
-                self.nvml.nvmlGpmSampleFree(sample)
+            self._free(sample)
         self._gpm.clear()
         with contextlib.suppress(self.nvml.NVMLError):
             self.nvml.nvmlShutdown()

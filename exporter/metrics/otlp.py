@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from opentelemetry.exporter.otlp.proto.http import Compression
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.util.re import parse_env_headers
 
 from exporter.config import Settings
+
+if TYPE_CHECKING:
+    # The OTLP exporter (and its HTTP/protobuf stack) is imported only when OTLP is on.
+    from opentelemetry.exporter.otlp.proto.http import Compression
 
 __all__ = ["METRICS_PATH", "otlp_endpoint", "otlp_headers", "otlp_reader"]
 
@@ -47,6 +50,8 @@ def otlp_headers(settings: Settings, environ: Mapping[str, str]) -> dict[str, st
 
 
 def _compression(environ: Mapping[str, str]) -> Compression:
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
     raw = (
         environ.get("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION")
         or environ.get("OTEL_EXPORTER_OTLP_COMPRESSION")
@@ -64,6 +69,8 @@ def otlp_reader(
     """A periodic OTLP/HTTP reader for ``settings.otlp_endpoint``, or None when unset."""
     if not settings.otlp_endpoint:
         return None
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
     env = os.environ if environ is None else environ
     exporter = OTLPMetricExporter(
         endpoint=otlp_endpoint(settings.otlp_endpoint),

@@ -24,14 +24,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
-
-import grpc
+from typing import TYPE_CHECKING, Any, Final
 
 from exporter.config import is_loopback, parse_hostport
 from exporter.metrics.accelerator import DeviceSample, DeviceSeries, RunIdentity
 from exporter.proto import tpu_metrics_pb2 as pb
-from exporter.proto import tpu_metrics_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    # grpc is imported on first use: machines without a TPU never need it.
+    import grpc
 
 __all__ = [
     "DUTY_CYCLE_METRIC",
@@ -130,6 +131,10 @@ class TpuRuntimeClient:
         self._lock = threading.Lock()
 
     def _connect(self) -> Any:
+        import grpc
+
+        from exporter.proto import tpu_metrics_pb2_grpc as pb_grpc
+
         with self._lock:
             if self._stub is None:
                 if is_loopback(self._host):
@@ -149,6 +154,8 @@ class TpuRuntimeClient:
 
     def supported(self, timeout_s: float) -> set[str] | None:
         """Metric names the runtime lists, or None when it does not implement the call."""
+        import grpc
+
         stub = self._connect()
         try:
             response = stub.ListSupportedMetrics(
@@ -166,6 +173,8 @@ class TpuRuntimeClient:
         Raises TpuRuntimeError when no metric could be read; a metric the runtime does
         not know (NOT_FOUND) is left out. ``partial_error`` tells of other failures.
         """
+        import grpc
+
         stub = self._connect()
         futures = {
             name: stub.GetRuntimeMetric.future(
@@ -196,6 +205,8 @@ class TpuRuntimeClient:
         return out
 
     def _error(self, exc: grpc.RpcError) -> TpuRuntimeError:
+        import grpc
+
         code = exc.code()
         detail = f"{self.addr}: {code.name} {exc.details() or ''}".strip()
         if code == grpc.StatusCode.UNAVAILABLE:

@@ -59,13 +59,17 @@ def memory_flamegraph(data: bytes, source: str = "profile") -> FlameGraph:
                 return [table[label.str]]
         return []
 
-    graph = from_pprof(
-        profile,
-        sample_type=profile.string_table[profile.sample_type[index].type],
-        profile_name="memory",
-        relabel=_relabel,
-        prefix=device,
-    )
+    try:
+        graph = from_pprof(
+            profile,
+            sample_type=profile.string_table[profile.sample_type[index].type],
+            profile_name="memory",
+            relabel=_relabel,
+            prefix=device,
+        )
+    except (IndexError, KeyError) as exc:
+        # A string or table index past its table: the file is corrupt, not our bug.
+        raise InputError(f"{source}: corrupt pprof profile ({type(exc).__name__}: {exc})") from None
     # Pyroscope's memory profile type: memory:inuse_space:bytes:space:bytes.
     graph.sample_type = "inuse_space"
     graph.unit = "bytes"

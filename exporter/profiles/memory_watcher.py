@@ -51,14 +51,23 @@ class MemoryProfileResult:
 
 
 def request_memory_profile(shared_dir: Path) -> str:
-    """Ask the workload (SDK) for a device-memory profile; return the request id."""
+    """Ask the workload (SDK) for a device-memory profile; return the request id.
+
+    InputError (naming the directory) when the request cannot be written.
+    """
     request_id = f"{int(time.time())}-{secrets.token_hex(4)}"
     directory = shared_dir / schema.REQUESTS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
     name = f"{schema.MEMORY_PROFILE_REQUEST_PREFIX}{request_id}{schema.REQUEST_SUFFIX}"
     tmp = directory / f".{name}.tmp"
-    tmp.write_text(json.dumps({"id": request_id, "time": time.time()}), encoding="utf-8")
-    tmp.replace(directory / name)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"id": request_id, "time": time.time()}), encoding="utf-8")
+        tmp.replace(directory / name)
+    except OSError as exc:
+        raise InputError(
+            f"shared dir {shared_dir}: cannot write a memory-profile request in {directory} "
+            f"({exc.strerror or exc})"
+        ) from None
     return request_id
 
 
@@ -117,14 +126,30 @@ class MemoryProfileWatcher:
 
     @staticmethod
     def labels_for(meta: dict[str, Any], path: Path) -> dict[str, str]:
-        """Pyroscope labels of a profile from its identity file."""
-        return {
-            "service_name": str(meta.get("workload") or "unknown_service"),
-            "run_id": str(meta.get("run_id") or "unknown"),
-            "host": str(meta.get("host") or path.name.split("-")[0]),
-            "trigger": str(meta.get("trigger") or "periodic"),
-            "profile_source": PROFILE_SOURCE,
-        }
+        """Pyroscope labels of a profile from its identity file.
+
+        The workload writes ``trigger`` (``run.memory_profile(trigger=...)`` takes any
+        string); one outside ``TRIGGERS`` becomes ``programmatic`` (the workload's own
+        call) with a warning, so the profile is still published with a known label.
+        """
+        from exporter.sinks.pyroscope import TRIGGERS, profile_labels
+
+        trigger = str(meta.get("trigger") or "periodic")
+        if trigger not in TRIGGERS:
+            log.warning(
+                "%s: trigger %r is not one of %s; published as 'programmatic'",
+                path,
+                trigger,
+                sorted(TRIGGERS),
+            )
+            trigger = "programmatic"
+        return profile_labels(
+            str(meta.get("workload") or "unknown_service"),
+            run_id=str(meta.get("run_id") or "unknown"),
+            host=str(meta.get("host") or path.name.split("-")[0]),
+            trigger=trigger,
+            profile_source=PROFILE_SOURCE,
+        )
 
     def poll(self) -> list[MemoryProfileResult]:
         """Convert and publish every profile not seen before; oldest first."""
@@ -139,26 +164,39 @@ class MemoryProfileWatcher:
         for path in found:
             if path.name in self.processed:
                 continue
-            meta = _meta(path)
-            labels = self.labels_for(meta, path)
-            try:
-                graph = load_memory_profile(path)
-                if meta.get("time"):
-                    graph.time_nanos = int(float(meta["time"]) * 1e9)
-            except InputError as exc:
-                self.errors += 1
-                log.warning("skipping memory profile: %s", exc)
-                results.append(MemoryProfileResult(path, labels, None, error=str(exc)))
-                self.processed.add(path.name)
-                continue
-            outcome = self.publish(graph, labels) if self.publish is not None else None
-            results.append(MemoryProfileResult(path, labels, graph, outcome))
+            results.append(self._process(path))
+            # Remembered one by one: a later failure must not re-push this one.
             self.processed.add(path.name)
+            self._save()
         if results:
             self._retain(found)
             self._save()
         self._expire_requests()
         return results
+
+    def _process(self, path: Path) -> MemoryProfileResult:
+        """Convert and publish one profile; any failure is logged and returned, not raised."""
+        meta = _meta(path)
+        labels = self.labels_for(meta, path)
+        try:
+            graph = load_memory_profile(path)
+            if meta.get("time"):
+                graph.time_nanos = int(float(meta["time"]) * 1e9)
+        except InputError as exc:
+            self.errors += 1
+            log.warning("skipping memory profile: %s", exc)
+            return MemoryProfileResult(path, labels, None, error=str(exc))
+        except Exception as exc:  # one bad profile must not stop the others
+            self.errors += 1
+            log.warning("converting memory profile %s failed: %s", path, exc, exc_info=True)
+            return MemoryProfileResult(path, labels, None, error=f"{path}: {exc}")
+        try:
+            outcome = self.publish(graph, labels) if self.publish is not None else None
+        except Exception as exc:  # one bad profile must not stop the others
+            self.errors += 1
+            log.warning("publishing memory profile %s failed: %s", path, exc, exc_info=True)
+            return MemoryProfileResult(path, labels, graph, error=f"{path}: {exc}")
+        return MemoryProfileResult(path, labels, graph, outcome)
 
     def _retain(self, found: list[Path]) -> None:
         done = [p for p in found if p.name in self.processed]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -161,7 +162,12 @@ class Capture:
         return plane
 
     def time_range(self) -> tuple[int, int]:
-        """(start ns since epoch, duration ns) from ``Task Environment``, else the lines."""
+        """(start ns since epoch, duration ns) from ``Task Environment``, else the lines.
+
+        Without a Task Environment plane the range spans the device and host lines'
+        own timestamps and durations; with none of those either, it is (now, 0): a
+        profile stamped 0 would be outside Pyroscope's ingestion window.
+        """
         for ref in self.planes:
             if ref.name != "Task Environment":
                 continue
@@ -171,7 +177,24 @@ class Capture:
             start, stop = values.get("profile_start_time"), values.get("profile_stop_time")
             if start:
                 return start, max(0, (stop or start) - start)
-        return 0, 0
+        return self._lines_range() or (time.time_ns(), 0)
+
+    def _lines_range(self) -> tuple[int, int] | None:
+        first, last = 0, 0
+        for ref in (*self.device_planes, *self.host_planes):
+            plane = self.plane(ref)
+            for raw in plane.lines:
+                header = xplane_pb2.XLineHeader()
+                try:
+                    header.ParseFromString(raw)
+                except DecodeError:
+                    continue  # the conversion itself names a corrupt line
+                if header.timestamp_ns <= 0:
+                    continue
+                stop = header.timestamp_ns + max(0, header.duration_ps) // _PS_PER_NS
+                first = min(first or header.timestamp_ns, header.timestamp_ns)
+                last = max(last, stop)
+        return (first, last - first) if first else None
 
 
 def _open(read: Reader, size: int, source: str) -> Capture:

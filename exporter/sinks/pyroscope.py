@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from exporter.config import Settings
+from exporter.errors import ConfigError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.pprof import decode_pprof, to_pprof
 from exporter.proto import profile_pb2, pyroscope_push_pb2
@@ -111,8 +112,17 @@ def profile_labels(
     """The labels of a pushed profile (``__name__`` is added from the flame graph).
 
     A session id in Pyroscope's own format (16 hex digits) goes into ``__session_id__``;
-    any other into ``session_id``.
+    any other into ``session_id``. ``trigger`` must be one of :data:`TRIGGERS` and
+    ``profile_source`` one of :data:`PROFILE_SOURCES` (ValueError otherwise): dashboards
+    select on them and a free-form value would add series. Callers passing values a
+    workload wrote (e.g. the memory watcher) map unknown ones first.
     """
+    if trigger not in TRIGGERS:
+        raise ValueError(f"label trigger={trigger!r}: expected one of {sorted(TRIGGERS)}")
+    if profile_source not in PROFILE_SOURCES:
+        raise ValueError(
+            f"label profile_source={profile_source!r}: expected one of {sorted(PROFILE_SOURCES)}"
+        )
     labels = {
         "service_name": service_name,
         "run_id": run_id,
@@ -449,9 +459,15 @@ def sink_from_settings(settings: Settings, meter: Meter | None = None) -> Pyrosc
     if settings.pyroscope_user:
         password = settings.pyroscope_password
         auth = (settings.pyroscope_user, password.get_secret_value() if password else "")
+    try:
+        spool = Spool(settings.spool_dir, settings.spool_max_bytes)
+    except OSError as exc:
+        raise ConfigError(
+            f"MLPROF_SPOOL_DIR={settings.spool_dir}: cannot create it ({exc.strerror or exc})"
+        ) from None
     return PyroscopeSink(
         settings.pyroscope_url,
-        spool=Spool(settings.spool_dir, settings.spool_max_bytes),
+        spool=spool,
         meter=meter,
         tenant=settings.pyroscope_tenant,
         basic_auth=auth,

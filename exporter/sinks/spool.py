@@ -3,7 +3,8 @@
 One file per payload, written atomically (temp file + rename) and named by time and
 sequence so that a restart finds them in order. When a new payload would exceed
 ``max_bytes`` the oldest ones are evicted and reported to the caller, never dropped
-silently.
+silently; eviction happens only once the new payload is on disk, so a failed write
+(disk full, I/O error) leaves the spool as it was.
 
 >>> import tempfile, pathlib
 >>> spool = Spool(pathlib.Path(tempfile.mkdtemp()), max_bytes=1024)
@@ -79,7 +80,10 @@ class Spool:
             return sorted(self._items.values())
 
     def put(self, payload: bytes) -> SpoolPut:
-        """Store ``payload``, evicting the oldest payloads to stay within ``max_bytes``."""
+        """Store ``payload``, evicting the oldest payloads to stay within ``max_bytes``.
+
+        Nothing is evicted when the payload cannot be written (``stored`` is False).
+        """
         size = len(payload)
         if size > self.max_bytes:
             return SpoolPut(
@@ -88,6 +92,17 @@ class Spool:
         name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}{SUFFIX}"
         tmp = self.directory / f".tmp-{name}"
         with self._lock:
+            # Write and sync first: a failed write must cost nothing already spooled.
+            try:
+                with tmp.open("wb") as out:
+                    out.write(payload)
+                    out.flush()
+                    os.fsync(out.fileno())
+                tmp.replace(self.directory / name)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                return SpoolPut(False, reason=f"cannot write spool file: {exc}")
+            # Only now make room, oldest first (the new payload is the newest item).
             evicted: list[SpoolItem] = []
             used = sum(item.size for item in self._items.values())
             for item in sorted(self._items.values()):
@@ -97,15 +112,6 @@ class Spool:
                 del self._items[item.name]
                 used -= item.size
                 evicted.append(item)
-            try:
-                with tmp.open("wb") as out:
-                    out.write(payload)
-                    out.flush()
-                    os.fsync(out.fileno())
-                tmp.replace(self.directory / name)
-            except OSError as exc:
-                tmp.unlink(missing_ok=True)
-                return SpoolPut(False, evicted, reason=f"cannot write spool file: {exc}")
             self._items[name] = SpoolItem(name, size)
         return SpoolPut(True, evicted)
 

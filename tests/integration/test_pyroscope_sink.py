@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -232,3 +235,31 @@ def test_bad_labels_are_refused_before_sending(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="30"):
         sink.push(_graph(), {**LABELS, **{f"l{i}": "v" for i in range(30)}})
     sink.close()
+
+
+def test_unknown_trigger_or_source_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"label trigger='deploy; x': expected one of"):
+        profile_labels("t", run_id="r", host="h", trigger="deploy; x", profile_source="xprof_host")
+    with pytest.raises(ValueError, match=r"label profile_source='xprof': expected one of"):
+        profile_labels("t", run_id="r", host="h", trigger="manual", profile_source="xprof")
+
+
+def test_spool_dir_that_cannot_be_created_is_one_config_line(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "MLPROF_PYROSCOPE_URL": f"http://127.0.0.1:{free_port()}",
+        "MLPROF_SPOOL_DIR": "/proc/mlprof-no-such-dir",  # procfs: mkdir always fails
+        "MLPROF_SHARED_DIR": str(tmp_path / "shared"),
+        "MLPROF_LISTEN": f"127.0.0.1:{free_port()}",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", "serve"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mlprof:")]
+    assert errors == [
+        "mlprof: MLPROF_SPOOL_DIR=/proc/mlprof-no-such-dir: cannot create it "
+        "(No such file or directory)"
+    ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,3 +155,16 @@ def test_pyroscope_down_then_up_loses_nothing(tmp_path: Path) -> None:
     # Exactly the three: the restarted sidecar remembered it had converted them already.
     assert sorted(sum(s.folded().values()) for s in received) == sizes
     assert not list((tmp_path / "spool").glob("*.spool"))
+
+
+def test_memory_profile_command_on_a_bad_shared_dir_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", "memory-profile", "--shared-dir", "/proc/x"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "mlprof: shared dir /proc/x: cannot write a memory-profile request in "
+        "/proc/x/requests (No such file or directory)"
+    ]

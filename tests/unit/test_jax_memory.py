@@ -65,28 +65,37 @@ def test_real_jax_on_cpu_writes_no_memory_lines(tmp_path: Path) -> None:
     jnp.ones(4).block_until_ready()  # backends initialised, as in a training loop
     assert jax.local_devices()[0].memory_stats() is None  # CPU: no stats to publish
     assert [d.platform for d in jax_local_devices()] == ["cpu"]
+    lines: list[str] = []
+    sampler = MemoryStatsSampler.for_writer_prefix('{"run_id":"r",', lines.append)
+    sampler.tick()  # the first tick always samples: no interval to wait out
+    assert (lines, sampler.enabled) == ([], True)  # sampled the real devices, nothing to write
     with sdk.run(name="cpu", shared_dir=tmp_path) as run:
         with run.step():
             pass
-        time.sleep(2.2)  # two flusher ticks
+        writer = run._writer  # drive the run's own flusher hooks rather than wait for them
+        for hook in list(writer.on_tick):
+            hook()
+        writer.flush()
     assert memory_lines(tmp_path) == []
 
 
 def test_sdk_does_not_import_jax_for_sampling(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
-        import sys, time
+        import sys
         from exporter import sdk
         with sdk.run(name="nojax", shared_dir={str(tmp_path)!r}) as run:
             with run.step():
                 pass
-            time.sleep(1.5)
-        print("jax" in sys.modules)
+            hooks = list(run._writer.on_tick)
+            for hook in hooks:  # what the flusher thread runs, run now rather than waited for
+                hook()
+        print(len(hooks) > 0, "jax" in sys.modules)
         """
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
+    assert result.stdout.strip() == "True False"
 
 
 def test_sampler_writes_at_most_once_per_second() -> None:

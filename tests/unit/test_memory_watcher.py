@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
+import pytest
+
 from exporter import schema
+from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.memory import load_memory_profile
 from exporter.profiles.memory_watcher import (
     MEMORY_REQUEST_ID,
     MemoryProfileWatcher,
@@ -16,17 +21,20 @@ from exporter.profiles.memory_watcher import (
     request_memory_profile,
 )
 from exporter.proto import profile_pb2
+from exporter.sinks.pyroscope import PyroscopeSink
 
 
-def _pprof(size: int) -> bytes:
+def _pprof(size: int, device_str: int = 8, function_name: int = 5) -> bytes:
+    """A device-memory pprof; the indexes let a test point past the string table."""
     profile = profile_pb2.Profile(
-        string_table=["", "allocations", "count", "space", "bytes", "f", "a.py"]
+        string_table=["", "allocations", "count", "space", "bytes", "f", "a.py", "device", "tpu0"]
     )
     profile.sample_type.add(type=1, unit=2)
     profile.sample_type.add(type=3, unit=4)
-    profile.function.add(id=1, name=5, filename=6)
+    profile.function.add(id=1, name=function_name, filename=6)
     profile.location.add(id=1, line=[profile_pb2.Line(function_id=1, line=3)])
-    profile.sample.add(location_id=[1], value=[1, size])
+    sample = profile.sample.add(location_id=[1], value=[1, size])
+    sample.label.add(key=7, str=device_str)
     return gzip.compress(profile.SerializeToString())
 
 
@@ -90,3 +98,56 @@ def test_request_and_answers(tmp_path: Path) -> None:
     answer = _write(tmp_path, "h-1-1-1", _pprof(1), request_id=request_id)
     _write(tmp_path, "h-1-2-2", _pprof(1), request_id="other")
     assert answers_to(tmp_path, request_id) == [answer]
+
+
+@pytest.mark.parametrize("corrupt", [{"device_str": 99}, {"function_name": 99}])
+def test_string_index_past_the_table_is_an_input_error(
+    tmp_path: Path, corrupt: dict[str, int]
+) -> None:
+    path = _write(tmp_path, "h-1-1-1", _pprof(5, **corrupt))
+    with pytest.raises(InputError, match="corrupt pprof") as caught:
+        load_memory_profile(path)
+    assert str(path) in str(caught.value)
+
+
+def test_bad_profiles_do_not_stop_the_pass_or_repeat_pushes(tmp_path: Path) -> None:
+    """A corrupt file and a profile Pyroscope's label rules refuse, between good ones."""
+    sink = PyroscopeSink("http://127.0.0.1:9")  # build_request validates; nothing is sent
+    built: list[str] = []
+
+    def publish(graph: FlameGraph, labels: dict[str, str]) -> str:
+        sink.build_request(graph, labels)  # ValueError on a label value over 2048 chars
+        built.append(labels["run_id"])
+        return "ok"
+
+    files = [
+        _write(tmp_path, "h-1-1-1", _pprof(1), run_id="first"),
+        _write(tmp_path, "h-1-2-2", _pprof(1, device_str=99), run_id="corrupt"),
+        _write(tmp_path, "h-1-3-3", _pprof(1), run_id="x" * 3000),
+        _write(tmp_path, "h-1-4-4", _pprof(1), run_id="last"),
+    ]
+    for age, path in enumerate(reversed(files)):
+        os.utime(path, (1e9 - age, 1e9 - age))  # poll goes by mtime: keep the order above
+    watcher = MemoryProfileWatcher(tmp_path, publish)
+    results = watcher.poll()
+    sink.close()
+    assert [r.path for r in results] == files
+    assert built == ["first", "last"]
+    assert [bool(r.error) for r in results] == [False, True, True, False]
+    assert "corrupt pprof" in results[1].error and "2048" in results[2].error
+    assert watcher.errors == 2
+    assert watcher.poll() == [] and MemoryProfileWatcher(tmp_path, publish).poll() == []
+    assert built == ["first", "last"]  # nothing pushed twice
+
+
+def test_unknown_trigger_from_the_workload_is_published_as_programmatic(tmp_path: Path) -> None:
+    _write(tmp_path, "h-1-1-1", _pprof(3), trigger="nightly-job", run_id="r")
+    published: list[dict[str, str]] = []
+    (result,) = MemoryProfileWatcher(tmp_path, lambda g, labels: published.append(labels)).poll()
+    assert not result.error
+    assert published[0]["trigger"] == "programmatic" == result.labels["trigger"]
+
+
+def test_request_in_a_dir_that_cannot_exist_names_it(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"shared dir /proc/mlprof-x: cannot write"):
+        request_memory_profile(Path("/proc/mlprof-x"))

@@ -36,7 +36,13 @@ class NvmlDouble:
         self.gpus = gpus
         self.util = {0: 87, 1: 3}
         self.broken: set[int] = set()
+        self.failing: set[str] = set()  # GPM calls that raise, by pynvml name
+        self.live: list[Any] = []  # GPM samples allocated and not freed yet
         self.shut = False
+
+    def _gpm_call(self, name: str) -> None:
+        if name in self.failing:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
 
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml names
         pass
@@ -62,15 +68,21 @@ class NvmlDouble:
         return SimpleNamespace(isSupportedDevice=handle == 0)
 
     def nvmlGpmSampleAlloc(self) -> Any:  # noqa: N802
-        return pynvml.c_nvmlGpmSample_t()
+        self._gpm_call("nvmlGpmSampleAlloc")
+        sample = pynvml.c_nvmlGpmSample_t()
+        self.live.append(sample)
+        return sample
 
     def nvmlGpmSampleGet(self, handle: int, sample: Any) -> None:  # noqa: N802
-        pass
+        self._gpm_call("nvmlGpmSampleGet")
 
     def nvmlGpmSampleFree(self, sample: Any) -> None:  # noqa: N802
-        pass
+        held = [i for i, live in enumerate(self.live) if live is sample]
+        assert held, "GPM sample freed twice or never allocated"
+        del self.live[held[0]]
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:  # noqa: N802
+        self._gpm_call("nvmlGpmMetricsGet")
         assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION
         assert request.metrics[0].metricId == pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
         request.metrics[0].nvmlReturn = 0
@@ -134,3 +146,32 @@ def test_no_gpu_is_off_in_auto_and_an_error_when_named(tmp_path: Path) -> None:
         ("nvml", "off", "NVML finds no GPU")
     ]
     assert [(r.name, r.state) for r in named.runs] == [("nvml", "error")]
+
+
+@pytest.mark.parametrize("failing", ["nvmlGpmSampleGet", "nvmlGpmMetricsGet"])
+def test_failed_gpm_reads_free_their_sample(tmp_path: Path, failing: str) -> None:
+    series = DeviceSeries("nvml", "gpu", stale_after_s=15)
+    nvml = NvmlDouble(gpus=1)
+    source = NvmlSource(nvml, series, RunIdentity(tmp_path, "gpu-node"))
+    assert source.start() is None
+    assert len(nvml.live) == 1  # the first GPM sample, kept for the next difference
+    nvml.failing.add(failing)
+    for _ in range(3):
+        assert source.collect() == ("ok", "1 GPUs")  # duty cycle and memory still read
+    assert len(nvml.live) == 1
+    nvml.failing.clear()
+    source.collect()
+    assert len(nvml.live) == 1
+    source.shutdown()
+    assert nvml.live == []
+
+
+def test_gpm_start_failure_frees_the_sample(tmp_path: Path) -> None:
+    nvml = NvmlDouble(gpus=1)
+    nvml.failing.add("nvmlGpmSampleGet")
+    source = NvmlSource(
+        nvml, DeviceSeries("nvml", "gpu", stale_after_s=15), RunIdentity(tmp_path, "h")
+    )
+    assert source.start() is None
+    assert nvml.live == []
+    source.shutdown()

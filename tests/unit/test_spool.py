@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import resource
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,3 +56,29 @@ def test_survives_restart_and_cleans_partial_writes(tmp_path: Path) -> None:
 def test_negative_bound_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         Spool(tmp_path, max_bytes=-1)
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes fail with EFBIG (RLIMIT_FSIZE), as on a full disk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write, keep the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_failed_write_evicts_nothing(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=250)
+    assert spool.put(b"a" * 100).stored and spool.put(b"b" * 100).stored
+    with _file_size_limit(50):
+        put = spool.put(b"c" * 100)  # would need one eviction, but cannot be written
+    assert not put.stored and put.evicted == []
+    assert "cannot write spool file" in put.reason
+    assert [spool.read(i) for i in spool.items()] == [b"a" * 100, b"b" * 100]
+    assert sorted(p.name.startswith(".tmp-") for p in tmp_path.iterdir()) == [False, False]
+    again = Spool(tmp_path, max_bytes=250)  # and on disk, after a restart
+    assert [again.read(i) for i in again.items()] == [b"a" * 100, b"b" * 100]

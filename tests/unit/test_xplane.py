@@ -180,3 +180,20 @@ def test_publish_capture_sends_device_and_host_graphs(tmp_path: Path) -> None:
     assert sent[0][1] == {"service_name": "trainer", "run_id": "r1", "host": "h",
                           "trigger": "alert", "profile_source": "xprof_device",
                           "session_id": "s-1"}  # fmt: skip
+
+
+def test_capture_without_task_environment_is_stamped_from_its_lines() -> None:
+    space = tpu_capture(devices=1, steps=2, ops_per_step=20, distinct_ops=8).space
+    (env,) = [p for p in space.planes if p.name == "Task Environment"]
+    names = {m.id: m.name for m in env.stat_metadata.values()}
+    start_ns = next(
+        s.uint64_value for s in env.stats if names[s.metadata_id] == "profile_start_time"
+    )
+    space.planes.remove(env)
+    for plane in space.planes:
+        for line in plane.lines:
+            line.duration_ps = 5_000_000_000  # 5 ms
+    capture = Capture.from_space(space)
+    for graph in (device_flamegraph(capture), host_flamegraph(capture)):
+        assert graph is not None
+        assert (graph.time_nanos, graph.duration_nanos) == (start_ns, 5_000_000)
