@@ -17,7 +17,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from exporter.api.auth import check_bearer
-from exporter.capture.engine import HARD_MAX_DURATION_MS, CaptureRejected, CaptureRequest
+from exporter.capture.engine import (
+    HARD_MAX_DURATION_MS,
+    CaptureRejected,
+    CaptureRequest,
+    CaptureStoreError,
+)
 from exporter.capture.session import SessionRecord, check_session_id
 from exporter.capture.targets import ProfilerTarget
 
@@ -75,10 +80,24 @@ def _error_text(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+async def _read_capped(request: Request) -> bytes:
+    """The body, or 413 as soon as it is known to exceed MAX_BODY_BYTES (never read whole)."""
+    too_large = HTTPException(413, f"request body over {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _parse(request: Request, model: type[M]) -> M:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise HTTPException(413, f"request body over {MAX_BODY_BYTES} bytes")
+    raw = await _read_capped(request)
     try:
         data = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
@@ -159,6 +178,8 @@ async def post_capture(request: Request) -> JSONResponse:
         record = await run_in_threadpool(sidecar.captures.submit, capture, targets)
     except CaptureRejected as exc:
         raise HTTPException(422, str(exc)) from None
+    except CaptureStoreError as exc:  # the store is down: nothing started, try again later
+        raise HTTPException(503, str(exc)) from None
     answer = {
         "session_id": record.id,
         "status": record.status,

@@ -36,7 +36,14 @@ class ApiClient:
             raise ConfigError(f"{self.base_url}: {_detail(response)} (set MLPROF_AUTH_TOKEN)")
         if response.status_code >= 400:
             raise InputError(f"{method} {path}: {response.status_code} {_detail(response)}")
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type")
+            raise MlprofError(
+                f"{method} {path}: {response.status_code} answer is not JSON ({kind}: "
+                f"{response.text[:100]!r}): is {self.base_url} an mlprof sidecar (--url)?"
+            ) from None
 
     def get(self, path: str, **params: Any) -> Any:
         clean = {k: v for k, v in params.items() if v is not None}
@@ -51,7 +58,8 @@ class ApiClient:
 
 def _detail(response: httpx.Response) -> str:
     try:
-        detail = response.json().get("detail")
+        data = response.json()
     except ValueError:
         return response.text[:300]
-    return detail if isinstance(detail, str) else str(detail)
+    detail = data.get("detail", data) if isinstance(data, dict) else data
+    return detail if isinstance(detail, str) else str(detail)[:300]

@@ -7,7 +7,7 @@ and hands it to :meth:`AlertPolicy.handle`, which for each alert decides one out
 ``resolved``     the alert is resolved (nothing to capture)
 ``no_action``    no (or an unknown) ``mlprof_action`` label/annotation
 ``invalid``      an ``mlprof_*`` parameter is not a valid value
-``duplicate``    the same fingerprint already started a capture within the dedup window
+``duplicate``    the same firing (fingerprint, startsAt) was captured within the dedup window
 ``no_target``    the alert's ``run_id``/``host``/``instance`` labels match no known target
 ``cooldown``     the run was captured less than the cooldown ago
 ``limit``        the global number of running alert-triggered sessions is reached
@@ -274,7 +274,8 @@ class AlertPolicy:
         self.config = config or AlertPolicyConfig()
         self._clock = clock
         self._lock = threading.Lock()
-        self._seen: OrderedDict[str, float] = OrderedDict()  # fingerprint -> capture time
+        # "<fingerprint>@<startsAt>" -> capture time
+        self._seen: OrderedDict[str, float] = OrderedDict()
         self._cooled: dict[str, float] = {}  # run key -> capture time
         self._active: list[str] = []  # alert-triggered session ids maybe still running
         self._counter = (
@@ -386,13 +387,17 @@ class AlertPolicy:
             for label, field_name in PARAMETERS.items()
             if (value := _int_parameter(alert, label)) is not None
         }
-        seen_at = self._seen.get(fingerprint)
+        # One firing is one capture: an alert that resolves and fires again is a new
+        # firing with a new startsAt (Alertmanager repeats keep the same one).
+        starts = alert.starts_at.isoformat() if alert.starts_at else ""
+        dedup_key = f"{fingerprint}@{starts}"
+        seen_at = self._seen.get(dedup_key)
         if seen_at is not None:
             ago = now - seen_at
             raise _IgnoredError(
                 "duplicate",
-                f"fingerprint {fingerprint} started a capture {ago:.0f}s ago "
-                f"(dedup window {self.config.dedup_window_s:g}s)",
+                f"fingerprint {fingerprint} (firing since {starts or 'unknown'}) started a "
+                f"capture {ago:.0f}s ago (dedup window {self.config.dedup_window_s:g}s)",
             )
         targets, run_id, hosts = self._resolve(alert)
         if not targets:
@@ -436,8 +441,8 @@ class AlertPolicy:
         except Exception as exc:  # the engine's failure must not fail the other alerts
             log.exception("alert %s: capture could not start", alert.name)
             raise _IgnoredError("failed", f"capture could not start: {exc}") from None
-        self._seen[fingerprint] = now
-        self._seen.move_to_end(fingerprint)
+        self._seen[dedup_key] = now
+        self._seen.move_to_end(dedup_key)
         for key in keys:
             self._cooled[key] = now
         self._active.append(record.id)

@@ -6,6 +6,8 @@ retried. Captures run in a bounded pool of worker threads; each has a deadline o
 ``delay + duration + timeout``. The profiler server writes its file into the capture
 logdir (a directory the workload sees, e.g. the shared dir); the engine then moves it
 into the store, so every store (``memory://``, ``gs://``, a local path) works the same.
+A file the store refuses stays in the staging dir beside the session's record, and the
+watcher retries the import (the session's hooks run once it succeeds).
 
 >>> engine = CaptureEngine(SessionStore("memory://doc"), Path("/shared/captures"))  # doctest: +SKIP
 >>> record = engine.submit(CaptureRequest(duration_ms=1000), registry.known())  # doctest: +SKIP
@@ -21,6 +23,7 @@ import logging
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from exporter.capture.client import ProfilerClient, XprofClient
 from exporter.capture.session import (
+    SESSION_FILE,
     SessionRecord,
     TargetResult,
     TargetStatus,
@@ -38,6 +42,7 @@ from exporter.capture.session import (
 )
 from exporter.capture.store import PROFILE_DIR, SessionStore
 from exporter.capture.targets import ProfilerTarget, TargetRegistry, probe
+from exporter.errors import MlprofError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -51,6 +56,7 @@ __all__ = [
     "CaptureLimits",
     "CaptureRejected",
     "CaptureRequest",
+    "CaptureStoreError",
     "SnapshotSource",
     "TargetOutcome",
 ]
@@ -69,10 +75,16 @@ HARD_MAX_DURATION_MS: Final = 3_600_000
 # The holder name of the snapshot ring's short captures (see snapshots.py).
 RING_HOLDER: Final = "snapshot-ring"
 CAPTURE_SUFFIX: Final = ".xplane.pb"
+# Finished records the store refused, kept so ``get`` answers their final status.
+MAX_UNSAVED: Final = 256
 
 
 class CaptureRejected(ValueError):  # noqa: N818 (name fixed by the capture contract)
     """A bad capture request; the message names the field and what was expected."""
+
+
+class CaptureStoreError(MlprofError):
+    """The session store refused a new session's record; nothing was started."""
 
 
 @dataclass
@@ -162,6 +174,7 @@ class CaptureEngine:
         self._busy: dict[str, str] = {}  # address -> session id holding it
         self._running: dict[str, SessionRecord] = {}
         self._done_events: dict[str, threading.Event] = {}
+        self._unsaved: OrderedDict[str, SessionRecord] = OrderedDict()
         self._counter = (
             meter.create_counter(
                 "mlprof.captures",
@@ -265,7 +278,14 @@ class CaptureEngine:
                     free.append((index, target))
             self._running[session_id] = record
             self._done_events[session_id] = threading.Event()
-        self.store.write_record(record)
+        try:
+            self.store.write_record(record)
+        except Exception as exc:
+            self._roll_back(session_id)
+            raise CaptureStoreError(
+                f"session {session_id}: cannot write its record into the store "
+                f"{self.store.url} ({type(exc).__name__}: {exc}); no capture was started"
+            ) from exc
         log.info(
             "capture %s (%s, %s) on %s", session_id, request.kind, request.trigger,
             ", ".join(t.address for t in unique),
@@ -278,10 +298,20 @@ class CaptureEngine:
         ).start()
         return record.model_copy(deep=True)
 
+    def _roll_back(self, session_id: str) -> None:
+        """Undo ``submit``'s reservations for a session that never started."""
+        with self._lock:
+            for address in [a for a, holder in self._busy.items() if holder == session_id]:
+                del self._busy[address]
+            self._running.pop(session_id, None)
+            event = self._done_events.pop(session_id, None)
+        if event is not None:
+            event.set()
+
     def get(self, session_id: str) -> SessionRecord | None:
         """A session's record: live while running, else from the store."""
         with self._lock:
-            live = self._running.get(session_id)
+            live = self._running.get(session_id) or self._unsaved.get(session_id)
             if live is not None:
                 return live.model_copy(deep=True)
         return self.store.read_record(session_id)
@@ -406,6 +436,21 @@ class CaptureEngine:
     def _run_session(
         self, record: SessionRecord, free: list[tuple[int, ProfilerTarget]], kind: str
     ) -> None:
+        try:
+            self._capture_all(record, free, kind)
+        except Exception as exc:  # never leave the session running: _finish must run
+            log.exception("capture %s failed", record.id)
+            with self._lock:
+                for result in record.targets:
+                    if result.status == "running":
+                        result.status, result.finished = "failed", utcnow()
+                        result.error = f"the capture session failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._finish(record)
+
+    def _capture_all(
+        self, record: SessionRecord, free: list[tuple[int, ProfilerTarget]], kind: str
+    ) -> None:
         with self._lock:
             record.started = utcnow()
         options = record.options
@@ -429,7 +474,7 @@ class CaptureEngine:
                 break
             for future in done:
                 self._apply(record, futures[future], future.result())
-            self.store.write_record(self._snapshot(record))
+            self._save(self._snapshot(record))
         for future in pending:  # still blocked in the profiler client: the target stays busy
             index = futures[future]
             address = record.targets[index].address
@@ -438,22 +483,28 @@ class CaptureEngine:
                 f"(delay + duration + MLPROF_CAPTURE_TIMEOUT_S)",
             ))  # fmt: skip
             future.add_done_callback(functools.partial(self._discard_late, record.id))
-        self._finish(record)
 
     def _apply(self, record: SessionRecord, index: int, outcome: TargetOutcome) -> None:
         result = record.targets[index]
         names: list[str] = []
+        unimported: list[str] = []
         size = 0
         error = outcome.error
         for path in outcome.files:
             try:
                 size += self.store.import_file(record.id, path)
                 names.append(path.name)
-            except OSError as exc:
-                error = f"cannot move {path.name} into the store {self.store.url}: {exc}"
+            except Exception as exc:  # e.g. a transient gs:// error: keep the file, retry later
+                unimported.append(path.name)
+                error = (
+                    f"cannot move {path.name} into the store {self.store.url} "
+                    f"({type(exc).__name__}: {exc}); it is kept in {path.parent} and "
+                    "the import is retried"
+                )
         with self._lock:
             result.status = "failed" if outcome.status == "ok" and not names else outcome.status
             result.error, result.files, result.bytes = error, names, size
+            result.unimported = unimported
             result.mode = outcome.mode
             result.finished = utcnow()
 
@@ -471,26 +522,51 @@ class CaptureEngine:
         with self._lock:
             return record.model_copy(deep=True)
 
+    def _save(self, record: SessionRecord) -> bool:
+        """Write a record; a store failure is logged (the capture itself goes on)."""
+        try:
+            self.store.write_record(record)
+        except Exception as exc:
+            log.warning("capture %s: cannot write its record to %s: %s",
+                        record.id, self.store.url, exc)  # fmt: skip
+            return False
+        return True
+
     def _finish(self, record: SessionRecord) -> None:
         with self._lock:
             record.status = record.summarize()
             record.finished = utcnow()
             final = record.model_copy(deep=True)
-        self.store.write_record(final)
-        staging = self.staging_dir(record.id)
-        if (
-            staging.is_dir()
-            and staging.resolve() != Path(self.store.session_dir(record.id)).resolve()
-        ):
-            shutil.rmtree(staging, ignore_errors=True)
-        with self._lock:
-            self._running.pop(record.id, None)
-            event = self._done_events.pop(record.id, None)
-        if event is not None:
-            event.set()
+        saved = False
+        deferred = any(t.unimported for t in final.targets)
+        try:
+            saved = self._save(final)
+            staging = self.staging_dir(record.id)
+            if deferred:
+                try:
+                    self._leave_for_retry(final, staging)
+                except OSError as exc:  # the files stay; only the automatic retry is lost
+                    log.error("capture %s: cannot keep %s for a retry: %s", final.id, staging, exc)
+            elif (
+                staging.is_dir()
+                and staging.resolve() != Path(self.store.session_dir(record.id)).resolve()
+            ):
+                shutil.rmtree(staging, ignore_errors=True)
+        finally:  # whatever the store did, the session is over and its targets are free
+            with self._lock:
+                self._running.pop(record.id, None)
+                if not saved:
+                    self._unsaved[record.id] = final
+                    while len(self._unsaved) > MAX_UNSAVED:
+                        self._unsaved.popitem(last=False)
+                event = self._done_events.pop(record.id, None)
+            if event is not None:
+                event.set()
         if self._counter is not None:
             self._counter.add(1, {"trigger": final.trigger, "status": final.status})
         log.info("capture %s finished: %s", final.id, final.status)
+        if deferred:
+            return  # the hooks run once the watcher has imported the kept files
         for hook in self.on_complete:
             try:
                 hook(final)
@@ -500,3 +576,27 @@ class CaptureEngine:
             self.store.enforce_retention(self.limits.retention_count, self.limits.retention_bytes)
         except OSError as exc:
             log.warning("retention on %s failed: %s", self.store.url, exc)
+
+    def _leave_for_retry(self, final: SessionRecord, staging: Path) -> None:
+        """Keep files the store refused in ``staging`` with the record they complete.
+
+        The staging dir then looks like a finished programmatic session: the watcher's
+        next poll imports the files and writes this record into the store.
+        """
+        retry = final.model_copy(deep=True)
+        for result in retry.targets:
+            if result.unimported:
+                result.files = [*result.files, *result.unimported]
+                result.bytes += sum(
+                    (staging / name).stat().st_size
+                    for name in result.unimported
+                    if (staging / name).is_file()
+                )
+                result.status, result.error, result.unimported = "ok", "", []
+        retry.status = retry.summarize()
+        target = staging / SESSION_FILE
+        tmp = staging / f".{SESSION_FILE}.tmp"
+        tmp.write_bytes(retry.model_dump_json(indent=2).encode() + b"\n")
+        tmp.replace(target)  # the watcher never reads half a record
+        log.warning("capture %s: %s kept in %s; the import is retried", final.id,
+                    ", ".join(n for t in final.targets for n in t.unimported), staging)  # fmt: skip

@@ -139,13 +139,23 @@ class SessionProcessor:
                 except OSError as exc:
                     artifact["file_error"] = str(exc)
             if self.push is not None:
-                labels = self._push_labels(record, source, host, run_id)
-                outcome = self.push(graph, labels)
-                artifact["push"] = {
-                    "sink": "pyroscope",
-                    "status": getattr(outcome, "status", str(outcome)),
-                    "message": getattr(outcome, "message", ""),
-                }
+                try:
+                    labels = self._push_labels(record, source, host, run_id)
+                    outcome = self.push(graph, labels)
+                except Exception as exc:  # e.g. a label the sink refuses: this push only
+                    log.warning("session %s: push of %s (%s) failed: %s",
+                                record.id, name, source, exc)  # fmt: skip
+                    artifact["push"] = {
+                        "sink": "pyroscope",
+                        "status": "rejected",
+                        "message": f"{type(exc).__name__}: {exc}",
+                    }
+                else:
+                    artifact["push"] = {
+                        "sink": "pyroscope",
+                        "status": getattr(outcome, "status", str(outcome)),
+                        "message": getattr(outcome, "message", ""),
+                    }
             artifacts.append(artifact)
         return artifacts
 

@@ -68,6 +68,8 @@ class TargetResult(BaseModel):
     started: datetime | None = None
     finished: datetime | None = None
     mode: str = "trace"  # trace | continuous | ring
+    # Capture files the store refused: kept in the staging dir, the watcher retries them.
+    unimported: list[str] = Field(default_factory=list)
 
 
 class SessionRecord(BaseModel):

@@ -157,8 +157,7 @@ class SessionStore:
 
     def write_file(self, session_id: str, name: str, data: bytes) -> None:
         """Write a derived file (e.g. a flame graph) into the session directory."""
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"file name {name!r}: expected a plain name")
+        _check_file_name(name)
         directory = self.session_dir(session_id)
         self.fs.makedirs(directory, exist_ok=True)
         self.fs.pipe_file(posixpath.join(directory, name), data)
@@ -166,6 +165,7 @@ class SessionStore:
     @contextlib.contextmanager
     def local_file(self, session_id: str, name: str) -> Iterator[Path]:
         """A local path of a session file (a temporary copy for remote stores)."""
+        _check_file_name(name)  # names come from session.json, which a workload may write
         path = posixpath.join(self.session_dir(session_id), name)
         if self.is_local:
             yield Path(path)
@@ -184,7 +184,8 @@ class SessionStore:
     def enforce_retention(self, max_count: int, max_bytes: int) -> list[str]:
         """Delete the oldest finished sessions beyond ``max_count``/``max_bytes`` (0 = no limit).
 
-        Running sessions and the newest session are never deleted. Returns the deleted ids.
+        Running sessions, finished ones not yet processed (converted and pushed), and the
+        newest session are never deleted. Returns the deleted ids.
         """
         if not max_count and not max_bytes:
             return []
@@ -199,6 +200,8 @@ class SessionStore:
                 break
             if record.status == "running":
                 continue
+            if record.finished_ok and record.processed is None:
+                continue  # its flame graphs are not made yet (conversion is queued)
             self.delete(record.id)
             deleted.append(record.id)
             count -= 1
@@ -206,3 +209,10 @@ class SessionStore:
         if deleted:
             log.info("retention: deleted sessions %s", ", ".join(deleted))
         return deleted
+
+
+def _check_file_name(name: str) -> str:
+    """A file name inside a session directory: one path component, no leading dot."""
+    if not name or "/" in name or "\\" in name or name.startswith(".") or Path(name).name != name:
+        raise ValueError(f"file name {name!r}: expected a plain name inside the session directory")
+    return name

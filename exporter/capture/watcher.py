@@ -39,6 +39,7 @@ class SessionWatcher:
         self.running = running  # the engine's own sessions are its business while running
         self.on_complete: list[Callable[[SessionRecord], object]] = []
         self._settled: set[str] = set()
+        self._refused: set[str] = set()
         self._orphans_checked = False
         self.imported = 0
 
@@ -70,19 +71,47 @@ class SessionWatcher:
             record = _read(session_dir / SESSION_FILE)
             if record is None or record.status == "running":
                 continue  # an engine capture still staging, or the SDK still writing
+            if not self._may_write(name, record):
+                continue
             try:
-                for path in sorted(session_dir.iterdir()):
-                    if path.is_file() and path.name != SESSION_FILE:
-                        self.store.import_file(name, path)
+                staged = [
+                    p for p in sorted(session_dir.iterdir())
+                    if p.is_file() and p.name != SESSION_FILE and not p.name.startswith(".")
+                ]  # fmt: skip
+                for path in staged:
+                    self.store.import_file(name, path)
+                # The workload wrote this record: it names only files of this session.
+                present = {p.name for p in staged} | set(self.store.files(name))
+                for target in record.targets:
+                    target.files = [f for f in target.files if f in present]
                 self.store.write_record(record)
-            except (OSError, ValueError) as exc:
+            except Exception as exc:  # e.g. a transient gs:// error: retried on the next poll
                 log.warning("cannot import session %s into %s: %s", name, self.store.url, exc)
                 continue
+            self._settled.discard(name)
             shutil.rmtree(session_dir, ignore_errors=True)
             log.info("imported %s session %s", record.trigger, name)
             count += 1
         self.imported += count
         return count
+
+    def _may_write(self, name: str, record: SessionRecord) -> bool:
+        """Whether the record found under directory ``name`` may become that session's."""
+        if record.id != name:
+            # The record is written under the directory's name, never under one the
+            # workload chose, so it cannot replace another session's record.
+            log.warning("session %s: its session.json says id %r; using %r", name, record.id, name)
+            record.id = name
+        existing = self.store.read_record(name)
+        if existing is None or existing.status == "running":
+            return True
+        if any(t.unimported for t in existing.targets):
+            return True  # the engine left these files for us to import (see engine.py)
+        if name not in self._refused:
+            self._refused.add(name)
+            log.warning("session %s already exists in %s; %s is not imported over it",
+                        name, self.store.url, self.logdir / PROFILE_DIR / name)  # fmt: skip
+        return False
 
     def _fail_orphans(self) -> None:
         """Sessions left ``running`` by a previous sidecar process can never finish."""
@@ -106,6 +135,11 @@ class SessionWatcher:
             record = self.store.read_record(session_id)
             if record is None or record.status == "running":
                 continue
+            if (
+                any(t.unimported for t in record.targets)
+                and (self.logdir / PROFILE_DIR / session_id / SESSION_FILE).is_file()
+            ):
+                continue  # its kept files are imported first (see _import_programmatic)
             self._settled.add(session_id)
             if record.processed is None and record.status != "failed":
                 for hook in self.on_complete:

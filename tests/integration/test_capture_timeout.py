@@ -47,11 +47,17 @@ def silent_server() -> Iterator[str]:
     sock.close()
 
 
-def test_a_silent_target_times_out_and_stays_held_until_its_call_returns(
-    silent_server: str, tmp_path: Path
-) -> None:
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[CaptureEngine]:
     store = SessionStore(f"memory://timeout-{time.monotonic_ns()}")
     engine = CaptureEngine(store, tmp_path / "logdir", CaptureLimits(timeout_s=1.0))
+    yield engine
+    engine.close()  # also when an assertion failed
+
+
+def test_a_silent_target_times_out_and_stays_held_until_its_call_returns(
+    silent_server: str, engine: CaptureEngine, tmp_path: Path
+) -> None:
     target = ProfilerTarget(silent_server, "silent", None, "static")
     record = engine.wait(engine.submit(CaptureRequest(duration_ms=200), [target]).id, 60)
     assert record is not None and record.status == "failed"
@@ -66,5 +72,4 @@ def test_a_silent_target_times_out_and_stays_held_until_its_call_returns(
     again = engine.submit(CaptureRequest(duration_ms=200), [target])
     assert again.targets[0].status == "busy"
     wait_until(lambda: not engine.busy(target), timeout=90, what="the hung call to return")
-    engine.close()
     assert not (tmp_path / "logdir" / "plugins" / "profile" / record.id).exists()

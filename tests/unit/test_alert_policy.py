@@ -263,6 +263,22 @@ def test_fingerprint_captures_again_after_the_dedup_window(
     assert policy.handle(payload(alert(run_id="run-a"))).outcomes[0].outcome == "started"
 
 
+def test_an_alert_firing_again_after_resolving_is_not_a_duplicate(
+    policy: AlertPolicy, engine: Engine, clock: Clock
+) -> None:
+    first = alert(run_id="run-a")
+    assert policy.handle(payload(first)).outcomes[0].outcome == "started"
+    engine.finish()
+    clock.now += 700  # past the cooldown, well inside the dedup window
+    assert policy.handle(payload(alert("resolved", run_id="run-a"))).outcomes[0].outcome == (
+        "resolved"
+    )
+    assert policy.handle(payload(first)).outcomes[0].outcome == "duplicate"  # a repeat
+    again = alert(run_id="run-a") | {"startsAt": "2026-11-29T07:20:00Z"}  # a new firing
+    assert policy.handle(payload(again)).outcomes[0].outcome == "started"
+    assert len(engine.submitted) == 2
+
+
 def test_cooldown_is_per_run(policy: AlertPolicy, engine: Engine, clock: Clock) -> None:
     policy.handle(payload(alert(fingerprint="a1", run_id="run-a", host="worker-0")))
     engine.finish()

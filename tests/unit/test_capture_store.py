@@ -77,6 +77,19 @@ def test_local_store_is_xprof_layout_and_refuses_escapes(tmp_path: Path) -> None
         store.write_file("abc", "../x.pb", b"")
 
 
+@pytest.mark.parametrize("where", ["memory", "local"])
+@pytest.mark.parametrize("name", ["../../x.xplane.pb", "../abc/session.json", "/etc/hostname",
+                                  "sub/x.xplane.pb", ".hidden", "..", ""])  # fmt: skip
+def test_session_file_names_from_a_record_cannot_escape(
+    where: str, name: str, tmp_path: Path
+) -> None:
+    store = _store(tmp_path / "store" if where == "local" else None)
+    store.write_record(_record("abc"))
+    (tmp_path / "x.xplane.pb").write_bytes(b"outside")
+    with pytest.raises(ValueError, match="plain name"), store.local_file("abc", name) as path:
+        raise AssertionError(f"{name!r} gave {path}")  # never reached
+
+
 def test_unknown_store_scheme_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="MLPROF_STORE='nope://x'"):
         SessionStore("nope://x")
@@ -86,6 +99,7 @@ def test_retention_deletes_oldest_finished_sessions_first(tmp_path: Path) -> Non
     store = _store(tmp_path)
     for index in range(5):
         record = _record(f"s{index}", "running" if index == 0 else "done")
+        record.processed = record.created
         store.write_record(record)
         store.write_file(record.id, "h.xplane.pb", b"x" * 1000)
         time.sleep(0.001)  # distinct creation times
@@ -96,6 +110,19 @@ def test_retention_deletes_oldest_finished_sessions_first(tmp_path: Path) -> Non
     assert store.session_ids() == ["s0", "s4"]
     assert store.enforce_retention(max_count=1, max_bytes=1) == []  # running + newest stay
     assert store.enforce_retention(0, 0) == []
+
+
+def test_retention_keeps_finished_sessions_until_they_are_processed(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    for index in range(4):
+        record = _record(f"s{index}", "failed" if index == 2 else "done")
+        if index == 1:
+            record.processed = record.created
+        store.write_record(record)
+        time.sleep(0.001)  # distinct creation times
+    # s0 still waits for its flame graphs; a failed session is never processed.
+    assert store.enforce_retention(max_count=1, max_bytes=0) == ["s1", "s2"]
+    assert store.session_ids() == ["s0", "s3"]
 
 
 def _engine(**limits: int) -> CaptureEngine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from exporter.capture.session import SessionRecord, TargetResult
+from exporter.capture.session import SessionRecord, TargetResult, utcnow
 from exporter.capture.store import SessionStore
 from exporter.capture.watcher import SessionWatcher
 
@@ -45,6 +45,49 @@ def test_finished_programmatic_sessions_move_into_the_store_and_reach_the_hooks(
 
     watcher.poll()  # once only
     assert seen == ["warmup-1"]
+
+
+def _finished(session_id: str) -> SessionRecord:
+    return SessionRecord(
+        id=session_id,
+        status="done",
+        processed=utcnow(),
+        targets=[TargetResult(address="x:1", host="x", status="ok")],
+    )
+
+
+def test_a_programmatic_record_cannot_name_another_session_or_outside_files(
+    tmp_path: Path,
+) -> None:
+    store = SessionStore(tmp_path / "store")
+    victim = _finished("s-victim")
+    store.write_record(victim)
+    directory = _programmatic(tmp_path / "logdir", "warmup-1", "done")
+    forged = SessionRecord.model_validate_json((directory / "session.json").read_bytes())
+    forged.id = "s-victim"
+    forged.targets[0].files = ["vm.xplane.pb", "../../../../etc/passwd", "other.xplane.pb"]
+    (directory / "session.json").write_text(forged.model_dump_json())
+    watcher = SessionWatcher(store, tmp_path / "logdir")
+    handed: list[SessionRecord] = []
+    watcher.on_complete.append(handed.append)
+
+    watcher.poll()
+    assert store.read_record("s-victim") == victim  # untouched
+    imported = store.read_record("warmup-1")
+    assert imported is not None and imported.id == "warmup-1"
+    assert imported.targets[0].files == ["vm.xplane.pb"]  # only what the directory held
+    assert [r.id for r in handed] == ["warmup-1"]
+
+
+def test_a_programmatic_session_cannot_replace_a_finished_session(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "store")
+    victim = _finished("s-victim")
+    store.write_record(victim)
+    directory = _programmatic(tmp_path / "logdir", "s-victim", "done")
+    SessionWatcher(store, tmp_path / "logdir").poll()
+    assert store.read_record("s-victim") == victim
+    assert "vm.xplane.pb" not in store.files("s-victim")
+    assert directory.is_dir()  # left where it is, not deleted
 
 
 def test_sessions_left_running_by_a_previous_sidecar_are_failed_on_start(tmp_path: Path) -> None:
