@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
+from exporter import schema
 from exporter.config import load_settings
 from exporter.errors import ConfigError, MlprofError
 
@@ -235,9 +236,7 @@ def _print_snapshots(rows: list[dict[str, Any]], as_json: bool) -> None:
 @click.command()
 @api_options
 @click.option("--run-id", help="Only sessions of this run.")
-@click.option(
-    "--trigger", type=click.Choice(["manual", "alert", "programmatic", "snapshot", "periodic"])
-)
+@click.option("--trigger", type=click.Choice(list(schema.TRIGGERS)))
 @click.option("--since", help="Created at or after (ISO 8601, e.g. 2026-11-29T08:00).")
 @click.option("--limit", type=click.IntRange(1, 10000), default=20, show_default=True)
 def sessions(

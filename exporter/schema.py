@@ -46,6 +46,7 @@ __all__ = [
     "SIDECAR_DIR",
     "STEPS_DIR",
     "STEP_LOG_SUFFIX",
+    "TRIGGERS",
 ]
 
 SCHEMA_VERSION: Final = 1
@@ -57,6 +58,9 @@ STEP_LOG_SUFFIX: Final = ".jsonl"
 SIDECAR_DIR: Final = "sidecar"
 # The demo workload reads its artificial input-pipeline delay (seconds) from this file.
 DEMO_INPUT_DELAY_FILE: Final = "demo-input-delay"
+
+# Why a capture or profile was taken: a session's ``trigger`` and a Pyroscope label.
+TRIGGERS: Final = ("manual", "alert", "programmatic", "snapshot", "periodic")
 
 # Step-log line kinds.
 KIND_STEP: Final = "step"  # step, start, duration, wait (s), tokens

@@ -43,6 +43,7 @@ from exporter.capture.session import (
 from exporter.capture.store import PROFILE_DIR, SessionStore
 from exporter.capture.targets import ProfilerTarget, TargetRegistry, probe
 from exporter.errors import MlprofError
+from exporter.schema import TRIGGERS
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -63,7 +64,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TRIGGERS: Final = ("manual", "alert", "programmatic", "snapshot", "periodic")
 # What XProf's profiler accepts: host 0-3, device 0-1, python 0-1.
 LEVEL_RANGES: Final[dict[str, tuple[int, int]]] = {
     "host_tracer_level": (0, 3),

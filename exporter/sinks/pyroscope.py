@@ -32,6 +32,7 @@ import httpx
 from google.protobuf.message import DecodeError
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from exporter import schema
 from exporter.config import Settings
 from exporter.errors import ConfigError
 from exporter.profiles.flamegraph import FlameGraph
@@ -58,7 +59,7 @@ PUSH_PATH = "/push.v1.PusherService/Push"
 SINK_NAME = "pyroscope"
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 SESSION_ID_RE = re.compile(r"^[0-9a-f]{16}$")  # Pyroscope's __session_id__ format
-TRIGGERS = frozenset({"manual", "alert", "programmatic", "snapshot", "periodic"})
+TRIGGERS = frozenset(schema.TRIGGERS)
 PROFILE_SOURCES = frozenset({"xprof_device", "xprof_host", "device_memory"})
 # Pyroscope drops profiles older than its ingestion window (default 1 h); a spooled
 # profile older than this is re-stamped to now, with the capture time in a comment.
