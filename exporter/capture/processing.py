@@ -162,21 +162,12 @@ class SessionProcessor:
     def _push_labels(
         self, record: SessionRecord, source: str, host: str, run_id: str | None
     ) -> dict[str, str]:
-        service = record.workload or self.service_name(run_id or record.run_id)
-        if self._labels is not None:
-            return self._labels(
-                source,
-                service_name=service,
-                run_id=run_id or record.run_id or "",
-                host=host,
-                trigger=record.trigger,
-                session_id=record.id,
-            )
         from exporter.profiles.publish import capture_labels
 
-        return capture_labels(
+        labels = self._labels or capture_labels
+        return labels(
             source,
-            service_name=service,
+            service_name=record.workload or self.service_name(run_id or record.run_id),
             run_id=run_id or record.run_id or "",
             host=host,
             trigger=record.trigger,
