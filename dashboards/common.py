@@ -43,6 +43,7 @@ __all__ = [
     "default_table",
     "default_timeseries",
     "field_links",
+    "increase",
     "job_variable",
     "mlprof_dashboard",
     "prom",
@@ -86,6 +87,16 @@ def prom(
     if as_table:
         query = query.format(PromQueryFormat.TABLE)
     return query
+
+
+def increase(series: str, window: str) -> str:
+    """Events counted in ``window``, including a counter's first one.
+
+    The sidecar's capture and webhook counters are born at their first increment (value
+    1): ``increase()`` sees no change within a new series, so a series that appeared in
+    the window counts with its value.
+    """
+    return f"((increase({series}[{window}]) > 0) or ({series} unless {series} offset {window}))"
 
 
 def default_timeseries(title: str, description: str, unit: str) -> timeseries.Panel:

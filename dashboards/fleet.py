@@ -25,6 +25,7 @@ from dashboards.common import (
     default_table,
     default_timeseries,
     field_links,
+    increase,
     mlprof_dashboard,
     prom,
     run_variables,
@@ -267,7 +268,7 @@ def captures() -> RowSpec:
         .min(0)
         .with_target(
             prom(
-                f"sum by (trigger, status) (increase(mlprof_captures_total[{RATE}]))",
+                f"sum by (trigger, status) ({increase('mlprof_captures_total', RATE)})",
                 "{{trigger}} {{status}}",
             )
         ),

@@ -15,6 +15,7 @@ from dashboards.common import (
     datasource_variables,
     default_stat,
     default_timeseries,
+    increase,
     job_variable,
     mlprof_dashboard,
     prom,
@@ -134,7 +135,8 @@ def captures() -> RowSpec:
         .min(0)
         .with_target(
             prom(
-                f"sum by (outcome) (increase(mlprof_alerts_received_total{{{SIDECAR}}}[{RATE}]))",
+                "sum by (outcome) "
+                f"({increase(f'mlprof_alerts_received_total{{{SIDECAR}}}', RATE)})",
                 "{{outcome}}",
             )
         ),
@@ -143,7 +145,8 @@ def captures() -> RowSpec:
         .min(0)
         .with_target(
             prom(
-                f"sum by (status, trigger) (increase(mlprof_captures_total{{{SIDECAR}}}[{RATE}]))",
+                "sum by (status, trigger) "
+                f"({increase(f'mlprof_captures_total{{{SIDECAR}}}', RATE)})",
                 "{{status}} ({{trigger}})",
             )
         ),

@@ -25,6 +25,7 @@ from dashboards.common import (
     default_table,
     default_timeseries,
     field_links,
+    increase,
     job_variable,
     mlprof_dashboard,
     prom,
@@ -292,7 +293,7 @@ def _annotations() -> list[cogbuilder.Builder[models.AnnotationQuery]]:
         .icon_color("blue")
         .expr(
             "sum by (trigger, status) "
-            f"(increase(mlprof_captures_total{{{SIDECAR}}}[1m]) {of_run}) > 0"
+            f"({increase(f'mlprof_captures_total{{{SIDECAR}}}', '1m')} {of_run})"
         )
         .title_format("capture ({{trigger}}): {{status}}")
         .text_format("")

@@ -121,7 +121,8 @@ def prometheus_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def metric_names(expr: str) -> set[str]:
-    bare = re.sub(r'"[^"]*"|\[[^\]]*\]|\{[^}]*\}', "", expr)  # drop strings, ranges, matchers
+    # Drop strings, ranges, matchers and offsets.
+    bare = re.sub(r'"[^"]*"|\[[^\]]*\]|\{[^}]*\}|\boffset\s+\w+', "", expr)
     names = {w for w in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare) if w not in PROMQL_WORDS}
     for pattern in re.findall(r'__name__=~"([^"]+)"', expr):  # a name pattern: what it matches
         matched = {n for n in EMITTED | CONTRACTS if re.fullmatch(pattern, n)}
