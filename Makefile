@@ -45,6 +45,8 @@ protos: $(VENV)/.installed-dev
 # Rendered rules and dashboards are committed; tests fail when they are stale.
 generate: $(VENV)/.installed-dev
 	$(BIN)/python -m alerts.render
+	$(BIN)/python -m alerts.recording
+	$(BIN)/python -m alerts.recording --prometheus-rule mlprof-recording -o deploy/k8s/prometheusrule-recording.yaml
 	$(BIN)/python -m dashboards.generate
 
 clean:

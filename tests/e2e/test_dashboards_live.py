@@ -207,6 +207,14 @@ def pyroscope_has_data(stack: Stack, query: Query, templating: Templating) -> bo
     )
 
 
+def _field(row: Any, path: list[str]) -> Any:
+    for key in path:
+        if not isinstance(row, dict):
+            return None
+        row = row.get(key)
+    return row
+
+
 def infinity_problems(stack: Stack, query: Query, templating: Templating) -> list[str]:
     url = templating.replace(query.target["url"])
     response = httpx.get(f"{stack.sidecar_url}{url}", headers=AUTH, timeout=10)
@@ -220,15 +228,7 @@ def infinity_problems(stack: Stack, query: Query, templating: Templating) -> lis
     problems = []
     for column in query.target["columns"]:
         selector = column["selector"]
-
-        def has(row: Any, path: list[str] = selector.split(".")) -> bool:
-            for key in path:
-                if not isinstance(row, dict) or row.get(key) is None:
-                    return False
-                row = row[key]
-            return True
-
-        present = any(has(row) for row in rows)
+        present = any(_field(row, selector.split(".")) is not None for row in rows)
         if present == (selector in EXPECTED_MISSING_COLUMNS):
             state = "has values" if present else "has no value in any row"
             problems.append(f"{query.where}: column {selector!r} {state}")
