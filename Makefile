@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench protos generate system-deps clean
+.PHONY: demo test lint bench protos generate system-deps schema-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,15 @@ demo: $(VENV)/.installed-demo
 system-deps:
 	scripts/system-deps.sh
 
-test: $(VENV)/.installed-dev system-deps
+# Grafana's published dashboard schema (npm) for tests/unit/test_dashboard_schema.py.
+SCHEMA := tests/schema
+$(SCHEMA)/node_modules/.installed: $(SCHEMA)/package.json $(SCHEMA)/package-lock.json
+	npm ci --prefix $(SCHEMA) --no-audit --no-fund --loglevel=error
+	touch $@
+
+schema-deps: system-deps $(SCHEMA)/node_modules/.installed
+
+test: $(VENV)/.installed-dev system-deps schema-deps
 	$(BIN)/ruff check exporter tests bench alerts dashboards
 	$(BIN)/ruff format --check exporter tests bench alerts dashboards
 	$(BIN)/mypy
@@ -45,7 +53,9 @@ protos: $(VENV)/.installed-dev
 # Rendered rules and dashboards are committed; tests fail when they are stale.
 generate: $(VENV)/.installed-dev
 	$(BIN)/python -m alerts.render
+	$(BIN)/python -m alerts.recording
+	$(BIN)/python -m alerts.recording --prometheus-rule mlprof-recording -o deploy/k8s/prometheusrule-recording.yaml
 	$(BIN)/python -m dashboards.generate
 
 clean:
-	rm -rf $(VENV) mlprof-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) mlprof-data .pytest_cache .mypy_cache .ruff_cache $(SCHEMA)/node_modules

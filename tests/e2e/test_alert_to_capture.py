@@ -4,7 +4,9 @@ Debian's Prometheus and Alertmanager on loopback, loaded with the shipped rules 
 thresholds and ``for:`` shortened by a test override, not by editing them) and the
 shipped Alertmanager example config (URL and token substituted); the sidecar with its
 capture engine; the JAX demo workload with its profiler server; the test Pyroscope
-receiver. The test slows the workload's input pipeline and waits for the chain:
+receiver (the environment is shared by the e2e folder: tests/e2e/conftest.py; the TPU
+host it adds is another host of the same run). The test slows the workload's input
+pipeline and waits for the chain:
 alert firing → webhook → capture session with the host's ``.xplane.pb`` → flame graph
 at the receiver. It prints the latency from alert firing to capture start.
 """
@@ -12,166 +14,20 @@ at the receiver. It prints the latency from alert firing to capture start.
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.render import load_overrides, render_alertmanager_config, render_rules
-from tests.harness import ROOT, Proc, free_port, wait_http, wait_until
-from tests.pyroscope_receiver import PyroscopeReceiver
+from tests.e2e.conftest import E2E_OVERRIDES, TOKEN, Stack, prom_get
+from tests.harness import wait_until
 
 pytestmark = pytest.mark.e2e
 
-TOKEN = "e2e-alert-token"
-PROMETHEUS = "/usr/bin/prometheus"
-ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 ALERT_NAME = "MLWorkloadDutyCycleLow"
-E2E_OVERRIDES = ROOT / "alerts" / "overrides" / "e2e.yaml"
-
-
-def binary(path: str) -> str:
-    found = shutil.which(path)
-    if found is None:
-        raise AssertionError(
-            f"{path} not found: install Debian's prometheus and prometheus-alertmanager"
-        )
-    return found
-
-
-@dataclass
-class Stack:
-    tmp: Path
-    shared: Path
-    store: Path
-    sidecar_url: str
-    prometheus_url: str
-    alertmanager_url: str
-    receiver: PyroscopeReceiver
-    procs: dict[str, Proc]
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {name} (pid {p.pid}, alive {p.alive()}):\n{p.output()[-2500:]}"
-            for name, p in self.procs.items()
-        )
-
-
-def render_test_rules(path: Path) -> None:
-    """The shipped rules with thresholds and ``for:`` shortened by the e2e override file."""
-    path.write_text(render_rules(load_overrides(E2E_OVERRIDES)), encoding="utf-8")
-
-
-def prometheus_config(sidecar: str, alertmanager: str, rules: Path) -> dict[str, Any]:
-    return {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(rules)],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
-        "scrape_configs": [
-            {
-                "job_name": "mlprof",
-                "scrape_interval": "1s",
-                "authorization": {"credentials": TOKEN},
-                "static_configs": [{"targets": [sidecar]}],
-            }
-        ],
-    }
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    prometheus, alertmanager = binary(PROMETHEUS), binary(ALERTMANAGER)
-    shared, store = tmp_path / "shared", tmp_path / "store"
-    sidecar_port, profiler_port = free_port(), free_port()
-    prom_port, am_port = free_port(), free_port()
-    sidecar_addr = f"127.0.0.1:{sidecar_port}"
-    procs: dict[str, Proc] = {}
-    receiver = PyroscopeReceiver().start()
-    try:
-        env = {
-            "MLPROF_LISTEN": sidecar_addr,
-            "MLPROF_SHARED_DIR": str(shared),
-            "MLPROF_STORE": str(store),
-            "MLPROF_AUTH_TOKEN": TOKEN,
-            "MLPROF_COLLECT_INTERVAL_S": "1",
-            "MLPROF_DUTY_CYCLE_WINDOW_S": "5",
-            "MLPROF_DISCOVERY_INTERVAL_S": "1",
-            "MLPROF_PYROSCOPE_URL": receiver.url,
-            "JAX_PLATFORMS": "cpu",
-        }
-        procs["workload"] = Proc.python(
-            ["-m", "exporter.demo.workload", "--shared-dir", str(shared),
-             "--profiler-port", str(profiler_port),
-             "--batch", "64", "--features", "64", "--hidden", "128"],
-            tmp_path / "workload.log",
-            env=env,
-        )  # fmt: skip
-        procs["sidecar"] = Proc.python(
-            ["-m", "exporter.cli", "serve"], tmp_path / "sidecar.log", env=env
-        )
-
-        am_config = render_alertmanager_config(f"http://{sidecar_addr}/api/v1/alertmanager", TOKEN)
-        (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
-        procs["alertmanager"] = Proc(
-            [alertmanager,
-             f"--config.file={tmp_path / 'alertmanager.yml'}",
-             f"--storage.path={tmp_path / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{am_port}",
-             "--cluster.listen-address=",
-             "--log.level=info"],
-            tmp_path / "alertmanager.log",
-        )  # fmt: skip
-
-        rules = tmp_path / "rules.yml"
-        render_test_rules(rules)
-        config = prometheus_config(sidecar_addr, f"127.0.0.1:{am_port}", rules)
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        procs["prometheus"] = Proc(
-            [prometheus,
-             f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}",
-             "--rules.alert.resend-delay=1s",
-             "--log.level=info"],
-            tmp_path / "prometheus.log",
-        )  # fmt: skip
-        stack = Stack(
-            tmp_path,
-            shared,
-            store,
-            f"http://{sidecar_addr}",
-            f"http://127.0.0.1:{prom_port}",
-            f"http://127.0.0.1:{am_port}",
-            receiver,
-            procs,
-        )
-        try:
-            wait_http(f"{stack.alertmanager_url}/-/ready", timeout=30)
-            wait_http(f"{stack.prometheus_url}/-/ready", timeout=30)
-            wait_http(f"{stack.sidecar_url}/healthz", timeout=60)
-        except AssertionError:
-            print(stack.logs())
-            raise
-        yield stack
-        print(stack.logs())
-    finally:
-        for proc in reversed(list(procs.values())):
-            proc.stop()
-        receiver.stop()
-
-
-def prom_get(stack: Stack, path: str, **params: str) -> Any:
-    response = httpx.get(f"{stack.prometheus_url}{path}", params=params, timeout=10)
-    response.raise_for_status()
-    return response.json()["data"]
 
 
 def scrape_target_up(stack: Stack) -> bool:
@@ -207,15 +63,16 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def test_slow_input_fires_alert_that_captures_and_pushes_a_flame_graph(stack: Stack) -> None:
-    try:
-        run_loop(stack)
-    except AssertionError:
-        print(stack.logs())
-        raise
+def test_slow_input_fires_alert_that_captures_and_pushes_a_flame_graph(
+    alert_loop: dict[str, Any],
+) -> None:
+    """The loop runs in the session's ``alert_loop`` fixture (tests/e2e/conftest.py), once
+    for every test of the environment; its assertions are in :func:`run_loop`."""
+    assert alert_loop["session_id"]
+    assert alert_loop["pushed"] >= 1
 
 
-def run_loop(stack: Stack) -> None:
+def run_loop(stack: Stack) -> dict[str, Any]:
     wait_until(lambda: scrape_target_up(stack), timeout=60, what="Prometheus scraping the sidecar")
     # Full speed first: the duty cycle is known and high, nothing fires.
     run = wait_until(
@@ -224,7 +81,9 @@ def run_loop(stack: Stack) -> None:
         what="the workload's run.json",
     )
     wait_until(
-        lambda: query(stack, f'accelerator_duty_cycle{{run_id="{run["run_id"]}"}} > 0.3'),
+        lambda: query(
+            stack, f'accelerator_duty_cycle{{run_id="{run["run_id"]}", source="sdk"}} > 0.3'
+        ),
         timeout=120,
         what="a high duty cycle at full speed in Prometheus",
     )
@@ -312,3 +171,4 @@ def run_loop(stack: Stack) -> None:
         "(firing to capture start, Alertmanager group_wait 1s included; "
         f"session created to capture start {(started - created).total_seconds() * 1000:.0f} ms)"
     )
+    return {"session_id": session_id, "pushed": len(series), "run": run}

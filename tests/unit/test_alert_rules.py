@@ -34,7 +34,7 @@ DEGRADATION_ALERTS = {
     "MLWorkloadDutyCycleDrop",
     "MLWorkloadStepTimeRegression",
 }
-DASHBOARD = ALERTS.parent / "dashboards" / "mlprof-overview.json"
+DASHBOARD = ALERTS.parent / "dashboards" / "mlprof-run.json"  # the Run dashboard
 
 
 def tool(name: str, package: str) -> str:

@@ -1,7 +1,9 @@
-"""The generated Grafana dashboards: committed output, structure, and PromQL that parses.
+"""The Grafana dashboards built with the Foundation SDK: committed output, structure, links,
+and PromQL that parses and names only what the exporter emits.
 
-PromQL is checked by Debian's promtool: each query becomes a recording rule in a
-temporary rule file, with Grafana's variables and macros replaced by plain values.
+PromQL is checked by Debian's promtool: each query, with Grafana's variables substituted
+as Grafana does (tests/grafana_queries.py), becomes a recording rule in a temporary file.
+The end-to-end test (tests/e2e/test_dashboards_live.py) runs the same queries on live data.
 """
 
 from __future__ import annotations
@@ -10,18 +12,30 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from dashboards import generate
-from dashboards.generate import DASHBOARDS_DIR, OVERVIEW_UID, PROFILE_TYPES, dashboards, render
+from alerts import recording
+from alerts.render import load_thresholds
+from dashboards import common, generate, run
+from dashboards.generate import CONFIGMAP, DASHBOARDS_DIR, FILES, render
+from dashboards.profiles import PROFILES
+from tests.grafana_queries import (
+    ALL,
+    INFINITY,
+    PROMETHEUS,
+    PYROSCOPE,
+    Templating,
+    Variable,
+    queries,
+    variable_queries,
+)
 
-# Prometheus names the exporter emits (checked against `mlprof serve` /metrics and the
-# golden exposition in tests/fixtures), plus ALERTS from Prometheus itself.
+# Prometheus names the exporter emits today (checked live against `mlprof serve` in
+# tests/e2e/test_dashboards_live.py), plus Prometheus' own series.
 EMITTED = {
     "accelerator_duty_cycle",
     "accelerator_tensorcore_utilization",
@@ -29,7 +43,6 @@ EMITTED = {
     "accelerator_memory_limit_bytes",
     "train_step_duration_seconds_bucket",
     "train_steps_total",
-    "train_step",
     "train_tokens_total",
     "train_loss",
     "train_mfu",
@@ -38,70 +51,61 @@ EMITTED = {
     "mlprof_profile_pushes_total",
     "mlprof_spool_size_bytes",
     "mlprof_step_log_errors_total",
+    "mlprof_source_errors_total",
     "mlprof_alerts_received_total",
-    "ALERTS",
     "target_info",
 }
-PROMQL_FUNCTIONS = {
-    "avg",
-    "sum",
-    "max",
-    "by",
-    "rate",
-    "increase",
-    "histogram_quantile",
-    "or",
-    "le",
-    "label_values",
+PROMETHEUS_OWN = {"ALERTS", "up", "scrape_duration_seconds", "scrape_samples_scraped"}
+# Names other branches emit (contracts in the brief); the e2e test lists their panels as
+# "lands with <branch>".
+CONTRACTS = {
+    "mlprof_reports_total",  # analysis
+    "mlprof_report_findings",  # analysis
+    "train_step_wait_seconds_bucket",  # hardening
+    "train_input_wait_share",  # hardening
+    "mlprof_events_total",  # hostprof
+    "mlprof_events_dropped_total",  # hostprof
 }
-MACROS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+RECORDED = {
+    recording.STEP_TIME_QUANTILE,
+    recording.STEPS_RATE,
+    recording.TOKENS_RATE,
+    recording.DUTY_CYCLE,
+    recording.MEMORY_USED,
+}
+PROMQL_WORDS = {
+    "avg", "sum", "max", "min", "count", "by", "on", "and", "or", "unless", "rate", "increase",
+    "histogram_quantile", "avg_over_time", "sort", "bottomk", "le", "__name__",
+}  # fmt: skip
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((DASHBOARDS_DIR / name).read_text(encoding="utf-8"))
+
+
+ALL_DASHBOARDS = {name: load(name) for name in FILES if (DASHBOARDS_DIR / name).is_file()}
+
+
+def templating(dashboard: dict[str, Any]) -> Templating:
+    """Every variable at its default: All for multi-value ones, one value for the others."""
+    variables = {}
+    for v in dashboard["templating"]["list"]:
+        if v.get("multi") or v.get("includeAll"):
+            variables[v["name"]] = Variable([ALL], True, True, v.get("allValue"), ["x", "y"])
+        else:
+            variables[v["name"]] = Variable(["value"])
+    return Templating(variables, scrape_interval_s=15)
 
 
 def promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        pytest.fail(
-            "promtool not found on PATH: install Debian's prometheus (apt-get install prometheus)"
-        )
+        pytest.fail("promtool not found: install Debian's prometheus (apt-get install prometheus)")
     return found
-
-
-def overview() -> dict[str, Any]:
-    return json.loads((DASHBOARDS_DIR / f"{OVERVIEW_UID}.json").read_text(encoding="utf-8"))
-
-
-def targets(dashboard: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    for panel in dashboard["panels"]:
-        for target in panel.get("targets", []):
-            yield panel, target
-
-
-def prometheus_exprs(dashboard: dict[str, Any]) -> list[str]:
-    exprs = [t["expr"] for _, t in targets(dashboard) if "expr" in t]
-    exprs += [a["expr"] for a in dashboard["annotations"]["list"] if "expr" in a]
-    return exprs
-
-
-def variable_selectors(dashboard: dict[str, Any]) -> list[str]:
-    """The series selectors inside the query variables' ``label_values(selector, label)``."""
-    found = []
-    for variable in dashboard["templating"]["list"]:
-        if variable["type"] == "query":
-            match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"]["query"])
-            assert match, variable["name"]
-            found.append(match.group(1))
-    return found
-
-
-def plain(expr: str) -> str:
-    """The query with Grafana's macros and variables replaced by values Prometheus takes."""
-    for macro, value in MACROS.items():
-        expr = expr.replace(macro, value)
-    return re.sub(r"\$\{?(\w+)(:\w+)?\}?", ".*", expr)
 
 
 def promql_check(exprs: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    rules = [{"record": f"dashboard:query_{i}", "expr": plain(e)} for i, e in enumerate(exprs)]
+    rules = [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]
     path = tmp_path / "dashboard-queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     return subprocess.run(
@@ -109,135 +113,304 @@ def promql_check(exprs: list[str], tmp_path: Path) -> subprocess.CompletedProces
     )
 
 
+def prometheus_exprs(dashboard: dict[str, Any]) -> list[str]:
+    t = templating(dashboard)
+    exprs = [t.promql(q.target["expr"]) for q in queries(dashboard) if q.datasource == PROMETHEUS]
+    exprs += [t.promql(v.selector) for v in variable_queries(dashboard) if v.selector]
+    return exprs
+
+
+def metric_names(expr: str) -> set[str]:
+    # Drop strings, ranges, matchers and offsets.
+    bare = re.sub(r'"[^"]*"|\[[^\]]*\]|\{[^}]*\}|\boffset\s+\w+', "", expr)
+    names = {w for w in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare) if w not in PROMQL_WORDS}
+    for pattern in re.findall(r'__name__=~"([^"]+)"', expr):  # a name pattern: what it matches
+        matched = {n for n in EMITTED | CONTRACTS if re.fullmatch(pattern, n)}
+        names |= matched or {pattern}
+    return names
+
+
 # -- generated output ------------------------------------------------------------------
 
 
-def test_committed_dashboards_are_the_generated_ones() -> None:
-    for name, dashboard in dashboards().items():
-        path = DASHBOARDS_DIR / name
-        assert path.is_file(), f"{path} missing: run `python -m dashboards.generate`"
-        assert path.read_text(encoding="utf-8") == render(dashboard), (
-            f"{path} is stale: run `python -m dashboards.generate` and commit it"
-        )
+def test_committed_files_are_the_generated_ones() -> None:
+    assert set(ALL_DASHBOARDS) == set(FILES), "run `python -m dashboards.generate`"
+    assert generate.main(["--check"]) == 0, "stale: run `python -m dashboards.generate`"
+    for name in FILES:
+        assert (DASHBOARDS_DIR / name).read_text(encoding="utf-8") == render(generate.build(name))
 
 
 def test_check_command_reports_stale_and_missing_files(tmp_path: Path) -> None:
-    assert generate.main(["--check", "--out", str(tmp_path)]) == 1  # missing
-    assert generate.main(["--out", str(tmp_path)]) == 0
-    assert generate.main(["--check", "--out", str(tmp_path)]) == 0
-    path = tmp_path / f"{OVERVIEW_UID}.json"
-    path.write_text(path.read_text().replace('"mlprof overview"', '"edited by hand"'))
-    assert generate.main(["--check", "--out", str(tmp_path)]) == 1
+    args = ["--out", str(tmp_path), "--configmap", str(tmp_path / "cm.yaml")]
+    assert generate.main(["--check", *args]) == 1  # missing
+    assert generate.main(args) == 0
+    assert generate.main(["--check", *args]) == 0
+    path = tmp_path / "mlprof-run.json"
+    path.write_text(path.read_text().replace('"mlprof run"', '"edited by hand"'))
+    assert generate.main(["--check", *args]) == 1
+    assert generate.main(args) == 0
+    (tmp_path / "cm.yaml").write_text("stale\n")
+    assert generate.main(["--check", *args]) == 1
+
+
+def test_configmap_ships_every_dashboard_for_grafanas_sidecar() -> None:
+    configmap = yaml.safe_load(CONFIGMAP.read_text(encoding="utf-8"))
+    assert configmap["kind"] == "ConfigMap"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert {n: json.loads(t) for n, t in configmap["data"].items()} == ALL_DASHBOARDS
+
+
+def test_the_sdk_reads_the_committed_json_back() -> None:
+    """The JSON is the SDK's own model: typed models round-trip it unchanged."""
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    from dashboards.plugins import register_plugins
+
+    register_plugins()
+    for name, dashboard in ALL_DASHBOARDS.items():
+        again = json.loads(render(Dashboard.from_json(dashboard)))
+        assert again == dashboard, name
 
 
 # -- structure -----------------------------------------------------------------------------
 
 
+def test_four_dashboards_with_stable_uids_and_variables() -> None:
+    assert [d["uid"] for d in ALL_DASHBOARDS.values()] == list(FILES.values())
+    assert len(set(FILES.values())) == 4
+    for name, dashboard in ALL_DASHBOARDS.items():
+        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource", name
+        assert variables["datasource"]["query"] == PROMETHEUS
+        assert variables["pyroscope"]["query"] == PYROSCOPE
+        for v in variables.values():
+            if v["type"] == "query":
+                assert v["datasource"] == {"type": PROMETHEUS, "uid": "${datasource}"}
+        assert common.TAG in dashboard["tags"]
+    for name in ("mlprof-fleet.json", "mlprof-run.json", "mlprof-profiles.json"):
+        found = {v.name: v for v in variable_queries(ALL_DASHBOARDS[name])}
+        assert {"workload", "run_id", "host"} <= set(found), name
+        assert [found[n].label for n in ("workload", "run_id", "host")] == [
+            "workload", "run_id", "host"
+        ]  # fmt: skip
+
+
+def test_alert_links_open_the_run_dashboard() -> None:
+    links = load_thresholds()["links"]
+    assert links["dashboard_uid"] == common.RUN_UID
+    run_board = ALL_DASHBOARDS["mlprof-run.json"]
+    assert run_board["uid"] == common.RUN_UID
+    names = {v["name"] for v in run_board["templating"]["list"]}
+    assert {"run_id", "host"} <= names  # the alert's dashboard_url sets var-run_id, var-host
+
+
 def test_panels_have_unique_ids_and_fit_the_grid_without_overlap() -> None:
-    dashboard = overview()
-    ids = [p["id"] for p in dashboard["panels"]]
-    assert len(ids) == len(set(ids)), ids
-    taken: set[tuple[int, int]] = set()
-    for panel in dashboard["panels"]:
-        pos = panel["gridPos"]
-        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
-        cells = {
-            (x, y)
-            for x in range(pos["x"], pos["x"] + pos["w"])
-            for y in range(pos["y"], pos["y"] + pos["h"])
-        }
-        assert not cells & taken, f"panel {panel['title']!r} overlaps another"
-        taken |= cells
-
-
-def test_stable_uid_and_datasource_variables() -> None:
-    dashboard = overview()
-    assert dashboard["uid"] == OVERVIEW_UID
-    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource"
-    assert variables["datasource"]["query"] == "prometheus"
-    assert variables["pyroscope"]["query"] == "grafana-pyroscope-datasource"
-    assert {"run_id", "host", "workload"} <= set(variables)
-    for name in ("run_id", "host", "workload", "job"):
-        assert variables[name]["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    for name, dashboard in ALL_DASHBOARDS.items():
+        ids = [p["id"] for p in dashboard["panels"]]
+        assert len(ids) == len(set(ids)) and 0 not in ids, name
+        taken: set[tuple[int, int]] = set()
+        for panel in dashboard["panels"]:
+            pos = panel["gridPos"]
+            assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, (name, panel["title"])
+            cells = {
+                (x, y)
+                for x in range(pos["x"], pos["x"] + pos["w"])
+                for y in range(pos["y"], pos["y"] + pos["h"])
+            }
+            assert not cells & taken, f"{name}: panel {panel['title']!r} overlaps another"
+            taken |= cells
 
 
 def test_every_query_uses_a_datasource_variable() -> None:
-    dashboard = overview()
+    expected = {
+        PROMETHEUS: "${datasource}",
+        PYROSCOPE: "${pyroscope}",
+        INFINITY: "${sidecar}",
+    }
     seen = set()
-    for panel, target in targets(dashboard):
-        source = target["datasource"]
-        assert source == panel["datasource"], panel["title"]
-        if source["type"] == "prometheus":
-            assert source["uid"] == "${datasource}", panel["title"]
-            assert "expr" in target, panel["title"]
-        else:
-            assert source == {"type": "grafana-pyroscope-datasource", "uid": "${pyroscope}"}
-        seen.add(source["type"])
-    assert seen == {"prometheus", "grafana-pyroscope-datasource"}
-    for annotation in dashboard["annotations"]["list"]:
-        assert annotation["datasource"]["uid"] == "${datasource}"
+    for name, dashboard in ALL_DASHBOARDS.items():
+        for query in queries(dashboard):
+            source = query.target["datasource"]
+            assert source["uid"] == expected[source["type"]], (name, query.where)
+            seen.add(source["type"])
+    assert seen == set(expected)
 
 
 def test_run_queries_follow_the_run_and_host_variables() -> None:
-    for panel, target in targets(overview()):
-        text = target.get("expr") or target.get("labelSelector", "")
-        if re.search(r"\b(accelerator|train)_", text) or panel["type"] == "flamegraph":
-            assert 'run_id=~"$run_id"' in text and 'host=~"$host"' in text, panel["title"]
+    for name in ("mlprof-run.json", "mlprof-profiles.json"):
+        for query in queries(ALL_DASHBOARDS[name]):
+            text = query.target.get("expr") or query.target.get("labelSelector", "")
+            if re.search(r"\b(accelerator|train)_", text):
+                assert 'run_id=~"$run_id"' in text and 'host=~"$host"' in text, query.where
+            if query.datasource == PYROSCOPE:
+                assert re.search(r'run_id="\$(baseline_)?run_id"', text), query.where
+
+
+# -- PromQL --------------------------------------------------------------------------------
 
 
 def test_every_query_parses_as_promql(tmp_path: Path) -> None:
-    exprs = prometheus_exprs(overview()) + variable_selectors(overview())
-    assert len(exprs) >= 20
+    exprs = [e for d in ALL_DASHBOARDS.values() for e in prometheus_exprs(d)]
+    assert len(exprs) >= 60
     result = promql_check(exprs, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(exprs)} rules found" in result.stdout
 
 
 def test_promql_check_rejects_a_broken_query(tmp_path: Path) -> None:
-    result = promql_check(
-        ['sum by (host (rate(train_steps_total{run_id=~"$run_id"}[5m]))'], tmp_path
-    )
+    result = promql_check(['sum by (host (rate(train_steps_total{run_id=~"x"}[5m]))'], tmp_path)
     assert result.returncode != 0
     assert "parse error" in result.stdout + result.stderr
 
 
 def test_queries_use_only_metrics_the_exporter_emits() -> None:
     used: set[str] = set()
-    for expr in prometheus_exprs(overview()):
-        bare = re.sub(r'"[^"]*"|\[[^\]]*\]|\{[^}]*\}', "", expr)  # drop strings, ranges, matchers
-        used |= {
-            w for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", bare) if w not in PROMQL_FUNCTIONS
-        }
-    used -= {"host", "trigger", "status", "sink", "instance", "outcome"}  # by-clause labels
-    assert used <= EMITTED, f"unknown metrics: {sorted(used - EMITTED)}"
-    # What the overview promises to show.
-    for metric in EMITTED - {"train_step", "ALERTS", "target_info"}:
-        assert metric in used, f"no panel shows {metric}"
+    for dashboard in ALL_DASHBOARDS.values():
+        for expr in prometheus_exprs(dashboard):
+            used |= metric_names(expr)
+    used -= {"host", "trigger", "status", "sink", "instance", "outcome", "reason", "source",
+             "priority", "type", "workload", "run_id", "quantile"}  # fmt: skip  # by-labels
+    known = EMITTED | PROMETHEUS_OWN | CONTRACTS | RECORDED
+    assert used <= known, f"unknown metrics: {sorted(used - known)}"
+    # Every emitted name has a panel (the accelerator ones through __name__=~"accelerator_.+").
+    assert EMITTED - used <= {"target_info"}, f"no panel shows {sorted(EMITTED - used)}"
+    assert used >= CONTRACTS | RECORDED
+
+
+def test_fleet_reads_recorded_series_not_every_bucket() -> None:
+    fleet = [q.target["expr"] for q in queries(ALL_DASHBOARDS["mlprof-fleet.json"])]
+    assert not any("train_step_duration_seconds_bucket" in e for e in fleet)
+    assert not any(re.search(r"\baccelerator_duty_cycle\{", e) for e in fleet)
+    for name in RECORDED:
+        assert any(name in e for e in fleet), f"the Fleet dashboard does not read {name}"
+    rendered = yaml.safe_load(recording.render_recording_rules())
+    assert {r["record"] for g in rendered["groups"] for r in g["rules"]} == RECORDED
 
 
 def test_step_time_panel_shows_p50_and_p90_from_the_histogram() -> None:
-    (panel,) = [p for p in overview()["panels"] if p["title"] == "Step time"]
+    [panel] = [p for p in ALL_DASHBOARDS["mlprof-run.json"]["panels"] if p["title"] == "Step time"]
     exprs = [t["expr"] for t in panel["targets"]]
     assert [e.split(",")[0] for e in exprs] == ["histogram_quantile(0.5", "histogram_quantile(0.9"]
     assert all("train_step_duration_seconds_bucket" in e and "le)" in e for e in exprs)
 
 
-def test_flame_graph_panels_query_the_pushed_profile_types() -> None:
-    flames = {p["title"]: p for p in overview()["panels"] if p["type"] == "flamegraph"}
-    types = {p["targets"][0]["profileTypeId"] for p in flames.values()}
-    assert types == set(PROFILE_TYPES.values())
-    assert PROFILE_TYPES["device_time"].startswith("device:device_time:nanoseconds:")
-    assert PROFILE_TYPES["device_memory"].startswith("memory:inuse_space:bytes:")
-    for panel in flames.values():
-        selector = panel["targets"][0]["labelSelector"]
-        assert 'service_name=~"$workload"' in selector and 'run_id=~"$run_id"' in selector
+# -- profiles and links ---------------------------------------------------------------------
 
 
-def test_dashboard_links_to_a_capture_of_the_selected_run() -> None:
-    dashboard = overview()
-    (link,) = [lk for lk in dashboard["links"] if "capture" in lk["title"].lower()]
-    assert link["url"].startswith("${sidecar_url}" + generate.CAPTURE_PATH + "?")
-    assert "run_id=${run_id" in link["url"] and "host=${host" in link["url"]
-    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert variables["sidecar_url"]["type"] == "textbox"
+def test_flame_graph_panels_query_the_pushed_profile_types_for_run_and_baseline() -> None:
+    profiles = ALL_DASHBOARDS["mlprof-profiles.json"]
+    flames = [p for p in profiles["panels"] if p["type"] == "flamegraph"]
+    assert len(flames) == 2 * len(PROFILES)
+    by_type: dict[str, list[str]] = {}
+    for panel in flames:
+        [target] = panel["targets"]
+        assert target["queryType"] == "profile"
+        by_type.setdefault(target["profileTypeId"], []).append(target["labelSelector"])
+    assert set(by_type) == {
+        "device:device_time:nanoseconds:device_time:nanoseconds",
+        "wall:wall:nanoseconds:wall:nanoseconds",
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        "memory:inuse_space:bytes:space:bytes",
+    }
+    for selectors in by_type.values():
+        assert sorted('run_id="$baseline_run_id"' in s for s in selectors) == [False, True]
+        assert all('service_name=~"$workload"' in s for s in selectors)
+
+
+def test_baseline_panels_link_to_pyroscope_diff_and_the_differential_report() -> None:
+    profiles = ALL_DASHBOARDS["mlprof-profiles.json"]
+    t = Templating(
+        {
+            "run_id": Variable(["run b"]),
+            "baseline_run_id": Variable(["run/a"]),
+            "sidecar_url": Variable(["http://sidecar:9464"]),
+            "pyroscope_url": Variable(["http://pyroscope:4040"]),
+        }
+    )
+    baselines = [p for p in profiles["panels"] if "baseline" in p.get("title", "")]
+    assert len(baselines) == len(PROFILES)
+    for panel in baselines:
+        urls = {link["title"]: link["url"] for link in panel["links"]}
+        diff = urls["Pyroscope diff view: baseline vs run"].replace("${__from:date:seconds}", "1")
+        diff = t.replace(diff.replace("${__to:date:seconds}", "2"))
+        assert diff.startswith("http://pyroscope:4040/comparison-diff?leftQuery=")
+        assert "run_id%3D%22run%2Fa%22" in diff and "run_id%3D%22run%20b%22" in diff
+        report = urls.get("Differential report (mlprof compare)")
+        if report is not None:
+            assert t.replace(report).startswith(
+                "http://sidecar:9464/api/v1/compare?base=run:run%2Fa&head=run:run%20b&kind="
+            )
+
+
+def test_run_dashboard_links_capture_page_and_reports() -> None:
+    board = ALL_DASHBOARDS["mlprof-run.json"]
+    [link] = [lk for lk in board["links"] if lk["title"] == "Capture a profile"]
+    t = Templating(
+        {
+            "sidecar_url": Variable(["http://sc:9464"]),
+            "run_id": Variable(["r 1"]),
+            "host": Variable(["h0", "h1"], multi=True),
+        }
+    )
+    assert t.replace(link["url"]) == "http://sc:9464/ui/capture?run_id=r%201&host=h0,h1"
+    [sessions] = [p for p in board["panels"] if p["title"] == "Capture sessions"]
+    [target] = sessions["targets"]
+    assert target["url"].startswith("/api/v1/sessions?run_id=${run_id:percentencode}")
+    assert target["root_selector"] == "sessions"
+    links = json.dumps(sessions["fieldConfig"]["overrides"])
+    assert "/api/v1/sessions/${__value.raw}/report" in links
+
+
+def test_fleet_tables_link_into_the_run_dashboard_with_the_row() -> None:
+    fleet = ALL_DASHBOARDS["mlprof-fleet.json"]
+    tables = [p for p in fleet["panels"] if p["type"] == "table"]
+    assert len(tables) >= 3
+    for panel in tables:
+        links = json.dumps(panel["fieldConfig"]["overrides"])
+        assert f"/d/{common.RUN_UID}/" in links, panel["title"]
+        assert "var-run_id=${__data.fields.run_id}" in links
+        assert "${__url_time_range}" in links
+
+
+def test_a_run_row_is_one_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    """How the lead adds the accelerator-health row: one function appended to ROWS."""
+
+    def accelerator_health() -> common.RowSpec:
+        return "Accelerator health", [
+            common.default_timeseries("Temperature", "", "celsius").with_target(
+                common.prom(f"accelerator_temperature_celsius{{{common.RUN}}}")
+            )
+        ]
+
+    monkeypatch.setattr(run, "ROWS", (*run.ROWS, accelerator_health))
+    board = json.loads(render(run.run_dashboard().build()))
+    titles = [p["title"] for p in board["panels"]]
+    assert titles[-2:] == ["Accelerator health", "Temperature"]
+    assert len(titles) == len(ALL_DASHBOARDS["mlprof-run.json"]["panels"]) + 2
+
+
+# -- Grafana's variable substitution (the e2e test relies on it) ----------------------------
+
+
+def test_templating_formats_variables_as_grafanas_prometheus_data_source() -> None:
+    t = Templating(
+        {
+            "host": Variable(["a.b", "c"], multi=True),
+            "one": Variable(["x.y"], multi=True),
+            "run_id": Variable(["r.1"]),
+            "workload": Variable([ALL], True, True, ".*", ["w1", "w2"]),
+            "job": Variable([ALL], True, True, None, ["j1", "j2"]),
+        },
+        range_s=3600,
+        scrape_interval_s=15,
+        max_data_points=1000,
+    )
+    assert t.promql('{host=~"$host"}') == '{host=~"(a\\\\.b|c)"}'
+    assert t.promql('{host=~"${one}"}') == '{host=~"x\\\\.y"}'
+    assert t.promql('{run_id="$run_id"}') == '{run_id="r.1"}'  # single value: as is
+    assert t.promql('{workload=~"$workload"}') == '{workload=~".*"}'  # custom all value
+    assert t.promql('{job=~"$job"}') == '{job=~"(j1|j2)"}'  # All without one: every value
+    # 3600 s over 1000 points rounds to 5 s, below the scrape interval: 15 s; rate 60 s.
+    assert t.promql("rate(x[$__rate_interval]) $__interval $__range") == "rate(x[60s]) 15s 3600s"
+    assert t.replace("${host:csv} ${run_id:percentencode} [[run_id]]") == "a.b,c r.1 r.1"
+    assert t.replace("${host:queryparam}") == "var-host=a.b&var-host=c"

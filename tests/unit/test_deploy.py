@@ -97,14 +97,15 @@ def test_compose_prometheus_and_alertmanager_configs_pass_their_checkers(tmp_pat
     rules = tmp_path / "rules"
     rules.mkdir()
     shutil.copy(ROOT / "alerts" / "mlprof-rules.yaml", rules)
+    shutil.copy(ROOT / "alerts" / "mlprof-recording-rules.yaml", rules)
     prom["rule_files"] = [str(rules / "*.yaml")]
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump(prom))
     result = subprocess.run([_tool("promtool"), "check", "config", str(config)],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    found = re.search(r"SUCCESS: (\d+) rules found", result.stdout)
-    assert found and int(found.group(1)) >= 8, result.stdout  # the shipped rules were loaded
+    found = [int(n) for n in re.findall(r"SUCCESS: (\d+) rules found", result.stdout)]
+    assert sum(found) >= 8 + 6, result.stdout  # the shipped alert and recording rules loaded
     am = subprocess.run(
         [_tool("amtool"), "check-config", str(ROOT / "deploy/compose/alertmanager.yml")],
         capture_output=True, text=True, timeout=60,
@@ -124,3 +125,27 @@ def test_k8s_prometheus_rule_matches_the_shipped_rules() -> None:
     shipped = yaml.safe_load((ROOT / "alerts" / "mlprof-rules.yaml").read_text())
     assert rule["kind"] == "PrometheusRule"
     assert rule["spec"]["groups"] == shipped["groups"]
+
+
+def test_compose_and_k8s_ship_every_dashboard_and_the_recording_rules() -> None:
+    from dashboards.generate import CONFIGMAP, FILES
+
+    compose = yaml.safe_load(COMPOSE.read_text())
+    grafana = compose["services"]["grafana"]
+    [mount] = [v for v in grafana["volumes"] if v.startswith("./dashboards:")]
+    provider = yaml.safe_load((ROOT / "deploy/compose/grafana/dashboards.yaml").read_text())
+    assert mount.split(":")[1] == provider["providers"][0]["options"]["path"]
+    assert all((ROOT / "dashboards" / name).is_file() for name in FILES)
+    # The Run dashboard's session table needs the Infinity plugin and its data source.
+    assert "yesoreyeram-infinity-datasource" in grafana["environment"]["GF_INSTALL_PLUGINS"]
+    sources = yaml.safe_load((ROOT / "deploy/compose/grafana/datasources.yaml").read_text())
+    types = {d["type"] for d in sources["datasources"]}
+    assert {"prometheus", "grafana-pyroscope-datasource", "yesoreyeram-infinity-datasource"} <= (
+        types
+    )
+    mounted = {v.split(":")[0] for v in compose["services"]["prometheus"]["volumes"]}
+    assert {"./alerts/mlprof-rules.yaml", "./alerts/mlprof-recording-rules.yaml"} <= mounted
+    configmap = yaml.safe_load(CONFIGMAP.read_text())
+    assert set(configmap["data"]) == set(FILES)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in _k8s_docs()}
+    assert {("ConfigMap", "mlprof-dashboards"), ("PrometheusRule", "mlprof-recording")} <= kinds

@@ -1,0 +1,291 @@
+"""Every panel of every dashboard shows live data (or is listed below with the reason).
+
+In the shared e2e environment (tests/e2e/conftest.py: Prometheus scraping the demo
+host's sidecar and a fake-TPU host's sidecar, alert → capture done, the test Pyroscope
+receiver holding real pushes), after a device-memory profile and a programmatic TPU
+capture were pushed too:
+
+- every variable's ``label_values`` query runs on Prometheus' API and returns values;
+  they resolve in order (``$workload`` → ``$run_id`` → ``$host``) as Grafana does;
+- every PromQL target and annotation, with variables and macros substituted as
+  Grafana's Prometheus data source does (tests/grafana_queries.py), runs as a range or
+  instant query and returns series;
+- every flame-graph panel's ``profileTypeId`` and label selector match a profile the
+  receiver got; the session table's URL is answered by the real sidecar with its columns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from dashboards.generate import DASHBOARDS_DIR, FILES
+from exporter.profiles.synthetic import write_tpu_capture
+from tests.e2e.conftest import SCRAPE_INTERVAL_S, TOKEN, WORKLOAD, Stack, prom_get
+from tests.grafana_queries import (
+    ALL,
+    INFINITY,
+    PROMETHEUS,
+    PYROSCOPE,
+    Query,
+    Templating,
+    Variable,
+    queries,
+    variable_queries,
+)
+from tests.harness import wait_until
+from tests.pyroscope_receiver import ReceivedSeries
+from tests.unit.test_dashboards import EMITTED
+
+pytestmark = pytest.mark.e2e
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+FLEET, RUN, PROFILES, HEALTH = FILES  # file names, in BUILDERS order
+
+# (dashboard file, panel title, refId) of queries that are legitimately empty in this
+# scenario. "lands with <branch>": the series or profile comes from a feature another
+# branch builds; the lead removes the entry when merging it (the test fails on an entry
+# that has data, so none outlives its reason).
+EXPECTED_EMPTY: dict[tuple[str, str, str], str] = {
+    # Nothing is stalled: the workload keeps stepping and its heartbeat is fresh.
+    (FLEET, "Hung runs", "A"): "no run is hung",
+    (FLEET, "Stalled runs", "A"): "no run is hung",
+    (FLEET, "Stalled runs", "B"): "no heartbeat is lost",
+    # The demo workload records its loss only; MFU comes from run.record("mfu", ...).
+    (RUN, "MFU", "A"): "the demo records no MFU",
+    # lands with analysis
+    (FLEET, "Reports", "A"): "lands with analysis",
+    (FLEET, "Open findings", "A"): "lands with analysis",
+    (RUN, "Findings of the newest report", "A"): "lands with analysis",
+    (RUN, "annotation: Reports", "Anno"): "lands with analysis",
+    (HEALTH, "Reports", "A"): "lands with analysis",
+    # lands with hardening
+    (RUN, "Input wait share", "A"): "lands with hardening",
+    (RUN, "Input wait per step", "A"): "lands with hardening",
+    (RUN, "Input wait per step", "B"): "lands with hardening",
+    # lands with hostprof (pyroscope-io host CPU profiles, the events sink)
+    (PROFILES, "Host CPU: $run_id", "A"): "lands with hostprof",
+    (PROFILES, "Host CPU: baseline $baseline_run_id", "A"): "lands with hostprof",
+    (HEALTH, "Events", "A"): "lands with hostprof",
+    (HEALTH, "Events dropped", "A"): "lands with hostprof",
+}
+# Session-table columns whose field the sidecar does not write yet.
+EXPECTED_MISSING_COLUMNS = {
+    # lands with analysis: the field name of a session's report verdict is to be
+    # confirmed against the analysis branch's session record at merge.
+    "report.status": "lands with analysis",
+}
+# Names of the exporter that this scenario cannot show (the unit test's EMITTED list).
+NOT_IN_SCENARIO = {"train_mfu"}  # the demo records no MFU
+
+
+def dashboard(name: str) -> dict[str, Any]:
+    return json.loads((DASHBOARDS_DIR / name).read_text(encoding="utf-8"))
+
+
+def push_more_profiles(stack: Stack) -> None:
+    """A device-memory profile (asked of the workload's SDK), and a programmatic capture
+    of a TPU-shaped trace (what ``run.profile()`` leaves on a TPU host), both pushed."""
+    response = httpx.post(f"{stack.sidecar_url}/api/v1/memory-profiles", headers=AUTH, timeout=10)
+    assert response.status_code == 202, response.text
+    run = json.loads((stack.shared / "run.json").read_text())
+    session_id = f"tpu-step-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-e2e"
+    session_dir = stack.shared / "captures" / "plugins" / "profile" / session_id
+    write_tpu_capture(
+        session_dir / f"{run['host']}.xplane.pb", devices=2, steps=2, ops_per_step=40,
+        distinct_ops=12,
+    )  # fmt: skip
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record = {
+        "id": session_id, "status": "done", "kind": "trace", "trigger": "programmatic",
+        "requester": "sdk", "run_id": stack.run_id, "workload": WORKLOAD, "name": "tpu-step",
+        "created": now, "started": now, "finished": now,
+        "targets": [{"address": "local", "host": run["host"], "run_id": stack.run_id,
+                     "status": "ok", "mode": "programmatic", "started": now, "finished": now,
+                     "files": [f"{run['host']}.xplane.pb"]}],
+    }  # fmt: skip
+    (session_dir / "session.json").write_text(json.dumps(record), encoding="utf-8")
+
+    def names() -> set[str]:
+        return {s.labels["__name__"] for s in list(stack.receiver.received)}
+
+    wait_until(
+        lambda: {"device", "wall", "memory"} <= names(),
+        timeout=120,
+        what="device, host and memory flame graphs at the receiver",
+    )
+
+
+def label_values(stack: Stack, selector: str, label: str) -> list[str]:
+    params: dict[str, Any] = {"start": stack.started - 60, "end": time.time()}
+    if selector:
+        params["match[]"] = selector
+    return sorted(prom_get(stack, f"/api/v1/label/{label}/values", **params))
+
+
+def resolve_variables(stack: Stack, board: dict[str, Any]) -> tuple[Templating, list[str]]:
+    """Each variable's value as Grafana would set it here; the queries that found nothing."""
+    values: dict[str, Variable] = {}
+    empty = []
+    queries_by_name = {q.name: q for q in variable_queries(board)}
+    for v in board["templating"]["list"]:
+        name = v["name"]
+        if v["type"] == "datasource":
+            values[name] = Variable([f"{v['query']}-uid"])
+        elif v["type"] == "textbox":
+            values[name] = Variable([v["query"] or "http://localhost"])
+        else:
+            q = queries_by_name[name]
+            t = Templating(values, range_s=time.time() - stack.started)
+            options = label_values(stack, t.promql(q.selector), q.label)
+            if not options:
+                empty.append(f"{name}: label_values({q.selector}, {q.label})")
+            if v.get("multi") or v.get("includeAll"):
+                values[name] = Variable([ALL], True, True, v.get("allValue"), options)
+            else:  # the one run this scenario has (the baseline is the same run)
+                assert stack.run_id in options, (name, options)
+                values[name] = Variable([stack.run_id])
+    templating = Templating(
+        values, range_s=time.time() - stack.started, scrape_interval_s=SCRAPE_INTERVAL_S
+    )
+    return templating, empty
+
+
+def prometheus_has_data(stack: Stack, query: Query, expr: str, templating: Templating) -> bool:
+    target = query.target
+    if target.get("instant"):
+        return bool(prom_get(stack, "/api/v1/query", query=expr)["result"])
+    # At the panels' resolution: an annotation's coarser step (60s, over [1m] windows in
+    # production) would sample this short scenario only once or twice.
+    step = f"{templating.interval_s:g}s"
+    result = prom_get(
+        stack, "/api/v1/query_range", query=expr, start=stack.started, end=time.time(), step=step
+    )["result"]
+    return bool(result)
+
+
+_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+
+
+def profile_type(series: ReceivedSeries) -> str:
+    table = series.profile.string_table
+    [(sample, unit)] = series.sample_types[:1]
+    period = series.profile.period_type
+    return ":".join(
+        [series.labels["__name__"], sample, unit, table[period.type], table[period.unit]]
+    )
+
+
+def selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    matchers = _MATCHER.findall(selector)
+    assert matchers and selector.strip().startswith("{"), selector
+    for name, op, raw in matchers:
+        value = raw.encode().decode("unicode_escape")
+        have = labels.get(name, "")
+        ok = {
+            "=": have == value,
+            "!=": have != value,
+            "=~": re.fullmatch(value, have) is not None,
+            "!~": re.fullmatch(value, have) is None,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def pyroscope_has_data(stack: Stack, query: Query, templating: Templating) -> bool:
+    type_id = query.target["profileTypeId"]
+    selector = templating.promql(query.target["labelSelector"])
+    return any(
+        profile_type(s) == type_id and selector_matches(selector, s.labels)
+        for s in list(stack.receiver.received)
+    )
+
+
+def _field(row: Any, path: list[str]) -> Any:
+    for key in path:
+        if not isinstance(row, dict):
+            return None
+        row = row.get(key)
+    return row
+
+
+def infinity_problems(stack: Stack, query: Query, templating: Templating) -> list[str]:
+    url = templating.replace(query.target["url"])
+    response = httpx.get(f"{stack.sidecar_url}{url}", headers=AUTH, timeout=10)
+    if response.status_code != 200:
+        return [f"{query.where}: GET {url} answered {response.status_code}"]
+    rows = response.json()
+    for key in query.target["root_selector"].split("."):
+        rows = rows[key]
+    if not rows:
+        return [f"{query.where}: GET {url} listed no rows"]
+    problems = []
+    for column in query.target["columns"]:
+        selector = column["selector"]
+        present = any(_field(row, selector.split(".")) is not None for row in rows)
+        if present == (selector in EXPECTED_MISSING_COLUMNS):
+            state = "has values" if present else "has no value in any row"
+            problems.append(f"{query.where}: column {selector!r} {state}")
+    return problems
+
+
+def test_every_panel_and_variable_shows_live_data(stack: Stack, alert_loop: dict[str, Any]) -> None:
+    started = time.monotonic()
+    push_more_profiles(stack)
+    # Recording rules evaluated and the pushes counted in a scrape.
+    wait_until(
+        lambda: (
+            prom_get(stack, "/api/v1/query", query="run_host:accelerator_duty_cycle:avg")["result"]
+            and prom_get(stack, "/api/v1/query", query="mlprof_profile_pushes_total")["result"]
+        ),
+        timeout=60,
+        what="recorded series and profile pushes in Prometheus",
+    )
+    problems: list[str] = []
+    checked = {PROMETHEUS: 0, PYROSCOPE: 0, INFINITY: 0, "variables": 0}
+    for name in FILES:
+        board = dashboard(name)
+        templating, empty = resolve_variables(stack, board)
+        checked["variables"] += len(variable_queries(board))
+        problems += [f"{name}: variable {e} found no values" for e in empty]
+        for query in queries(board):
+            key = (name, query.panel, query.ref)
+            if query.datasource == INFINITY:
+                checked[INFINITY] += 1
+                problems += [f"{name}: {p}" for p in infinity_problems(stack, query, templating)]
+                continue
+            if query.datasource == PROMETHEUS:
+                expr = templating.promql(query.target["expr"])
+                has_data = prometheus_has_data(stack, query, expr, templating)
+            else:
+                assert query.datasource == PYROSCOPE, query
+                expr = f"{query.target['profileTypeId']}{query.target['labelSelector']}"
+                has_data = pyroscope_has_data(stack, query, templating)
+            checked[query.datasource] += 1
+            if has_data and key in EXPECTED_EMPTY:
+                problems.append(
+                    f"{name}: {query.where} has data now: remove it from EXPECTED_EMPTY "
+                    f"({EXPECTED_EMPTY[key]})"
+                )
+            elif not has_data and key not in EXPECTED_EMPTY:
+                problems.append(f"{name}: {query.where} has no data: {expr}")
+    listed = {k for k in EXPECTED_EMPTY if k[0] in FILES}
+    seen = {(n, q.panel, q.ref) for n in FILES for q in queries(dashboard(n))}
+    problems += [f"EXPECTED_EMPTY names no query: {k}" for k in sorted(listed - seen)]
+
+    # Every name the unit test says the exporter emits is really in Prometheus.
+    for metric in sorted(EMITTED - NOT_IN_SCENARIO):
+        if not prom_get(stack, "/api/v1/query", query=f"count({metric})")["result"]:
+            problems.append(f"the exporter emits no {metric} here (tests/unit EMITTED)")
+    print(
+        f"\ndashboards live: {checked[PROMETHEUS]} PromQL queries, {checked[PYROSCOPE]} "
+        f"flame graphs, {checked[INFINITY]} session tables, {checked['variables']} variables "
+        f"checked in {time.monotonic() - started:.1f}s; {len(EXPECTED_EMPTY)} listed empty"
+    )
+    assert not problems, "\n".join(problems)
