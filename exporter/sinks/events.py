@@ -319,8 +319,10 @@ class ApiEvents(EventSink):
         attempts: int = 3,
         backoff_s: float = 1.0,
         resource: Any = None,
+        close_timeout_s: float = 5.0,
     ) -> None:
         super().__init__(meter)
+        self.close_timeout_s = close_timeout_s
         self._factory = client_factory
         self.log_name = log_name
         self.batch_size = batch_size
@@ -351,13 +353,15 @@ class ApiEvents(EventSink):
         return self._logger
 
     def _send(self, events: list[Event]) -> None:
-        batch = self._cloud_logger().batch()
+        logger = self._cloud_logger()
+        batch = logger.batch()
         for event in events:
             batch.log_struct(
                 event.payload(),
                 severity=event.severity,
                 labels=event.labels(),
                 timestamp=datetime.fromtimestamp(event.time, UTC),
+                resource=logger.default_resource,  # entries default to a label-less global
             )
         batch.commit()
 
@@ -390,10 +394,10 @@ class ApiEvents(EventSink):
                     break
             self._deliver(events)
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Send what is queued for up to ``timeout_s``; the rest is counted as dropped."""
+    def close(self) -> None:
+        """Send what is queued for up to ``close_timeout_s``; the rest is counted as dropped."""
         self._stop.set()
-        self._thread.join(timeout_s)
+        self._thread.join(self.close_timeout_s)
         left = self._queue.qsize()
         if self._thread.is_alive() or left:
             self.count_dropped(left)
