@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 from opentelemetry.metrics import Meter
 
 from exporter.config import EVENT_SINKS
+from exporter.errors import ConfigError
 
 if TYPE_CHECKING:
     from exporter.config import Settings
@@ -450,8 +451,19 @@ def _api_client(settings: Settings) -> Callable[[], Any]:
 
 
 def events_from_settings(settings: Settings, meter: Meter | None = None) -> EventSink:
-    """The sink ``MLPROF_EVENTS`` names (``off`` by default)."""
+    """The sink ``MLPROF_EVENTS`` names (``off`` by default).
+
+    Raises ConfigError when a Cloud Logging form is asked for without the library.
+    """
     kind = settings.events
+    if kind.startswith("cloud-logging"):
+        try:
+            import google.cloud.logging_v2  # noqa: F401 - only checking it is there
+        except ImportError:
+            raise ConfigError(
+                f"MLPROF_EVENTS={kind} needs google-cloud-logging: "
+                "pip install 'mlprof-exporter[gcp]'"
+            ) from None
     if kind == "log":
         return LogEvents(meter)
     if kind == "cloud-logging-structured":
