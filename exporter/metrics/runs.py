@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,17 @@ log = logging.getLogger(__name__)
 
 MAX_RUN_FILE_BYTES = 1 << 20  # run.json holds identity and configs: far smaller
 MAX_REMEMBERED = 10_000  # announced run files kept in the state file, oldest forgotten
+# A sidecar starting on a shared dir it has no record of announces the runs written in
+# the last hour; older ones are history, not news.
+FIRST_POLL_MAX_AGE_S = 3600.0
 STATE_FILE = "runs-announced.json"
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _system_summary(info: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,6 +55,7 @@ class RunEvents:
         self.state_file = shared_dir / schema.SIDECAR_DIR / STATE_FILE
         self.emit = emit
         self._announced: dict[str, None] = dict.fromkeys(self._load())
+        self._fresh = not self.state_file.exists()  # no record: skip old runs once
 
     def _load(self) -> list[str]:
         try:
@@ -91,9 +103,14 @@ class RunEvents:
         except OSError:
             return 0
         new = [n for n in names if n.endswith(".json") and n not in self._announced]
+        oldest = time.time() - FIRST_POLL_MAX_AGE_S if self._fresh else None
+        self._fresh = False
         for name in new:
-            info = self._read(self.runs_dir / name)
+            path = self.runs_dir / name
             self._announced[name] = None  # a bad file is not read again every poll
+            if oldest is not None and _mtime(path) < oldest:
+                continue
+            info = self._read(path)
             if info is None:
                 continue
             software = info.get("software")

@@ -31,6 +31,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,10 @@ DEFAULT_SAMPLE_RATE = 100
 MAX_SAMPLE_RATE = 1000  # py-spy's own ceiling for a useful rate
 DEFAULT_UPLOAD_INTERVAL_S = 10  # the agent's default: one push per 10 s per process
 PROBE_TIMEOUT_S = 1.0  # TCP connect to $MLPROF_PYROSCOPE_URL before choosing it
+# While no destination is found the lookup repeats every second on the step log's
+# flusher thread; a probe that times out would hold that thread up, so Pyroscope is
+# probed again only this often (the sidecar's file is looked at every time).
+PROBE_EVERY_S = 30.0
 PHASE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a label value, kept short and plain
 _PHASE = schema.PHASE_LABEL  # bound once: read on every step
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -223,6 +228,13 @@ def find_destination(
     return None
 
 
+class _PhaseStacks(threading.local):
+    """Each thread's stack of phases, empty on first use (no try/except per step)."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+
+
 class HostProfiler:
     """The process's pyroscope-io agent for one run, and the ``phase`` tags of its threads.
 
@@ -247,17 +259,20 @@ class HostProfiler:
         self._lib: ModuleType | None = None
         self._add: Callable[[str, str], object] = _no_tag
         self._remove: Callable[[str, str], object] = _no_tag
-        self._local = threading.local()
+        self._local = _PhaseStacks()
         self._announced = False
         self._gave_up = False
         self._fork_hook = False
+        self._probed_at: float | None = None
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> bool:
         """Start the agent if a destination is known; True once it runs."""
         if self.started:
             return True
-        destination = find_destination(self.options, self.shared_dir, self._environ)
+        destination = find_destination(
+            self.options, self.shared_dir, self._environ, reachable=self._probe
+        )
         if destination is None:
             if not self._announced:
                 self._announced = True
@@ -280,13 +295,22 @@ class HostProfiler:
         if self.options.subprocesses and not self._fork_hook:
             os.register_at_fork(after_in_child=self._after_fork_in_child)
             self._fork_hook = True
+        shown = urlsplit(destination.url)
+        shown = shown._replace(netloc=shown.netloc.rpartition("@")[2])  # no credentials
         print(
             f"mlprof: host profiling at {self.options.sample_rate} Hz, pushing to "
-            f"{destination.url} ({destination.via})",
+            f"{shown.geturl()} ({destination.via})",
             file=sys.stderr,
             flush=True,
         )
         return True
+
+    def _probe(self, url: str) -> bool:
+        now = time.monotonic()
+        if self._probed_at is not None and now - self._probed_at < PROBE_EVERY_S:
+            return False
+        self._probed_at = now
+        return _reachable(url)
 
     def _configure(self, destination: Destination) -> None:
         assert self._lib is not None
@@ -348,7 +372,7 @@ class HostProfiler:
     def _after_fork_in_child(self) -> None:
         # The agent's own fork hook (registered when pyroscope was imported, so it runs
         # first) has dropped the parent's agent: start this process's own, same labels.
-        self._local = threading.local()
+        self._local = _PhaseStacks()
         self.started = False
         self._add = self._remove = _no_tag
         if self.destination is not None and self._lib is not None:
@@ -359,11 +383,7 @@ class HostProfiler:
     # -- phase tags --------------------------------------------------------------------
     def enter(self, phase: str) -> None:
         """Tag this thread's samples with ``phase`` (the innermost phase wins)."""
-        local = self._local
-        try:
-            stack: list[str] = local.stack
-        except AttributeError:
-            stack = local.stack = []
+        stack = self._local.stack
         if stack:
             self._remove(_PHASE, stack[-1])
         self._add(_PHASE, phase)
@@ -371,7 +391,7 @@ class HostProfiler:
 
     def leave(self) -> None:
         """Undo the latest ``enter`` of this thread, restoring the outer phase."""
-        stack: list[str] | None = getattr(self._local, "stack", None)
+        stack = self._local.stack
         if not stack:
             return
         self._remove(_PHASE, stack.pop())
