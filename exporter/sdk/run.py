@@ -30,6 +30,7 @@ __all__ = ["Run", "run"]
 
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
 DEFAULT_SHARED_DIR = "./mlprof-data/shared"
+MAX_PHASES = 32  # distinct run.phase() names per run: label values, so a bounded set
 
 
 def _version(dist: str) -> str | None:
@@ -285,6 +286,11 @@ class Run:
         """
         found = self._phases.get(name)
         if found is None:
+            if len(self._phases) >= MAX_PHASES:
+                raise ValueError(
+                    f"phase {name!r}: this run already has {MAX_PHASES} phase names; each "
+                    "becomes a Pyroscope label value, so keep them few and fixed"
+                )
             found = self._phases[name] = _Phase(check_phase(name), self.host_profiler)
         return found
 

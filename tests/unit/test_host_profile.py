@@ -183,6 +183,10 @@ def test_phase_without_host_profiling_is_a_checked_no_op(tmp_path: Path) -> None
         assert run.info()["host_profiling"] is None
         with pytest.raises(ValueError, match="phase 'a b'"):
             run.phase("a b")
+        for n in range(31):
+            run.phase(f"p{n}")
+        with pytest.raises(ValueError, match="already has 32 phase names"):
+            run.phase("one-too-many")
     assert check_phase("tokenize.v2") == "tokenize.v2"
 
 
