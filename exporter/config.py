@@ -21,11 +21,12 @@ from pydantic_settings import (
 
 from exporter.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "Settings", "load_settings", "parse_hostport"]
+__all__ = ["ENV_PREFIX", "EVENT_SINKS", "Settings", "load_settings", "parse_hostport"]
 
 ENV_PREFIX = "MLPROF_"
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 SOURCE_NAMES = frozenset({"auto", "tpu", "nvml", "jax"})
+EVENT_SINKS = ("off", "log", "cloud-logging-structured", "cloud-logging-api")
 
 
 def parse_hostport(value: str, default_port: int | None = None) -> tuple[str, int]:
@@ -228,6 +229,29 @@ class Settings(BaseSettings):
         1 << 30, ge=1 << 20, description="Ring mode: bytes kept over all targets."
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
+    ingest_max_body_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        le=1 << 30,
+        description="Largest profile upload the Pyroscope ingest endpoints accept (413 beyond).",
+    )
+    events: str = Field(
+        "off",
+        description="Where run events go: off, log (JSON lines on stderr), "
+        "cloud-logging-structured (GKE's structured stdout) or cloud-logging-api.",
+    )
+    events_project: str | None = Field(
+        None, description="Google Cloud project of the events (default: the credentials')."
+    )
+    events_log_name: str = Field(
+        "mlprof-events", description="Cloud Logging log name of the events (API form)."
+    )
+    events_queue_size: int = Field(
+        1000, ge=1, le=1_000_000, description="Events waiting for the Logging API, at most."
+    )
+    events_api_endpoint: str | None = Field(
+        None, description="Logging API endpoint (default Google's), e.g. a private one."
+    )
 
     @field_validator("listen")
     @classmethod
@@ -282,7 +306,7 @@ class Settings(BaseSettings):
             headers[key.strip().lower()] = val.strip()
         return headers
 
-    @field_validator("pyroscope_url", "otlp_endpoint")
+    @field_validator("pyroscope_url", "otlp_endpoint", "events_api_endpoint")
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
         if value is None or value == "":
@@ -303,6 +327,14 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_none(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
+
+    @field_validator("events")
+    @classmethod
+    def _check_events(cls, value: str) -> str:
+        kind = value.strip().lower()
+        if kind not in EVENT_SINKS:
+            raise ValueError(f"expected one of {', '.join(EVENT_SINKS)}, got {value!r}")
+        return kind
 
     @field_validator("log_level")
     @classmethod

@@ -14,6 +14,9 @@ Layout of the shared directory::
     requests/memory-profile-<id>.json       the sidecar asks the workload for a memory
                                   profile: {"id", "time"}; each SDK process answers it
                                   once with a profile whose request_id is <id>
+    sidecar/ingest.json           where the sidecar accepts Pyroscope pushes from the
+                                  workload's host profiler: {"url", "pid", "time"};
+                                  written at start when Pyroscope is on, removed at stop
 
 Every step-log line carries ``kind`` and the run identity (``run_id``, ``workload``,
 ``host``) so that the sidecar can tail any file without other state.
@@ -27,6 +30,10 @@ __all__ = [
     "CAPTURES_DIR",
     "CAPTURE_LOGDIR_ENV",
     "DEMO_INPUT_DELAY_FILE",
+    "HOST_PROFILE_NAME",
+    "HOST_PROFILE_SOURCE",
+    "HOST_PROFILING_ENV",
+    "INGEST_FILE",
     "KIND_END",
     "KIND_MEMORY",
     "KIND_RECORD",
@@ -36,6 +43,7 @@ __all__ = [
     "MEMORY_PROFILE_INTERVAL_ENV",
     "MEMORY_PROFILE_REQUEST_PREFIX",
     "MEMORY_PROFILE_SUFFIX",
+    "PHASE_LABEL",
     "PROFILE_SESSIONS_DIR",
     "REQUESTS_DIR",
     "REQUEST_SUFFIX",
@@ -46,6 +54,7 @@ __all__ = [
     "SIDECAR_DIR",
     "STEPS_DIR",
     "STEP_LOG_SUFFIX",
+    "STEP_PHASE",
     "TRIGGERS",
 ]
 
@@ -89,3 +98,12 @@ CAPTURE_LOGDIR_ENV: Final = "MLPROF_CAPTURE_LOGDIR"
 CAPTURES_DIR: Final = "captures"
 PROFILE_SESSIONS_DIR: Final = "plugins/profile"
 SESSION_FILE: Final = "session.json"
+
+# Host CPU profiles: the workload's pyroscope-io agent samples its Python threads and
+# pushes ``process_cpu`` profiles (cpu nanoseconds) with the run's identity as labels.
+HOST_PROFILING_ENV: Final = "MLPROF_HOST_PROFILING"
+HOST_PROFILE_NAME: Final = "process_cpu"
+HOST_PROFILE_SOURCE: Final = "pyspy_cpu"  # the ``profile_source`` label of those profiles
+PHASE_LABEL: Final = "phase"  # sample label: which part of the loop the thread was in
+STEP_PHASE: Final = "step"  # the phase ``run.step()`` sets
+INGEST_FILE: Final = "ingest.json"  # under SIDECAR_DIR

@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from exporter import schema
 from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
+from exporter.capture.events import capture_finished, capture_requested
 from exporter.capture.service import CaptureService
 from exporter.config import Settings
 from exporter.metrics.exposition import ExpositionCache
 from exporter.metrics.otlp import otlp_reader
+from exporter.metrics.runs import RunEvents
 from exporter.metrics.sources import AcceleratorSources
 from exporter.metrics.steplog import StepLogTailer
 from exporter.metrics.telemetry import Telemetry, build_telemetry
 from exporter.metrics.training import TrainingMetrics
 from exporter.profiles.memory_watcher import MemoryProfileWatcher
+from exporter.sinks.events import EventSink, events_from_settings
 from exporter.sinks.pyroscope import sink_from_settings
 
 __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
@@ -29,6 +36,7 @@ __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0  # how long shutdown waits for background calls in flight
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
 @dataclass
@@ -82,12 +90,19 @@ class Sidecar:
     >>> await sidecar.start(); ...; await sidecar.stop()  # doctest: +SKIP
     """
 
-    def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        telemetry: Telemetry | None = None,
+        events: EventSink | None = None,
+    ) -> None:
         self.settings = settings
         self.telemetry = telemetry or build_telemetry(
             extra_readers=[r for r in [otlp_reader(settings)] if r is not None]
         )
         meter = self.telemetry.meter
+        # Run events (MLPROF_EVENTS): every component below gets this sink's emit.
+        self.events = events or events_from_settings(settings, meter)
         # /metrics bytes rendered ahead of the expected scrape (rendering 1k series ~16 ms).
         self.exposition = ExpositionCache(
             self.telemetry.registry, max_age_s=min(settings.collect_interval_s, 1.0)
@@ -171,6 +186,41 @@ class Sidecar:
                     PeriodicTask(f"source.{source.name}", source.collect, interval, status)
                 )
         self._running: list[asyncio.Task[None]] = []
+        self._wire_events()
+
+    def _wire_events(self) -> None:
+        emit = self.events.emit
+        if self.pyroscope is not None:
+            self.pyroscope.emit = emit
+        self.captures.on_submit.append(functools.partial(capture_requested, emit))
+        self.capture.hooks.add(functools.partial(capture_finished, emit))
+        self.accelerators.emit = emit
+        self.runs = RunEvents(self.settings.shared_dir, emit)
+        self.training.on_end.append(self.runs.ended)
+        interval = self.settings.collect_interval_s
+        self.tasks.append(
+            PeriodicTask("run_events", self.runs.poll, interval, ComponentStatus(required=False))
+        )
+
+    @property
+    def ingest_file(self) -> Path:
+        return self.settings.shared_dir / schema.SIDECAR_DIR / schema.INGEST_FILE
+
+    def _advertise_ingest(self) -> None:
+        """Tell the workload's host profiler where to push (only when Pyroscope is on)."""
+        if self.pyroscope is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.ingest_file.unlink()  # left by an earlier life with Pyroscope on
+            return
+        host, port = self.settings.listen_host, self.settings.listen_port
+        if host in WILDCARD_HOSTS:
+            host = "127.0.0.1"  # the workload shares the pod's (or machine's) loopback
+        shown = f"[{host}]" if ":" in host else host
+        data = {"url": f"http://{shown}:{port}", "pid": os.getpid(), "time": time.time()}
+        self.ingest_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.ingest_file.with_name(f".{schema.INGEST_FILE}.tmp")
+        tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
+        tmp.replace(self.ingest_file)
 
     def _tail_step_logs(self) -> None:
         self.tailer.poll()
@@ -188,6 +238,7 @@ class Sidecar:
 
     async def start(self) -> None:
         self.settings.shared_dir.mkdir(parents=True, exist_ok=True)
+        self._advertise_ingest()
         self._running = [asyncio.create_task(t.run_forever(), name=t.name) for t in self.tasks]
 
     async def stop(self) -> None:
@@ -197,6 +248,8 @@ class Sidecar:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._running = []
+        with contextlib.suppress(OSError):
+            self.ingest_file.unlink()  # a stopped sidecar takes no pushes
         # Let calls in flight finish before their clients close under them (bounded).
         pending = [asyncio.to_thread(t.executor.shutdown, True) for t in self.tasks]
         with contextlib.suppress(TimeoutError):
@@ -206,4 +259,5 @@ class Sidecar:
         self.exposition.close()
         if self.pyroscope is not None:
             self.pyroscope.close()
+        self.events.close()
         self.telemetry.shutdown()

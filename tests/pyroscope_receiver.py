@@ -73,6 +73,22 @@ class ReceivedSeries:
             out[key] = out.get(key, 0) + sample.value[value_index]
         return out
 
+    def sample_labels(self, sample: profile_pb2.Sample) -> dict[str, str]:
+        """A sample's pprof labels (agents put thread tags such as ``phase`` there)."""
+        table = self.profile.string_table
+        return {table[label.key]: table[label.str] for label in sample.label}
+
+    def folded_where(self, **labels: str) -> dict[str, int]:
+        """``folded()`` of the samples whose pprof labels include all of ``labels``."""
+        wanted = labels.items()
+        kept = [s for s in self.profile.sample if wanted <= self.sample_labels(s).items()]
+        subset = profile_pb2.Profile()
+        subset.CopyFrom(self.profile)
+        del subset.sample[:]
+        subset.sample.extend(kept)
+        view = ReceivedSeries(self.labels, subset, self.headers, self.raw_size)
+        return view.folded()
+
 
 @dataclass
 class RejectedPush:

@@ -21,7 +21,9 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from exporter.api.auth import check_bearer
+from exporter.api.body import read_limited
 from exporter.capture.alerts import AlertmanagerPayload
+from exporter.capture.events import alert_refused, alerts_received
 
 if TYPE_CHECKING:
     from exporter.sidecar import Sidecar
@@ -35,22 +37,12 @@ router = APIRouter(tags=["alerts"])
 
 async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, or 413 as soon as it is known to be larger than ``limit``."""
-    declared = request.headers.get("content-length", "")
-    too_large = HTTPException(
-        status.HTTP_413_CONTENT_TOO_LARGE,
+    return await read_limited(
+        request,
+        limit,
         f"body larger than {limit} bytes (MLPROF_ALERT_MAX_BODY_BYTES); "
         "lower max_alerts in Alertmanager's webhook_config",
     )
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -102,14 +94,18 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
     policy = sidecar.alerts
     try:
         check_bearer(request, sidecar.settings.token)
-    except HTTPException:
+    except HTTPException as exc:
         policy.count("unauthorized")
+        alert_refused(sidecar.events.emit, "unauthorized", str(exc.detail))
         raise
     try:
         payload = _parse(await _read_body(request, sidecar.settings.alert_max_body_bytes))
     except HTTPException as exc:
-        policy.count("too_large" if exc.status_code == 413 else "malformed")
+        outcome = "too_large" if exc.status_code == 413 else "malformed"
+        policy.count(outcome)
+        alert_refused(sidecar.events.emit, outcome, str(exc.detail))
         raise
     # Submitting writes session records to the store: keep blocking I/O off the loop.
     result = await run_in_threadpool(policy.handle, payload)
+    alerts_received(sidecar.events.emit, payload, result)
     return JSONResponse(result.as_json(), status_code=status.HTTP_202_ACCEPTED)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from exporter.api.auth import check_bearer
+from exporter.api.body import read_limited
 from exporter.capture.engine import (
     HARD_MAX_DURATION_MS,
     CaptureRejected,
@@ -82,18 +83,7 @@ def _error_text(exc: ValidationError) -> str:
 
 async def _read_capped(request: Request) -> bytes:
     """The body, or 413 as soon as it is known to exceed MAX_BODY_BYTES (never read whole)."""
-    too_large = HTTPException(413, f"request body over {MAX_BODY_BYTES} bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_limited(request, MAX_BODY_BYTES, f"request body over {MAX_BODY_BYTES} bytes")
 
 
 async def _parse(request: Request, model: type[M]) -> M:

@@ -169,6 +169,7 @@ class CaptureEngine:
         self.registry = registry
         self.snapshots: SnapshotSource | None = None
         self.on_complete: list[Callable[[SessionRecord], object]] = []
+        self.on_submit: list[Callable[[SessionRecord], object]] = []  # e.g. an event
         self._pool = ThreadPoolExecutor(self.limits.concurrency, thread_name_prefix="capture")
         self._lock = threading.Lock()
         self._busy: dict[str, str] = {}  # address -> session id holding it
@@ -290,6 +291,11 @@ class CaptureEngine:
             "capture %s (%s, %s) on %s", session_id, request.kind, request.trigger,
             ", ".join(t.address for t in unique),
         )  # fmt: skip
+        for hook in self.on_submit:
+            try:
+                hook(record.model_copy(deep=True))
+            except Exception:  # a hook (an event sink) never stops a capture
+                log.exception("on_submit hook %r failed for %s", hook, session_id)
         threading.Thread(
             target=self._run_session,
             args=(record, free, request.kind),

@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: run {run.run_id} on {run.host}, step log in {shared}", flush=True)
         step = 0
         while not stop and (args.steps == 0 or step < args.steps):
-            x, y = pipeline.next()
+            with run.phase("data"):  # host-profile samples of the input pipeline
+                x, y = pipeline.next()
             with (
                 run.step(tokens=args.batch),
                 jax.profiler.StepTraceAnnotation("train", step_num=step),

@@ -23,6 +23,7 @@ from exporter.metrics.accelerator import DeviceSeries, RunIdentity, accelerator_
 from exporter.metrics.jax_memory import JaxMemoryMetrics
 from exporter.metrics.nvml import NvmlSource, load_nvml
 from exporter.metrics.tpu import TpuRuntimeClient, TpuSource
+from exporter.sinks.events import Emit, Throttle, no_events
 
 __all__ = ["AcceleratorSources", "SourceRun", "stale_after_s"]
 
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 STALE_INTERVALS = 3
 MIN_STALE_S = 5.0  # JAX lines arrive every ~1-2 s whatever the collect interval
 MAX_RPC_TIMEOUT_S = 2.0
+# A source that stays down fails every collection (every 5 s by default); one event per
+# source and reason in this many seconds says so without flooding the log.
+SOURCE_ERROR_EVENT_INTERVAL_S = 600.0
 
 
 def stale_after_s(interval_s: float) -> float:
@@ -76,6 +80,10 @@ class AcceleratorSources:
             description="Failed collections of an accelerator metric source.",
         )
         self.identity = RunIdentity(Path(settings.shared_dir))
+        # ``source_error`` events (the sidecar sets its sink), one per source and reason
+        # per SOURCE_ERROR_EVENT_INTERVAL_S: a dead runtime fails every collection.
+        self.emit: Emit = no_events
+        self._error_events = Throttle(SOURCE_ERROR_EVENT_INTERVAL_S)
         stale = stale_after_s(settings.collect_interval_s)
         self.runs: list[SourceRun] = []
         self.jax_memory: JaxMemoryMetrics | None = None
@@ -92,7 +100,15 @@ class AcceleratorSources:
     def _counter(self, name: str) -> Callable[[str], None]:
         attrs = {"source": name}
         self._errors.add(0, attrs)  # the series exists at 0, so rate() works from the start
-        return lambda reason: self._errors.add(1, attrs)
+
+        def count(reason: str) -> None:
+            self._errors.add(1, attrs)
+            held = self._error_events.allow(f"{name}:{reason}")
+            if held is not None:
+                self.emit("source_error", f"accelerator source {name} failed: {reason}",
+                          source=name, reason=reason, suppressed=held)  # fmt: skip
+
+        return count
 
     def _tpu(self, stale: float, present: Callable[[], bool] | None) -> SourceRun:
         series = DeviceSeries("libtpu", "tpu", stale)

@@ -143,6 +143,8 @@ class TrainingMetrics:
         accelerator_gauges(meter).add("duty_cycle", self._observe_duty_cycle)
         # Handler of ``memory`` lines (JAX device memory), set by the sidecar when on.
         self.memory: MemoryRecordHandler | None = None
+        # Called with (identity, end line, steps, tokens) at a run's ``end`` line.
+        self.on_end: list[Callable[[Mapping[str, str], dict[str, Any], int, int], None]] = []
         meter.create_observable_gauge(
             "mlprof.workload.up",
             [self._observe_up],
@@ -176,6 +178,9 @@ class TrainingMetrics:
             self._step_duration.record(duration, attrs)
         if new_name is not None:
             self._register_gauge(new_name)
+        if kind == schema.KIND_END:
+            for hook in self.on_end:
+                hook(attrs, record, series.steps, series.tokens)
         if self.memory is not None and kind == schema.KIND_END:
             self.memory.end(attrs)
         elif self.memory is not None and kind == schema.KIND_MEMORY:

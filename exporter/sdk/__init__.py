@@ -7,6 +7,7 @@
 ...     run.record("loss", 0.5)
 """
 
+from exporter.sdk.host_profile import HostProfiling
 from exporter.sdk.run import Run, run
 
-__all__ = ["Run", "run"]
+__all__ = ["HostProfiling", "Run", "run"]

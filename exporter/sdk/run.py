@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import importlib.metadata
 import json
 import math
@@ -19,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from exporter import schema
+from exporter.sdk.host_profile import HostProfiler, HostProfiling, check_phase, options_from_env
 from exporter.sdk.memory import MemoryProfiler, interval_from_env
 from exporter.sdk.memory_stats import MemoryStatsSampler, jax_local_devices
 from exporter.sdk.profile import Profile
@@ -28,6 +30,7 @@ __all__ = ["Run", "run"]
 
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
 DEFAULT_SHARED_DIR = "./mlprof-data/shared"
+MAX_PHASES = 32  # distinct run.phase() names per run: label values, so a bounded set
 
 
 def _version(dist: str) -> str | None:
@@ -109,6 +112,51 @@ class _Step:
         )
 
 
+class _TaggedStep(_Step):
+    """A step whose samples the host profiler labels ``phase="step"``.
+
+    The tag goes on before the clock starts and off after it stops, so the step's
+    recorded duration does not include the agent calls.
+    """
+
+    __slots__ = ("_profiler",)
+
+    def __init__(self, run: Run, profiler: HostProfiler) -> None:
+        super().__init__(run)
+        self._profiler = profiler
+
+    def __enter__(self) -> _Step:
+        self._profiler.enter(schema.STEP_PHASE)
+        self._wall = time.time()  # as _Step.__enter__, inlined: this runs every step
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        try:
+            _Step.__exit__(self, exc_type, *exc)
+        finally:
+            self._profiler.leave()
+
+
+class _Phase:
+    """``with run.phase("data"):`` — tags host-profile samples while inside."""
+
+    __slots__ = ("_name", "_profiler")
+
+    def __init__(self, name: str, profiler: HostProfiler | None) -> None:
+        self._name = name
+        self._profiler = profiler
+
+    def __enter__(self) -> _Phase:
+        if self._profiler is not None:
+            self._profiler.enter(self._name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._profiler is not None:
+            self._profiler.leave()
+
+
 class Run:
     """One training run as the sidecar sees it. Create it with :func:`run`."""
 
@@ -120,6 +168,7 @@ class Run:
         profiler_port: int | None,
         run_id: str | None,
         host: str | None,
+        host_profiling: HostProfiling | None = None,
     ) -> None:
         self.name = name
         self.shared_dir = shared_dir
@@ -138,6 +187,9 @@ class Run:
         self._memory: MemoryProfiler | None = None
         self._info: dict[str, Any] = {}
         self._closed = True
+        self.host_profiling = host_profiling
+        self.host_profiler: HostProfiler | None = None
+        self._phases: dict[str, _Phase] = {}
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> Run:
@@ -162,6 +214,12 @@ class Run:
         self._writer.on_tick.append(
             MemoryStatsSampler.for_writer_prefix(self._writer.prefix, self._writer.append).tick
         )
+        if self.host_profiling is not None:
+            profiler = HostProfiler(self.host_profiling, identity, self.shared_dir)
+            if not profiler.start():
+                self._writer.on_tick.append(profiler.tick)  # e.g. the sidecar starts later
+            self.host_profiler = profiler
+            self._step_obj = _TaggedStep(self, profiler)
         self._info = self.info()
         self._write_run_files()
         if "backend" not in self._info["system"] and "jax" in sys.modules:
@@ -191,6 +249,8 @@ class Run:
         atexit.unregister(self.close)
         self._writer.append(f'{self._end_prefix}"time":{time.time():.6f}}}\n')
         self._writer.close()
+        if self.host_profiler is not None:
+            self.host_profiler.stop()
         if self._profiler_started:
             import jax.profiler
 
@@ -217,6 +277,22 @@ class Run:
         step = self._step_obj
         step._tokens = int(tokens)  # the line must stay valid JSON whatever is passed
         return step
+
+    def phase(self, name: str) -> _Phase:
+        """Label host-profile samples inside ``with run.phase("data"):`` with ``phase=name``.
+
+        Costs nothing measurable without host profiling; nested phases label the
+        innermost one; ``run.step()`` is the phase ``step``.
+        """
+        found = self._phases.get(name)
+        if found is None:
+            if len(self._phases) >= MAX_PHASES:
+                raise ValueError(
+                    f"phase {name!r}: this run already has {MAX_PHASES} phase names; each "
+                    "becomes a Pyroscope label value, so keep them few and fixed"
+                )
+            found = self._phases[name] = _Phase(check_phase(name), self.host_profiler)
+        return found
 
     def record(self, name: str, value: float, step: int | None = None) -> None:
         """Record a user gauge such as ``loss`` or ``mfu`` (published as ``train_<name>``)."""
@@ -271,6 +347,9 @@ class Run:
             "software": _software(),
             "system": _system(),
             "configs": self.configs,
+            "host_profiling": (
+                dataclasses.asdict(self.host_profiling) if self.host_profiling else None
+            ),
         }
 
 
@@ -281,14 +360,18 @@ def run(
     profiler_port: int | None = None,
     run_id: str | None = None,
     host: str | None = None,
+    host_profiling: bool | HostProfiling | None = None,
 ) -> Run:
     """Start a run: writes ``run.json`` and opens the step log; use as a context manager.
 
     ``shared_dir`` defaults to ``$MLPROF_SHARED_DIR`` or ``./mlprof-data/shared``;
     ``run_id`` to ``$MLPROF_RUN_ID`` (set it to the same value on every host of a
-    multi-host job) or a generated id.
+    multi-host job) or a generated id. ``host_profiling`` (default
+    ``$MLPROF_HOST_PROFILING``) samples the process's Python threads with pyroscope-io
+    and pushes the host CPU profile under the run's labels (``HostProfiling`` options).
     """
     if not name or not isinstance(name, str):
         raise ValueError("run name: expected a non-empty string")
     directory = Path(shared_dir or os.environ.get("MLPROF_SHARED_DIR") or DEFAULT_SHARED_DIR)
-    return Run(name, directory, configs, profiler_port, run_id, host).start()
+    options = options_from_env(host_profiling)
+    return Run(name, directory, configs, profiler_port, run_id, host, options).start()

@@ -38,6 +38,7 @@ from exporter.errors import ConfigError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.pprof import decode_pprof, to_pprof
 from exporter.proto import profile_pb2, pyroscope_push_pb2
+from exporter.sinks.events import Emit, Throttle, no_events
 from exporter.sinks.spool import Spool, SpoolItem
 
 __all__ = [
@@ -64,6 +65,9 @@ PROFILE_SOURCES = frozenset({"xprof_device", "xprof_host", "device_memory"})
 # Pyroscope drops profiles older than its ingestion window (default 1 h); a spooled
 # profile older than this is re-stamped to now, with the capture time in a comment.
 RESTAMP_AFTER_NS = 50 * 60 * 1_000_000_000
+# While Pyroscope is down every profile is spooled: one event a minute (with the count
+# of those not reported) tells the story without flooding the log.
+PUSH_FAILED_EVENT_INTERVAL_S = 60.0
 
 Status = Literal["ok", "spooled", "rejected", "dropped"]
 
@@ -232,6 +236,9 @@ class PyroscopeSink:
         self.max_backoff_s = max_backoff_s
         self.rejections: collections.deque[Rejection] = collections.deque(maxlen=100)
         self._sleep = sleep
+        # Events (profile_push_failed, spool_overflow); the sidecar sets its event sink.
+        self.emit: Emit = no_events
+        self._throttle = Throttle(PUSH_FAILED_EVENT_INTERVAL_S)
         self._drain_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -313,15 +320,26 @@ class PyroscopeSink:
         )
         self.rejections.append(Rejection(time.time(), dict(labels), error.status, error.message))
         self._count("rejected")
+        self._event("rejected", labels, f"HTTP {error.status}: {error.message}")
         return PushResult("rejected", error.message, error.status)
 
     def push(self, graph: FlameGraph, labels: Mapping[str, str]) -> PushResult:
         """Push one flame graph; retry transient failures, then spool what is left."""
-        request = self.build_request(graph, labels)
+        return self._deliver(self.build_request(graph, labels), self.attempts)
+
+    def forward(self, request: pyroscope_push_pb2.PushRequest) -> PushResult:
+        """Send a PushRequest received from an agent: one try now, then the spool.
+
+        One try only: the agent waits for the answer (10 s at most) and its next upload
+        follows; the spool's drain loop does the retrying, with backoff.
+        """
+        return self._deliver(request, 1)
+
+    def _deliver(self, request: pyroscope_push_pb2.PushRequest, attempts: int) -> PushResult:
         body = request.SerializeToString()
         full = {pair.name: pair.value for pair in request.series[0].labels}
         last = ""
-        for attempt in range(self.attempts):
+        for attempt in range(attempts):
             if attempt:
                 self._sleep(self._backoff(attempt - 1))
             try:
@@ -333,24 +351,59 @@ class PyroscopeSink:
                 return self._reject(full, exc)
             self._count("ok")
             return PushResult("ok", attempts=attempt + 1)
-        return self._spool(body, last, self.attempts)
+        return self._spool(body, last, attempts, full)
 
-    def _spool(self, body: bytes, reason: str, attempts: int) -> PushResult:
+    def _spool(
+        self, body: bytes, reason: str, attempts: int, labels: Mapping[str, str]
+    ) -> PushResult:
         if self.spool is None:
             log.error("Pyroscope push failed and no spool is configured: %s", reason)
             self._count("dropped")
+            self._event("dropped", labels, f"{reason}; no spool configured")
             return PushResult("dropped", f"{reason}; no spool configured", attempts=attempts)
         put = self.spool.put(body)
         if put.evicted:
             log.error("spool full: dropped %d oldest profiles", len(put.evicted))
             self._count("dropped", len(put.evicted))
+            self.emit(
+                "spool_overflow",
+                f"Pyroscope spool full: dropped the {len(put.evicted)} oldest profiles",
+                dropped=len(put.evicted),
+                spool_bytes=self.spool.size_bytes,
+                max_bytes=self.spool.max_bytes,
+            )
         if not put.stored:
             log.error("Pyroscope push failed and the spool refused it: %s", put.reason)
             self._count("dropped")
+            self._event("dropped", labels, f"{reason}; {put.reason}")
             return PushResult("dropped", f"{reason}; {put.reason}", attempts=attempts)
         log.warning("Pyroscope push failed (%s); spooled for later", reason)
         self._count("spooled")
+        self._event("spooled", labels, reason)
         return PushResult("spooled", reason, attempts=attempts)
+
+    def _event(self, status: str, labels: Mapping[str, str], reason: str) -> None:
+        """A ``profile_push_failed`` event; spooled ones at most once a minute per reason."""
+        suppressed = 0
+        if status == "spooled":
+            allowed = self._throttle.allow(reason)
+            if allowed is None:
+                return
+            suppressed = allowed
+        self.emit(
+            "profile_push_failed",
+            f"Pyroscope push {status}: {reason}",
+            severity="WARNING" if status == "spooled" else "ERROR",
+            workload=labels.get("service_name"),
+            run_id=labels.get("run_id"),
+            host=labels.get("host"),
+            session_id=labels.get("__session_id__") or labels.get("session_id"),
+            status=status,
+            reason=reason,
+            profile=labels.get("__name__"),
+            sink=SINK_NAME,
+            suppressed=suppressed,
+        )
 
     # -- the spool -----------------------------------------------------------------------
     @staticmethod

@@ -149,3 +149,18 @@ def test_compose_and_k8s_ship_every_dashboard_and_the_recording_rules() -> None:
     assert set(configmap["data"]) == set(FILES)
     kinds = {(d["kind"], d["metadata"]["name"]) for d in _k8s_docs()}
     assert {("ConfigMap", "mlprof-dashboards"), ("PrometheusRule", "mlprof-recording")} <= kinds
+
+
+def test_k8s_trainer_turns_host_profiling_on_with_the_sidecars_token() -> None:
+    from exporter.sdk.host_profile import options_from_env
+
+    for doc in _k8s_docs():
+        containers = {c["name"]: c for c in _containers(doc)}
+        if "trainer" not in containers:
+            continue
+        env = {e["name"]: e.get("value", "from-secret") for e in containers["trainer"]["env"]}
+        assert options_from_env(None, env) is not None
+        # The sidecar listens off loopback with a token: the agent must send it.
+        assert "valueFrom" in next(
+            e for e in containers["trainer"]["env"] if e["name"] == "MLPROF_AUTH_TOKEN"
+        )
