@@ -10,6 +10,7 @@ segments are contiguous blocks whose sizes add up to ``total_size``, so PyTorch'
 from __future__ import annotations
 
 import pickle
+import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,58 @@ def live_totals(data: dict[str, Any]) -> tuple[int, int]:
     """(live blocks, live bytes) straight from the snapshot: what the reader must show."""
     live = [b for s in data["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
     return len(live), sum(b["size"] for b in live)
+
+
+def legacy_history_snapshot() -> list[dict[str, Any]]:
+    """torch 2.0's format, dumped as a bare list of segments: blocks carry ``history``
+    (newest allocation first) instead of ``frames``/``requested_size``."""
+    segments = [
+        segment([
+            block(4096, state="active_allocated"),
+            block(2048, state="inactive"),
+            block(1024, state="active_allocated"),
+        ], device=0),
+    ]  # fmt: skip
+    first, freed, second = segments[0]["blocks"]
+    for item in (first, freed, second):
+        del item["frames"], item["requested_size"]
+    first["history"] = [{"addr": first["address"], "real_size": 4000, "frames": OPT_STACK}]
+    freed["history"] = [{"addr": freed["address"], "real_size": 2048, "frames": OPT_STACK}]
+    second["history"] = [{"addr": second["address"], "real_size": 1000}]  # no context
+    return segments
+
+
+def random_snapshot(seed: int, blocks: int = 2000, devices: int = 2) -> dict[str, Any]:
+    """Many stacks of Python and C++ frames over several devices and streams, every
+    state, rounding: the shape of a real snapshot, for totals checked against PyTorch."""
+    rng = random.Random(seed)
+    files = [f"/job/pkg/mod{i}.py" for i in range(12)]
+    python = [frame(rng.choice(["forward", "step", "_call_impl", f"fn{i}"]),
+                    rng.choice(files), rng.randrange(1, 500)) for i in range(60)]  # fmt: skip
+    native = [MALLOC, EMPTY, THP_ADD, UNKNOWN, EVAL, CALL, VECTORCALL]
+    stacks: list[list[Frame]] = [[]]
+    for _ in range(80):
+        depth = rng.randrange(1, 12)
+        stack = [rng.choice(python) for _ in range(depth)]
+        if rng.random() < 0.5:  # stacks="all"
+            stack = [*RECORDER, *rng.sample(native, 3), *stack]
+        stacks.append(stack)
+    states = ["active_allocated"] * 6 + ["inactive"] * 2 + ["active_pending_free"]
+    segments = []
+    left = blocks
+    address = 0x7F0000000000
+    while left > 0:
+        count = min(left, rng.randrange(1, 40))
+        left -= count
+        items = []
+        for _ in range(count):
+            size = rng.randrange(1, 8192) * 512
+            items.append(block(size, rng.choice(stacks), rng.choice(states),
+                               requested=size - rng.randrange(0, 512)))  # fmt: skip
+        seg = segment(items, device=rng.randrange(devices), stream=rng.choice([0, 0, 7]),
+                      address=address)  # fmt: skip
+        address += seg["total_size"] + 2**21
+        segments.append(seg)
+    trace = [{"action": "snapshot", "addr": 0, "size": 0, "stream": 0,
+              "time_us": SNAPSHOT_TIME_US, "frames": []}]  # fmt: skip
+    return snapshot(segments, [trace] + [[] for _ in range(devices - 1)])

@@ -3,7 +3,8 @@
 The workload's SDK writes ``memory/*.pprof.gz`` (JAX) or ``memory/*.pickle`` (PyTorch CUDA
 allocator snapshots), with a ``.json`` identity beside each, into the shared directory;
 :class:`MemoryProfileWatcher` converts each new one once (remembered across restarts) and
-hands the flame graph and its labels to ``publish`` (e.g. ``PyroscopeSink.push``). :func:`request_memory_profile` asks the workload for one.
+hands the flame graph and its labels to ``publish`` (e.g. ``PyroscopeSink.push``).
+:func:`request_memory_profile` asks the workload for one.
 """
 
 from __future__ import annotations

@@ -105,19 +105,23 @@ _QUALIFIERS = (" const", " volatile", " &", " &&", " noexcept")
 
 
 # -- restricted unpickling -----------------------------------------------------------
+class _Refused(pickle.UnpicklingError):
+    """The pickle asks for code (a global, a persistent id): never a memory snapshot."""
+
+
 class _SnapshotUnpickler(pickle.Unpickler):
     """Loads builtin containers and scalars only: no global, no persistent id."""
 
     def find_class(self, module: str, name: str, /) -> Any:
         # Every route from a pickle to code (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT*) asks
         # find_class first; REDUCE/NEWOBJ/BUILD then have no callable or class to use.
-        raise pickle.UnpicklingError(
+        raise _Refused(
             f"refused global {module}.{name}: a memory snapshot holds only dicts, lists, "
             "tuples, strings and numbers"
         )
 
     def persistent_load(self, pid: Any, /) -> Any:
-        raise pickle.UnpicklingError("refused persistent id: not a plain memory snapshot")
+        raise _Refused("refused persistent id: not a plain memory snapshot")
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -138,7 +142,7 @@ def read_snapshot(data: bytes, source: str = "snapshot") -> dict[str, Any]:
         loaded = _SnapshotUnpickler(io.BytesIO(data)).load()
     except MemoryError:
         raise
-    except pickle.UnpicklingError as exc:
+    except _Refused as exc:
         raise InputError(
             f"{source}: not a safe PyTorch memory snapshot: {_one_line(str(exc))}"
         ) from None

@@ -15,6 +15,7 @@ import pytest
 
 from exporter import schema
 from exporter.proto import profile_pb2
+from tests import torch_snapshots as ts
 from tests.harness import Proc, free_port, wait_http, wait_until
 from tests.pyroscope_receiver import PyroscopeReceiver
 
@@ -106,6 +107,40 @@ def test_memory_profiles_are_pushed_and_requested(
 
     metrics = wait_until(pushed, timeout=30, what="the push counter on /metrics")
     assert 'mlprof_spool_size_bytes{sink="pyroscope"} 0.0' in metrics
+
+
+def test_torch_memory_snapshots_are_pushed_like_profiles(
+    sidecar: tuple[str, Path, PyroscopeReceiver],
+) -> None:
+    """A PyTorch CUDA allocator snapshot in memory/ becomes a memory flame graph of its
+    live blocks (the inactive one is cache), labelled as a JAX profile would be."""
+    _, shared, receiver = sidecar
+    forward = ts.frame("forward", "/job/model.py", 22)
+    snapshot = ts.snapshot([ts.segment([
+        ts.block(4096, ts.OPT_STACK), ts.block(1024, [forward, *ts.OPT_STACK[1:]]),
+        ts.block(2048, ts.OPT_STACK, state="inactive"),
+    ], device=1)])  # fmt: skip
+    memory = shared / schema.MEMORY_DIR
+    memory.mkdir(parents=True, exist_ok=True)
+    stem = "gpu-a-77-1700000000000-1"
+    meta = {"run_id": "run-t", "workload": "torch-job", "host": "gpu-a", "pid": 77,
+            "time": 1.7e9, "trigger": "programmatic", "request_id": None}  # fmt: skip
+    (memory / f"{stem}{schema.MEMORY_META_SUFFIX}").write_text(json.dumps(meta))
+    ts.write(memory / f"{stem}{schema.MEMORY_SNAPSHOT_SUFFIX}", snapshot)
+
+    (series,) = receiver.wait_for(1, timeout=30)
+    assert series.labels == {
+        "__name__": "memory",
+        "service_name": "torch-job",
+        "run_id": "run-t",
+        "host": "gpu-a",
+        "trigger": "programmatic",
+        "profile_source": "device_memory",
+    }
+    assert series.folded() == {
+        "cuda:1;<module>;train;train_step;step": 4096,
+        "cuda:1;<module>;train;train_step;forward": 1024,
+    }
 
 
 def test_pyroscope_down_then_up_loses_nothing(tmp_path: Path) -> None:
