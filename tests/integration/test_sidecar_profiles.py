@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -40,6 +41,14 @@ def _memory_pprof(bytes_per_buffer: list[int]) -> bytes:
     return gzip.compress(profile.SerializeToString())
 
 
+def _drop(shared: Path, stem: str, suffix: str, data: bytes, meta: dict[str, object]) -> None:
+    """What the SDK writes: the identity first, then the profile or snapshot."""
+    memory = shared / schema.MEMORY_DIR
+    memory.mkdir(parents=True, exist_ok=True)
+    (memory / f"{stem}{schema.MEMORY_META_SUFFIX}").write_text(json.dumps(meta))
+    (memory / f"{stem}{suffix}").write_bytes(data)
+
+
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Iterator[tuple[str, Path, PyroscopeReceiver]]:
     port = free_port()
@@ -70,13 +79,10 @@ def test_memory_profiles_are_pushed_and_requested(
     sidecar: tuple[str, Path, PyroscopeReceiver],
 ) -> None:
     url, shared, receiver = sidecar
-    memory = shared / schema.MEMORY_DIR
-    memory.mkdir(parents=True, exist_ok=True)
-    stem = "host-a-123-1700000000000-1"
     meta = {"run_id": "run-9", "workload": "trainer", "host": "host-a", "pid": 123,
             "time": 1.7e9, "trigger": "periodic", "request_id": None}  # fmt: skip
-    (memory / f"{stem}{schema.MEMORY_META_SUFFIX}").write_text(json.dumps(meta))
-    (memory / f"{stem}{schema.MEMORY_PROFILE_SUFFIX}").write_bytes(_memory_pprof([4096, 1024]))
+    _drop(shared, "host-a-123-1700000000000-1", schema.MEMORY_PROFILE_SUFFIX,
+          _memory_pprof([4096, 1024]), meta)  # fmt: skip
 
     (series,) = receiver.wait_for(1, timeout=30)
     assert series.labels == {
@@ -120,13 +126,10 @@ def test_torch_memory_snapshots_are_pushed_like_profiles(
         ts.block(4096, ts.OPT_STACK), ts.block(1024, [forward, *ts.OPT_STACK[1:]]),
         ts.block(2048, ts.OPT_STACK, state="inactive"),
     ], device=1)])  # fmt: skip
-    memory = shared / schema.MEMORY_DIR
-    memory.mkdir(parents=True, exist_ok=True)
-    stem = "gpu-a-77-1700000000000-1"
     meta = {"run_id": "run-t", "workload": "torch-job", "host": "gpu-a", "pid": 77,
             "time": 1.7e9, "trigger": "programmatic", "request_id": None}  # fmt: skip
-    (memory / f"{stem}{schema.MEMORY_META_SUFFIX}").write_text(json.dumps(meta))
-    ts.write(memory / f"{stem}{schema.MEMORY_SNAPSHOT_SUFFIX}", snapshot)
+    _drop(shared, "gpu-a-77-1700000000000-1", schema.MEMORY_SNAPSHOT_SUFFIX,
+          pickle.dumps(snapshot), meta)  # fmt: skip
 
     (series,) = receiver.wait_for(1, timeout=30)
     assert series.labels == {
