@@ -230,9 +230,12 @@ def legacy_history_snapshot() -> list[dict[str, Any]]:
     return segments
 
 
-def random_snapshot(seed: int, blocks: int = 2000, devices: int = 2) -> dict[str, Any]:
+def random_snapshot(
+    seed: int, blocks: int = 2000, devices: int = 2, trace_entries: int = 0
+) -> dict[str, Any]:
     """Many stacks of Python and C++ frames over several devices and streams, every
-    state, rounding: the shape of a real snapshot, for totals checked against PyTorch."""
+    state, rounding: the shape of a real snapshot, for totals checked against PyTorch.
+    ``trace_entries`` alloc/free events on device 0 make it as large as a real one."""
     rng = random.Random(seed)
     files = [f"/job/pkg/mod{i}.py" for i in range(12)]
     python = [frame(rng.choice(["forward", "step", "_call_impl", f"fn{i}"]),
@@ -261,6 +264,10 @@ def random_snapshot(seed: int, blocks: int = 2000, devices: int = 2) -> dict[str
                       address=address)  # fmt: skip
         address += seg["total_size"] + 2**21
         segments.append(seg)
-    trace = [{"action": "snapshot", "addr": 0, "size": 0, "stream": 0,
-              "time_us": SNAPSHOT_TIME_US, "frames": []}]  # fmt: skip
+    trace = [{"action": rng.choice(["alloc", "free_requested", "free_completed"]),
+              "addr": address + 512 * i, "size": 512 * rng.randrange(1, 64), "stream": 0,
+              "time_us": SNAPSHOT_TIME_US - trace_entries + i, "frames": rng.choice(stacks)}
+             for i in range(trace_entries)]  # fmt: skip
+    trace.append({"action": "snapshot", "addr": 0, "size": 0, "stream": 0,
+                  "time_us": SNAPSHOT_TIME_US, "frames": []})  # fmt: skip
     return snapshot(segments, [trace] + [[] for _ in range(devices - 1)])

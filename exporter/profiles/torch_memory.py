@@ -275,9 +275,10 @@ class _Builder:
         self._string("")
         self._functions: dict[tuple[str, str, str], int] = {}
         self._locations: dict[tuple[int, int], int] = {}
-        # id(frame dict) -> (label or None for the recorder's frames, raw name)
-        self._labels: dict[int, tuple[FrameLabel | None, str]] = {}
-        self._stacks: dict[int, tuple[int, ...]] = {}  # id(frames list) -> location ids
+        # id(frame dict) -> (location id, is a trampoline), None for the recorder's frames
+        self._frames: dict[int, tuple[int, bool] | None] = {}
+        # ids of a stack's frame dicts -> its location ids, innermost first
+        self._stacks: dict[tuple[int, ...], tuple[int, ...]] = {}
         # (device, location ids) -> [blocks, bytes, requested bytes]
         self.samples: dict[tuple[str, tuple[int, ...]], list[int]] = {}
 
@@ -307,35 +308,45 @@ class _Builder:
             location.line.add(function_id=fn_id, line=label.line)
         return loc_id
 
-    def _frame(self, frame: Any) -> tuple[FrameLabel | None, str]:
-        cached = self._labels.get(id(frame))  # frame dicts are shared between stacks
-        if cached is not None:
-            return cached
+    def _frame(self, frame: Any) -> tuple[int, bool] | None:
+        """(location id, is a trampoline) of a frame dict; None for the recorder's frames."""
         _expect(frame, dict, "", "a frame dict (filename, line, name)")
         name: str = _expect(frame.get("name", ""), str, "name", "a string")
         file = _expect(frame.get("filename", ""), str, "filename", "a string")
         line = _expect(frame.get("line", 0), int, "line", "an integer")
-        labelled = self._labels[id(frame)] = (torch_frame_label(name, file, line), name)
-        return labelled
+        label = torch_frame_label(name, file, line)
+        if label is None:
+            return None
+        return self._location(label, name), label.name == TRAMPOLINE
 
     def stack(self, frames: Any) -> tuple[int, ...]:
-        """Location ids, innermost first, of a block's frames (cached per list object)."""
-        key = id(frames)
+        """Location ids, innermost first, of a block's frames.
+
+        Each allocation has its own frames list, but PyTorch shares the frame dicts
+        between them: stacks are cached by the identities of their frames.
+        """
+        _expect(frames, (list, tuple), "frames", "a list of frames")
+        key = tuple(map(id, frames))
         cached = self._stacks.get(key)
         if cached is not None:
             return cached
-        _expect(frames, (list, tuple), "frames", "a list of frames")
         ids: list[int] = []
-        previous = ""
+        previous_trampoline = False
         for index, frame in enumerate(frames):
-            try:
-                label, name = self._frame(frame)
-            except _FieldError as exc:
-                raise exc.inside(f"frames[{index}]") from None
-            if label is None or (label.name == TRAMPOLINE and previous == TRAMPOLINE):
-                continue  # CPython's call glue between two Python frames is one trampoline
-            previous = label.name
-            ids.append(self._location(label, name))
+            if id(frame) in self._frames:
+                found = self._frames[id(frame)]
+            else:
+                try:
+                    found = self._frames[id(frame)] = self._frame(frame)
+                except _FieldError as exc:
+                    raise exc.inside(f"frames[{index}]") from None
+            if found is None:
+                continue
+            location, trampoline = found
+            if not (trampoline and previous_trampoline):
+                # CPython's call glue between two Python frames is one trampoline.
+                ids.append(location)
+            previous_trampoline = trampoline
         if not ids:
             ids.append(self._location(FrameLabel(NO_STACK), ""))
         stack = self._stacks[key] = tuple(ids)
