@@ -44,6 +44,7 @@ import io
 import os
 import pickle
 import re
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -96,7 +97,6 @@ UNKNOWN_NATIVE = "??"  # what PyTorch's symbolizers write for a frame they canno
 # The recorder's own frames (innermost in every C++ stack): the instrument, not the code.
 _RECORDER_FRAMES = ("unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp")
 _PICKLE_PROTOCOLS = range(2, 6)  # b"\x80<protocol>" opens every pickle PyTorch writes
-_SHARED_OBJECT = re.compile(r"\.so(\.[\w]+)*$")
 _SOURCE_FILE = re.compile(r"\.(c|cc|cpp|cxx|cu|cuh|h|hh|hpp|hxx|inl|ipp|tcc|s|S|py)$")
 # GCC clone suffixes (foo.cold, foo.isra.0, foo.constprop.3): the same function.
 _CLONE_SUFFIX = re.compile(r"(\.(cold|isra|constprop|part|lto_priv|localalias)(\.\d+)?)+$")
@@ -221,8 +221,9 @@ def torch_frame_label(name: str, file: str, line: int) -> FrameLabel | None:
 
     Python frames carry ``co_name`` (``forward``; ``Cls.forward`` where a producer writes
     the qualified name); C++ frames a demangled symbol, or ``??`` when the symbolizer
-    failed. PyTorch's fast and dladdr symbolizers then write the library as ``filename``
-    and the offset in it as ``line``: that offset is kept as a ``0x…`` frame.
+    failed. PyTorch's fast and dladdr symbolizers write the library (or executable) as
+    ``filename`` and the offset in it as ``line``: for ``??`` that offset is kept as a
+    ``0x…`` frame. A file without a source suffix is taken for such an object.
     """
     if any(recorder in name for recorder in _RECORDER_FRAMES):
         return None
@@ -234,8 +235,8 @@ def torch_frame_label(name: str, file: str, line: int) -> FrameLabel | None:
         if in_object and line > 0:
             return label_address(line, source)
         return FrameLabel(UNKNOWN_NATIVE, source, line)
-    if _SHARED_OBJECT.search(source):
-        line = 0  # an offset into the library, not a line number
+    if in_object:
+        line = 0  # an offset into the library or executable, not a line number
     return label_native(_scope_path(_strip_signature(name)), source, line)
 
 
@@ -477,14 +478,18 @@ def is_torch_snapshot(path: Path) -> bool:
 
 
 def _read_bounded(path: Path) -> bytes:
+    """The file's bytes, up to one past the cap; only a regular file (a FIFO in the shared
+    directory would block the reader)."""
     try:
-        with path.open("rb") as handle:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InputError(f"{path}: not a regular file, expected a memory snapshot")
             # Sized from the file, not the cap: read(n) allocates n bytes up front.
-            size = os.fstat(handle.fileno()).st_size
-            data = handle.read(min(size, MAX_SNAPSHOT_BYTES) + 1)
+            return handle.read(min(info.st_size, MAX_SNAPSHOT_BYTES) + 1)
     except OSError as exc:
         raise InputError(f"{path}: cannot read memory snapshot ({exc.strerror or exc})") from None
-    return data
 
 
 def convert_file(path: Path) -> bytes:
@@ -510,9 +515,12 @@ def torch_memory_pprof(
 
     InputError (one line) when the file is not a snapshot or needs more than the limits.
     """
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file, expected a memory snapshot")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", __name__, "--memory-limit", str(memory_limit), str(path)]
+    module = "exporter.profiles.torch_memory"  # this module, run as the child
+    command = [sys.executable, "-m", module, "--memory-limit", str(memory_limit), str(path)]
     try:
         done = subprocess.run(
             command,

@@ -350,6 +350,15 @@ def test_converter_process_refuses_code_and_memory_bombs(tmp_path: Path) -> None
         torch_memory_pprof(bomb, timeout_s=0.001)
 
 
+def test_a_fifo_named_like_a_snapshot_does_not_block(tmp_path: Path) -> None:
+    fifo = tmp_path / "h-1-2-3.pickle"
+    os.mkfifo(fifo)  # no writer: open() or read() without care would wait forever
+    with pytest.raises(InputError, match="not a regular file"):
+        torch_memory_pprof(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        torch_memory.convert_file(fifo)
+
+
 def test_snapshot_files_are_recognised(tmp_path: Path) -> None:
     data = pickle.dumps(ts.training_snapshot())
     assert is_torch_snapshot(ts.write(tmp_path / "a.pickle", {}))
