@@ -8,9 +8,11 @@ Layout of the shared directory::
     runs/<run_id>.json            every run, so old step logs keep their identity
     steps/<host>-<pid>.jsonl      one JSON object per line, appended by the SDK
     sidecar/state.json            the sidecar's tail offsets and totals (sidecar only)
-    memory/<host>-<pid>-<ms>-<n>.pprof.gz   a device-memory profile (gzip pprof), and
+    memory/<host>-<pid>-<ms>-<n>.pprof.gz   a device-memory profile (gzip pprof), or
+    memory/<host>-<pid>-<ms>-<n>.pickle     a PyTorch CUDA memory snapshot (the pickle of
+                                  torch.cuda.memory._snapshot()), and
     memory/<host>-<pid>-<ms>-<n>.json       its identity: run_id, workload, host, pid,
-                                  time, trigger, request_id (written before the pprof)
+                                  time, trigger, request_id (written before the profile)
     requests/memory-profile-<id>.json       the sidecar asks the workload for a memory
                                   profile: {"id", "time"}; each SDK process answers it
                                   once with a profile whose request_id is <id>
@@ -44,6 +46,7 @@ __all__ = [
     "MEMORY_PROFILE_REQUEST_PREFIX",
     "MEMORY_PROFILE_SUFFIX",
     "PHASE_LABEL",
+    "MEMORY_SNAPSHOT_SUFFIX",
     "PROFILE_SESSIONS_DIR",
     "REQUESTS_DIR",
     "REQUEST_SUFFIX",
@@ -82,6 +85,8 @@ KIND_MEMORY: Final = "memory"
 # Device-memory profiles (jax.profiler.device_memory_profile()) and requests for them.
 MEMORY_DIR: Final = "memory"
 MEMORY_PROFILE_SUFFIX: Final = ".pprof.gz"
+# PyTorch CUDA allocator snapshots (run.memory_snapshot()), converted like the profiles.
+MEMORY_SNAPSHOT_SUFFIX: Final = ".pickle"
 MEMORY_META_SUFFIX: Final = ".json"
 REQUESTS_DIR: Final = "requests"
 MEMORY_PROFILE_REQUEST_PREFIX: Final = "memory-profile-"

@@ -1,8 +1,9 @@
 """One entry point from a file or session to a flame graph and its rendering.
 
-Inputs: an XProf capture (``*.xplane.pb``), a device-memory pprof (gzip), or a session
-directory (XProf's ``plugins/profile/<session>/<host>.xplane.pb`` layout, or any folder
-holding captures), whose hosts are merged.
+Inputs: an XProf capture (``*.xplane.pb``), a device-memory pprof (gzip), a PyTorch CUDA
+memory snapshot (``*.pickle``, read by ``torch_memory``), or a session directory (XProf's
+``plugins/profile/<session>/<host>.xplane.pb`` layout, or any folder holding captures),
+whose hosts are merged.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.html import render_html
 from exporter.profiles.memory import load_memory_profile
 from exporter.profiles.pprof import encode_pprof
+from exporter.profiles.torch_memory import (
+    SNAPSHOT_SUFFIXES,
+    is_torch_snapshot,
+    load_torch_memory_profile,
+)
 from exporter.profiles.xplane import Capture, device_flamegraph, host_flamegraph, load_capture
 
 __all__ = [
@@ -33,7 +39,7 @@ Kind = Literal["device", "host", "memory"]
 KINDS: tuple[Kind, ...] = ("device", "host", "memory")
 FORMATS = ("folded", "pprof", "html")
 CAPTURE_SUFFIX = ".xplane.pb"
-MEMORY_SUFFIXES = (".pprof.gz", ".pprof", ".pb.gz")
+MEMORY_SUFFIXES = (".pprof.gz", ".pprof", ".pb.gz", *SNAPSHOT_SUFFIXES)
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -102,15 +108,17 @@ def _is_memory_file(path: Path) -> bool:
         return True
     try:
         with path.open("rb") as handle:
-            return handle.read(2) == GZIP_MAGIC
+            if handle.read(2) == GZIP_MAGIC:
+                return True
     except OSError:
         return False
+    return is_torch_snapshot(path)
 
 
 def _session_files(directory: Path, kind: Kind | None) -> list[Path]:
     if kind == "memory":
         found = sorted(p for s in MEMORY_SUFFIXES for p in directory.rglob(f"*{s}"))
-        what = "device-memory profiles (*.pprof.gz)"
+        what = "device-memory profiles (*.pprof.gz) or PyTorch memory snapshots (*.pickle)"
     else:
         found = sorted(directory.rglob(f"*{CAPTURE_SUFFIX}"))
         what = "XProf captures (*.xplane.pb)"
@@ -138,8 +146,10 @@ def flamegraph_from_path(
                 raise InputError(f"{path}: --per-step applies to device time, not memory")
             if kind not in (None, "memory"):
                 raise InputError(
-                    f"{path}: is a device-memory pprof; it has no {kind} time (use --kind memory)"
+                    f"{path}: is a device-memory profile; it has no {kind} time (use --kind memory)"
                 )
+            if is_torch_snapshot(path):
+                return load_torch_memory_profile(path)
             return load_memory_profile(path)
         with load_capture(path) as capture:
             return flamegraph_from_capture(capture, kind, per_step)

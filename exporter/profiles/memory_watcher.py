@@ -1,9 +1,10 @@
 """The sidecar's side of device-memory profiles: pick up new ones, convert, publish.
 
-The workload's SDK writes ``memory/*.pprof.gz`` (with a ``.json`` identity beside each)
-into the shared directory; :class:`MemoryProfileWatcher` converts each new one once
-(remembered across restarts) and hands the flame graph and its labels to ``publish``
-(e.g. ``PyroscopeSink.push``). :func:`request_memory_profile` asks the workload for one.
+The workload's SDK writes ``memory/*.pprof.gz`` (JAX) or ``memory/*.pickle`` (PyTorch CUDA
+allocator snapshots), with a ``.json`` identity beside each, into the shared directory;
+:class:`MemoryProfileWatcher` converts each new one once (remembered across restarts) and
+hands the flame graph and its labels to ``publish`` (e.g. ``PyroscopeSink.push``).
+:func:`request_memory_profile` asks the workload for one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from exporter import schema
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.memory import load_memory_profile
+from exporter.profiles.torch_memory import load_torch_memory_profile
 
 __all__ = [
     "MEMORY_REQUEST_ID",
@@ -37,6 +39,7 @@ PROFILE_SOURCE = "device_memory"
 MEMORY_REQUEST_ID = re.compile(r"^\d{9,12}-[0-9a-f]{8}$")  # what request_memory_profile makes
 REQUEST_TTL_S = 300.0  # requests older than this are removed (the SDK ignores them too)
 Publish = Callable[[FlameGraph, dict[str, str]], object]
+SUFFIXES = (schema.MEMORY_PROFILE_SUFFIX, schema.MEMORY_SNAPSHOT_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,17 @@ def request_memory_profile(shared_dir: Path) -> str:
     return request_id
 
 
+def _profiles(directory: Path) -> list[Path]:
+    return [p for suffix in SUFFIXES for p in directory.glob(f"*{suffix}")]
+
+
+def _meta_path(path: Path) -> Path:
+    suffix = next(s for s in SUFFIXES if path.name.endswith(s))
+    return path.with_name(path.name[: -len(suffix)] + schema.MEMORY_META_SUFFIX)
+
+
 def _meta(path: Path) -> dict[str, Any]:
-    stem = path.name[: -len(schema.MEMORY_PROFILE_SUFFIX)]
-    meta_path = path.with_name(stem + schema.MEMORY_META_SUFFIX)
+    meta_path = _meta_path(path)
     try:
         data = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -84,11 +95,7 @@ def _meta(path: Path) -> dict[str, Any]:
 def answers_to(shared_dir: Path, request_id: str) -> list[Path]:
     """Profiles written in answer to ``request_id``."""
     directory = shared_dir / schema.MEMORY_DIR
-    return sorted(
-        p
-        for p in directory.glob(f"*{schema.MEMORY_PROFILE_SUFFIX}")
-        if _meta(p).get("request_id") == request_id
-    )
+    return sorted(p for p in _profiles(directory) if _meta(p).get("request_id") == request_id)
 
 
 class MemoryProfileWatcher:
@@ -155,10 +162,7 @@ class MemoryProfileWatcher:
         """Convert and publish every profile not seen before; oldest first."""
         results: list[MemoryProfileResult] = []
         try:
-            found = sorted(
-                self.directory.glob(f"*{schema.MEMORY_PROFILE_SUFFIX}"),
-                key=lambda p: p.stat().st_mtime,
-            )
+            found = sorted(_profiles(self.directory), key=lambda p: p.stat().st_mtime)
         except OSError:
             found = []
         for path in found:
@@ -179,7 +183,10 @@ class MemoryProfileWatcher:
         meta = _meta(path)
         labels = self.labels_for(meta, path)
         try:
-            graph = load_memory_profile(path)
+            if path.name.endswith(schema.MEMORY_SNAPSHOT_SUFFIX):
+                graph = load_torch_memory_profile(path)
+            else:
+                graph = load_memory_profile(path)
             if meta.get("time"):
                 graph.time_nanos = int(float(meta["time"]) * 1e9)
         except InputError as exc:
@@ -201,9 +208,8 @@ class MemoryProfileWatcher:
     def _retain(self, found: list[Path]) -> None:
         done = [p for p in found if p.name in self.processed]
         for path in done[: max(0, len(done) - self.keep)]:
-            stem = path.name[: -len(schema.MEMORY_PROFILE_SUFFIX)]
             path.unlink(missing_ok=True)
-            path.with_name(stem + schema.MEMORY_META_SUFFIX).unlink(missing_ok=True)
+            _meta_path(path).unlink(missing_ok=True)
             self.processed.discard(path.name)
 
     def _expire_requests(self) -> None:

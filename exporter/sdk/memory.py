@@ -1,7 +1,8 @@
 """Device-memory profiles from the workload: on call, periodically and on request.
 
 Imports JAX only inside :meth:`MemoryProfiler.take`; periodic and requested profiles
-are taken only once the workload itself has imported JAX.
+are taken only once the workload itself has imported JAX, or, under PyTorch, once the run
+records CUDA allocator history (then they are allocator snapshots).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from exporter import schema
+from exporter.sdk import torch_memory
 
 __all__ = ["MemoryProfiler", "interval_from_env"]
 
@@ -36,7 +39,8 @@ def interval_from_env() -> float:
 
 
 class MemoryProfiler:
-    """Writes ``jax.profiler.device_memory_profile()`` into ``<shared>/memory/``."""
+    """Writes ``jax.profiler.device_memory_profile()`` or PyTorch CUDA allocator snapshots
+    into ``<shared>/memory/``."""
 
     def __init__(self, shared_dir: Path, identity: dict[str, str], interval_s: float) -> None:
         self.directory = shared_dir / schema.MEMORY_DIR
@@ -47,12 +51,25 @@ class MemoryProfiler:
         self._seq = 0
         self._last = time.monotonic()
         self._answered: set[str] = set()
+        self.torch_history = False  # run.record_memory_history() succeeded
 
     def take(self, trigger: str = "programmatic", request_id: str | None = None) -> Path:
         """Take a device-memory profile now and return the path of its pprof."""
         import jax.profiler
 
         data = jax.profiler.device_memory_profile()
+        return self._write(data, schema.MEMORY_PROFILE_SUFFIX, trigger, request_id)
+
+    def take_torch_snapshot(
+        self, trigger: str = "programmatic", request_id: str | None = None
+    ) -> Path | None:
+        """Write PyTorch's CUDA allocator snapshot now; None (said on stderr) without CUDA."""
+        data = torch_memory.snapshot_pickle()
+        if data is None:
+            return None
+        return self._write(data, schema.MEMORY_SNAPSHOT_SUFFIX, trigger, request_id)
+
+    def _write(self, data: bytes, suffix: str, trigger: str, request_id: str | None) -> Path:
         now = time.time()
         with self._lock:
             self._seq += 1
@@ -66,7 +83,7 @@ class MemoryProfiler:
                 "request_id": request_id,
             }
             meta_path = self.directory / f"{stem}{schema.MEMORY_META_SUFFIX}"
-            path = self.directory / f"{stem}{schema.MEMORY_PROFILE_SUFFIX}"
+            path = self.directory / f"{stem}{suffix}"
             # Identity first, profile last: whoever sees the profile finds its identity.
             for target, payload in ((meta_path, json.dumps(meta).encode()), (path, data)):
                 tmp = target.with_name(f".{target.name}.tmp")
@@ -77,14 +94,19 @@ class MemoryProfiler:
 
     def tick(self) -> None:
         """Answer new requests and take the periodic profile when due (flusher thread)."""
-        if "jax" not in sys.modules:
-            return  # never import JAX on the workload's behalf
+        take: Callable[[str, str | None], Path | None]
+        if self.torch_history:  # the workload asked for PyTorch's allocator history
+            take = self.take_torch_snapshot
+        elif "jax" in sys.modules:
+            take = self.take
+        else:
+            return  # never import JAX (or torch) on the workload's behalf
         for request_id in self._pending_requests():
             self._answered.add(request_id)
-            self.take("manual", request_id)
+            take("manual", request_id)
         if self.interval_s and time.monotonic() - self._last >= self.interval_s:
             self._last = time.monotonic()  # a failing profile is retried next interval
-            self.take("periodic")
+            take("periodic", None)
 
     def _pending_requests(self) -> list[str]:
         try:

@@ -25,6 +25,7 @@ from exporter.sdk.memory import MemoryProfiler, interval_from_env
 from exporter.sdk.memory_stats import MemoryStatsSampler, jax_local_devices
 from exporter.sdk.profile import Profile
 from exporter.sdk.steplog import StepLogWriter
+from exporter.sdk.torch_memory import DEFAULT_MAX_ENTRIES, record_history, stop_history
 
 __all__ = ["Run", "run"]
 
@@ -46,6 +47,7 @@ def _software() -> dict[str, str | None]:
         "jax": _version("jax"),
         "jaxlib": _version("jaxlib"),
         "libtpu": _version("libtpu") or _version("libtpu-nightly"),
+        "torch": _version("torch"),
         "mlprof_exporter": _version("mlprof-exporter"),
     }
 
@@ -251,6 +253,9 @@ class Run:
         self._writer.close()
         if self.host_profiler is not None:
             self.host_profiler.stop()
+        if self._memory is not None and self._memory.torch_history:
+            stop_history()
+            self._memory.torch_history = False
         if self._profiler_started:
             import jax.profiler
 
@@ -316,6 +321,32 @@ class Run:
         if self._memory is None:
             raise RuntimeError("run not started: use sdk.run(...) to start it")
         return self._memory.take(trigger)
+
+    def record_memory_history(
+        self, max_entries: int = DEFAULT_MAX_ENTRIES, cpp_stacks: bool = False
+    ) -> bool:
+        """Record PyTorch's CUDA allocator history (each allocation's stack) from now on.
+
+        Call it before the code whose memory you want to see: blocks allocated earlier
+        show as ``<stack not recorded>``. ``cpp_stacks`` adds C++ frames (slower).
+        Requested and periodic memory profiles are then allocator snapshots. False, said
+        in one line on stderr, without PyTorch or a CUDA device.
+        """
+        if self._memory is None:
+            raise RuntimeError("run not started: use sdk.run(...) to start it")
+        self._memory.torch_history = record_history(max_entries, cpp_stacks)
+        return self._memory.torch_history
+
+    def memory_snapshot(self, trigger: str = "programmatic") -> Path | None:
+        """Write PyTorch's CUDA allocator snapshot into the shared dir now; return its path.
+
+        The sidecar turns it into a memory flame graph (live bytes and blocks per
+        allocation stack; stacks need :meth:`record_memory_history` first) and pushes it
+        like a JAX profile. None, said in one line on stderr, without PyTorch or CUDA.
+        """
+        if self._memory is None:
+            raise RuntimeError("run not started: use sdk.run(...) to start it")
+        return self._memory.take_torch_snapshot(trigger)
 
     def profile(
         self, name: str, host_tracer_level: int = 2, python_tracer_level: int = 0

@@ -15,6 +15,7 @@ import pytest
 
 from exporter.profiles.pprof import decode_pprof, from_pprof
 from exporter.profiles.synthetic import write_tpu_capture
+from tests import torch_snapshots as ts
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.integration
@@ -95,6 +96,37 @@ def test_truncated_memory_profile_is_one_line_exit_1(tmp_path: Path) -> None:
     done = mlprof("flamegraph", str(bad), "--kind", "memory")
     assert done.returncode == 1
     assert "Traceback" not in done.stderr and str(bad) in done.stderr
+
+
+def test_torch_memory_snapshot(tmp_path: Path) -> None:
+    """`mlprof flamegraph SNAPSHOT --kind memory`: live bytes per stack, the pprof keeps
+    block counts, and a snapshot that would run code is one line, exit 1, not run."""
+    snapshot = ts.training_snapshot()
+    path = ts.write(tmp_path / "snapshot.pickle", snapshot)
+    done = mlprof("flamegraph", str(path), "--kind", "memory")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "cuda:0;<module>;train;train_step;step 2097152" in lines
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in lines) == ts.live_totals(snapshot)[1]
+
+    out = tmp_path / "memory.pb.gz"
+    done = mlprof("flamegraph", str(path), "--format", "pprof", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"total {ts.live_totals(snapshot)[1]} bytes" in done.stderr
+
+    sentinel = tmp_path / "pwned"
+    evil = tmp_path / "evil.pickle"
+    command = f"touch {sentinel}".encode()
+    # posix.system("touch ...") by STACK_GLOBAL and REDUCE, as pickle protocol 4 writes it.
+    evil.write_bytes(b"\x80\x04\x8c\x05posix\x8c\x06system\x93\x8c"
+                     + bytes([len(command)]) + command + b"\x85R.")  # fmt: skip
+    done = mlprof("flamegraph", str(evil))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"mlprof: {evil}: not a safe PyTorch memory snapshot: refused global posix.system: "
+        "a memory snapshot holds only dicts, lists, tuples, strings and numbers"
+    ]
+    assert not sentinel.exists()
 
 
 def test_missing_input(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 
 from exporter import schema
 from exporter.proto import profile_pb2
+from tests import torch_snapshots as ts
 from tests.harness import Proc, free_port, wait_http, wait_until
 from tests.pyroscope_receiver import PyroscopeReceiver
 
@@ -37,6 +39,14 @@ def _memory_pprof(bytes_per_buffer: list[int]) -> bytes:
         sample.label.add(key=5, str=6)
         sample.label.add(key=7, str=8)
     return gzip.compress(profile.SerializeToString())
+
+
+def _drop(shared: Path, stem: str, suffix: str, data: bytes, meta: dict[str, object]) -> None:
+    """What the SDK writes: the identity first, then the profile or snapshot."""
+    memory = shared / schema.MEMORY_DIR
+    memory.mkdir(parents=True, exist_ok=True)
+    (memory / f"{stem}{schema.MEMORY_META_SUFFIX}").write_text(json.dumps(meta))
+    (memory / f"{stem}{suffix}").write_bytes(data)
 
 
 @pytest.fixture
@@ -69,13 +79,10 @@ def test_memory_profiles_are_pushed_and_requested(
     sidecar: tuple[str, Path, PyroscopeReceiver],
 ) -> None:
     url, shared, receiver = sidecar
-    memory = shared / schema.MEMORY_DIR
-    memory.mkdir(parents=True, exist_ok=True)
-    stem = "host-a-123-1700000000000-1"
     meta = {"run_id": "run-9", "workload": "trainer", "host": "host-a", "pid": 123,
             "time": 1.7e9, "trigger": "periodic", "request_id": None}  # fmt: skip
-    (memory / f"{stem}{schema.MEMORY_META_SUFFIX}").write_text(json.dumps(meta))
-    (memory / f"{stem}{schema.MEMORY_PROFILE_SUFFIX}").write_bytes(_memory_pprof([4096, 1024]))
+    _drop(shared, "host-a-123-1700000000000-1", schema.MEMORY_PROFILE_SUFFIX,
+          _memory_pprof([4096, 1024]), meta)  # fmt: skip
 
     (series,) = receiver.wait_for(1, timeout=30)
     assert series.labels == {
@@ -106,6 +113,37 @@ def test_memory_profiles_are_pushed_and_requested(
 
     metrics = wait_until(pushed, timeout=30, what="the push counter on /metrics")
     assert 'mlprof_spool_size_bytes{sink="pyroscope"} 0.0' in metrics
+
+
+def test_torch_memory_snapshots_are_pushed_like_profiles(
+    sidecar: tuple[str, Path, PyroscopeReceiver],
+) -> None:
+    """A PyTorch CUDA allocator snapshot in memory/ becomes a memory flame graph of its
+    live blocks (the inactive one is cache), labelled as a JAX profile would be."""
+    _, shared, receiver = sidecar
+    forward = ts.frame("forward", "/job/model.py", 22)
+    snapshot = ts.snapshot([ts.segment([
+        ts.block(4096, ts.OPT_STACK), ts.block(1024, [forward, *ts.OPT_STACK[1:]]),
+        ts.block(2048, ts.OPT_STACK, state="inactive"),
+    ], device=1)])  # fmt: skip
+    meta = {"run_id": "run-t", "workload": "torch-job", "host": "gpu-a", "pid": 77,
+            "time": 1.7e9, "trigger": "programmatic", "request_id": None}  # fmt: skip
+    _drop(shared, "gpu-a-77-1700000000000-1", schema.MEMORY_SNAPSHOT_SUFFIX,
+          pickle.dumps(snapshot), meta)  # fmt: skip
+
+    (series,) = receiver.wait_for(1, timeout=30)
+    assert series.labels == {
+        "__name__": "memory",
+        "service_name": "torch-job",
+        "run_id": "run-t",
+        "host": "gpu-a",
+        "trigger": "programmatic",
+        "profile_source": "device_memory",
+    }
+    assert series.folded() == {
+        "cuda:1;<module>;train;train_step;step": 4096,
+        "cuda:1;<module>;train;train_step;forward": 1024,
+    }
 
 
 def test_pyroscope_down_then_up_loses_nothing(tmp_path: Path) -> None:
