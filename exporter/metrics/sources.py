@@ -48,6 +48,7 @@ class SourceRun:
     state: str = "starting"
     detail: str = ""
     close: Callable[[], None] = field(default=lambda: None)
+    skipped: Callable[[], list[str]] | None = None  # metrics the hardware does not offer
 
 
 class AcceleratorSources:
@@ -107,7 +108,7 @@ class AcceleratorSources:
         )
         if present is not None:
             source.present = present
-        return SourceRun("tpu", source.collect, close=source.close)
+        return SourceRun("tpu", source.collect, close=source.close, skipped=source.skipped)
 
     def _nvml(self, stale: float, nvml: Any) -> SourceRun:
         series = DeviceSeries("nvml", "gpu", stale)

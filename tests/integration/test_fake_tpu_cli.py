@@ -63,6 +63,8 @@ def test_serve_shows_the_fake_tpus_chips(tmp_path: Path) -> None:
         ready = httpx.get(f"{url}/readyz", timeout=5).json()
         components = ready["components"]
         assert components["source.tpu"]["state"] == "ok"
+        assert components["source.tpu"]["skipped"] == []  # the fake offers every metric
+        assert "serving 16 of 16 libtpu runtime metrics" in banner
         assert components["source.nvml"]["state"] == "off"  # no NVML on this machine
         assert components["source.jax"]["state"] == "ok"
     finally:
