@@ -92,7 +92,7 @@ def _catalog() -> dict[str, MetricSpec]:
         MetricSpec(
             "accelerator.tensorcore.utilization",
             "1",
-            "Tensor-core (TPU) or SM (GPU) utilisation (0..1).",
+            "Fraction of time the tensor cores (TPU MXUs, GPU tensor pipes) were busy (0..1).",
             dcgm="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
             libtpu="tensorcore_util (tpu.runtime.tensorcore.utilization.percent)",
         ),

@@ -22,6 +22,7 @@ from exporter.config import Settings
 from exporter.metrics.accelerator import DeviceSeries, RunIdentity, accelerator_gauges
 from exporter.metrics.jax_memory import JaxMemoryMetrics
 from exporter.metrics.nvml import NvmlSource, load_nvml
+from exporter.metrics.run_pids import RunPids
 from exporter.metrics.tpu import TpuRuntimeClient, TpuSource
 
 __all__ = ["AcceleratorSources", "SourceRun", "stale_after_s"]
@@ -112,7 +113,8 @@ class AcceleratorSources:
 
     def _nvml(self, stale: float, nvml: Any) -> SourceRun:
         series = DeviceSeries("nvml", "gpu", stale)
-        source = NvmlSource(nvml, series, self.identity)
+        runs = RunPids(Path(self.settings.shared_dir))
+        source = NvmlSource(nvml, series, self.identity, runs=runs)
         why_off = source.start()
         if why_off is not None:
             state = "off" if self.auto else "error"
@@ -122,7 +124,7 @@ class AcceleratorSources:
             return SourceRun("nvml", None, state, why_off)
         source.on_error = self._counter("nvml")  # an error series only for a running source
         self._gauges.add_series(series)
-        return SourceRun("nvml", source.collect, close=source.shutdown)
+        return SourceRun("nvml", source.collect, close=source.shutdown, skipped=source.skipped)
 
     def close(self) -> None:
         for run in self.runs:
