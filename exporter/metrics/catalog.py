@@ -161,7 +161,7 @@ def _catalog() -> dict[str, MetricSpec]:
             "1",
             "1 while the clocks are held down for this reason (NVML clock event reasons).",
             attributes=("reason",),
-            dcgm="DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (DCGM_EXP_CLOCK_EVENTS_COUNT)",
+            dcgm="DCGM_FI_DEV_CLOCKS_EVENT_REASONS (DCGM_EXP_CLOCK_EVENTS_COUNT)",
         ),
         MetricSpec(
             "accelerator.temperature",
@@ -324,14 +324,15 @@ def _catalog() -> dict[str, MetricSpec]:
     out["tpu.dcn.tcp.min_rtt"] = MetricSpec(
         "tpu.dcn.tcp.min_rtt",
         "s",
-        "Minimum round-trip time of the DCN gRPC TCP connections: percentiles.",
+        "Minimum round-trip time of the DCN gRPC TCP connections: percentiles over the last "
+        "few minutes.",
         attributes=_PCT,
         libtpu="megascale.grpc_tcp_min_rtt.microsecond.cumulative.distribution",
     )
     out["tpu.dcn.tcp.delivery_rate"] = MetricSpec(
         "tpu.dcn.tcp.delivery_rate",
         "By/s",
-        "Delivery rate of the DCN gRPC TCP connections: percentiles.",
+        "Delivery rate of the DCN gRPC TCP connections: percentiles over the last few minutes.",
         attributes=_PCT,
         libtpu="megascale.grpc_tcp_delivery_rate.Mbps.cumulative.distribution",
     )
