@@ -1,4 +1,4 @@
-"""docs/metrics.md documents every metric of the catalogue beside its dcgm-exporter / libtpu name."""
+"""docs/metrics.md documents every catalogue metric beside its dcgm-exporter / libtpu name."""
 
 from __future__ import annotations
 
