@@ -187,11 +187,13 @@ class DeviceSeries:
             for reading in sample.readings:
                 merged = attrs
                 if reading.attrs:
-                    merged = {k: v for k, v in attrs.items() if k not in reading.attrs}
-                    merged |= {k: v for k, v in reading.attrs.items() if v is not None}
-                observations.setdefault(reading.metric, []).append(
-                    Observation(reading.value, merged)
-                )
+                    merged = {**attrs, **reading.attrs}  # type: ignore[dict-item]
+                    if None in reading.attrs.values():  # None removes an attribute (rare)
+                        merged = {k: v for k, v in merged.items() if v is not None}
+                found = observations.get(reading.metric)
+                if found is None:
+                    found = observations[reading.metric] = []
+                found.append(Observation(reading.value, merged))
             fresh[(group, sample.chip)] = (now, observations)
         with self._lock:
             self._chips.update(fresh)

@@ -16,8 +16,10 @@ upper bound, one in the overflow bucket its lower bound (as Prometheus'
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -41,10 +43,11 @@ class Buckets:
     bounds: tuple[float, ...]
     counts: tuple[int, ...]
     total: float  # sum of the samples (count x mean)
+    count: int = -1  # sum of counts; computed when not given
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            object.__setattr__(self, "count", sum(self.counts))
 
     def percentile(self, q: float) -> float | None:
         """The value below which ``q`` of the samples fall; None without samples."""
@@ -78,38 +81,49 @@ class Buckets:
         """Both distributions' samples together; ``other`` is ignored if its layout differs."""
         if other.bounds != self.bounds or len(other.counts) != len(self.counts):
             return self
-        counts = tuple(a + b for a, b in zip(self.counts, other.counts, strict=True))
-        return Buckets(self.bounds, counts, self.total + other.total)
+        counts = tuple(map(operator.add, self.counts, other.counts))
+        return Buckets(self.bounds, counts, self.total + other.total, self.count + other.count)
 
     def minus(self, older: Buckets) -> Buckets | None:
         """The samples added since ``older``; None if this is not a continuation of it."""
         if older.bounds != self.bounds or len(older.counts) != len(self.counts):
             return None
-        counts = tuple(a - b for a, b in zip(self.counts, older.counts, strict=True))
-        if any(c < 0 for c in counts):
+        counts = tuple(map(operator.sub, self.counts, older.counts))
+        if min(counts) < 0:
             return None  # the runtime restarted: counts went back
-        return Buckets(self.bounds, counts, max(0.0, self.total - older.total))
+        total = max(0.0, self.total - older.total)
+        return Buckets(self.bounds, counts, total, self.count - older.count)
 
 
-def _bounds(options: Any, finite: int) -> tuple[float, ...] | None:
+def _bounds(options: Any, finite: int, scale: float, divisor: float) -> tuple[float, ...] | None:
     """Finite bucket boundaries of a libtpu ``BucketOptions``; None for unknown layouts."""
     which = options.WhichOneof("options")
     if which == "exponential_buckets":
         exp = options.exponential_buckets
-        if exp.scale <= 0 or exp.growth_factor <= 1:
-            return None
-        return tuple(exp.scale * exp.growth_factor**i for i in range(finite + 1))
+        return _regular("exp", exp.scale, exp.growth_factor, finite, scale, divisor)
     if which == "linear_buckets":
         lin = options.linear_buckets
-        if lin.width <= 0:
-            return None
-        return tuple(lin.offset + lin.width * i for i in range(finite + 1))
+        return _regular("lin", lin.offset, lin.width, finite, scale, divisor)
     if which == "explicit_buckets":
         bounds = tuple(options.explicit_buckets.bounds)
         if len(bounds) != finite + 1 or any(b <= a for a, b in itertools.pairwise(bounds)):
             return None
-        return bounds
+        return tuple(b * scale / divisor for b in bounds)
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _regular(
+    kind: str, start: float, step: float, finite: int, scale: float, divisor: float
+) -> tuple[float, ...] | None:
+    """Exponential or linear boundaries; cached, as every collection repeats a few layouts."""
+    if kind == "exp":
+        if start <= 0 or step <= 1:
+            return None
+        return tuple(start * step**i * scale / divisor for i in range(finite + 1))
+    if step <= 0:
+        return None
+    return tuple((start + step * i) * scale / divisor for i in range(finite + 1))
 
 
 def buckets_of(distribution: Any, scale: float = 1.0, divisor: float = 1.0) -> Buckets | None:
@@ -117,15 +131,19 @@ def buckets_of(distribution: Any, scale: float = 1.0, divisor: float = 1.0) -> B
 
     None when the layout is unknown or inconsistent (a value libtpu should not send).
     """
-    counts = tuple(int(c) for c in distribution.bucket_counts)
-    if len(counts) < 2 or any(c < 0 for c in counts):
+    counts = tuple(distribution.bucket_counts)
+    if len(counts) < 2 or min(counts) < 0:
         return None
-    bounds = _bounds(distribution.bucket_options, len(counts) - 2)
+    bounds = _bounds(distribution.bucket_options, len(counts) - 2, scale, divisor)
     if bounds is None:
         return None
     total = float(distribution.mean) * int(distribution.count) * scale / divisor
-    bounds = tuple(b * scale / divisor for b in bounds)
     return Buckets(bounds, counts, total if math.isfinite(total) else 0.0)
+
+
+def _restarted(older: Buckets, newer: Buckets) -> bool:
+    """Whether ``newer`` cannot continue ``older`` (cheap: counts and layout only)."""
+    return newer.count < older.count or newer.bounds != older.bounds
 
 
 class DistributionWindow:
@@ -148,7 +166,7 @@ class DistributionWindow:
         now = self._clock()
         self._seen[key] = now
         history = self._history.setdefault(key, deque())
-        if history and current.minus(history[-1][1]) is None:
+        if history and _restarted(history[-1][1], current):
             history.clear()  # restarted runtime or a new layout: start over
         horizon = now - self.window_s
         while len(history) > 1 and history[1][0] <= horizon:

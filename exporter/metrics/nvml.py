@@ -180,6 +180,11 @@ class NvmlSource:
         }
         self._mig_scanned = float("-inf")
         self._last_state = ""
+        # valueType -> c_nvmlValue_t member, resolved once (field values are the most
+        # numerous reads: NVLink alone is two per link).
+        self._members = {
+            getattr(self.nvml, c): m for c, m in _VALUE_MEMBERS.items() if hasattr(self.nvml, c)
+        }
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> str | None:
@@ -276,7 +281,7 @@ class NvmlSource:
         if values[0].nvmlReturn != 0:
             self._field_refused(gpu, "nvlink", values[0].nvmlReturn)
             return 0
-        return int(_field_value(nvml, values[0]) or 0)
+        return int(self._field_value(values[0]) or 0)
 
     def _register_xid(self, gpu: _Device) -> bool:
         nvml = self.nvml
@@ -463,7 +468,7 @@ class NvmlSource:
             if value.nvmlReturn != 0:
                 self._field_refused(gpu, key, value.nvmlReturn)
                 continue
-            number = _field_value(nvml, value)
+            number = self._field_value(value)
             if number is None:
                 continue
             if isinstance(target, _Field):
@@ -476,6 +481,10 @@ class NvmlSource:
                 for direction, kib in nvlink.items()
             ]
         return out
+
+    def _field_value(self, value: Any) -> float | None:
+        member = self._members.get(value.valueType)
+        return None if member is None else float(getattr(value.value, member))
 
     def _field_refused(self, gpu: _Device, key: str, code: int) -> None:
         if key in gpu.unsupported:
@@ -555,10 +564,3 @@ _VALUE_MEMBERS: Final = {
     "NVML_VALUE_TYPE_SIGNED_INT": "siVal",
     "NVML_VALUE_TYPE_UNSIGNED_SHORT": "usVal",
 }
-
-
-def _field_value(nvml: Any, value: Any) -> float | None:
-    for const, member in _VALUE_MEMBERS.items():
-        if value.valueType == getattr(nvml, const, None):
-            return float(getattr(value.value, member))
-    return None

@@ -248,8 +248,14 @@ def test_hbm_capacity_is_not_asked_for_every_interval(fake: FakeTpuRuntime, tmp_
     source.collect()
     first = fake.requests  # ListSupportedMetrics + every metric
     source.collect()
-    assert (first, fake.requests - first) == (1 + len(ALL_METRICS), len(ALL_METRICS) - 1)
+    # The second interval: neither the capacity nor the distributions (read every 15 s).
+    gauges = [m for m in RUNTIME_METRICS if not m.distribution]
+    assert (first, fake.requests - first) == (1 + len(ALL_METRICS), len(gauges) - 1)
     assert sample(t, "accelerator_memory_limit_bytes", "3") == 16 * GIB  # still published
+    # So are the last percentiles, until the next read of the distributions.
+    labels = {"chip": "3", "core_type": "tensor_core", "percentile": "p50"}
+    labels |= {"source": "libtpu", "accelerator": "tpu", "host": "tpu-vm-0"}
+    assert t.registry.get_sample_value("accelerator_hlo_execution_latency_seconds", labels)
 
 
 # -- the whole TPU Monitoring Library set ------------------------------------------------
