@@ -18,13 +18,13 @@ GIB = 1 << 30
 
 
 def tpu_series(url: str) -> dict[tuple[str, str], float]:
-    """(metric, chip) -> value of the libtpu series on /metrics."""
+    """(metric, chip) -> value of the per-chip libtpu series on /metrics."""
     text = httpx.get(f"{url}/metrics", timeout=5).text
     return {
         (s.name, s.labels["chip"]): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.labels.get("source") == "libtpu"
+        if s.labels.get("source") == "libtpu" and "chip" in s.labels  # DCN series: the host's
     }
 
 
