@@ -63,6 +63,11 @@ ALERT_NAMES: tuple[str, ...] = (
     "MLProfExporterDown",
     "MLProfProfilePushesFailing",
     "MLProfCapturesFailing",
+    "MLAcceleratorThrottled",
+    "MLAcceleratorXidErrors",
+    "MLAcceleratorEccUncorrectable",
+    "MLAcceleratorMemoryHeadroomLow",
+    "MLAcceleratorInterconnectLatencyRegression",
 )
 ACTIONS = ("capture", "snapshot")
 SEVERITIES = ("critical", "warning", "info")
@@ -187,11 +192,11 @@ class _Exprs:
 def _check(name: str, spec: Mapping[str, Any]) -> None:
     for key, value in spec.items():
         where = f"alerts.{name}.{key}"
-        if key in ("for", "window", "baseline") and not (
+        if key in ("for", "window", "baseline", "horizon") and not (
             isinstance(value, str) and value and _DURATION_RE.match(value)
         ):
             raise RuleConfigError(f"{where}: expected a Prometheus duration like 5m, got {value!r}")
-        if key in ("threshold", "drop_ratio", "min_baseline", "quantile") and not (
+        if key in ("threshold", "drop_ratio", "min_baseline", "quantile", "min_usage") and not (
             isinstance(value, int | float) and 0 <= value <= 1
         ):
             raise RuleConfigError(f"{where}: expected a fraction between 0 and 1, got {value!r}")
@@ -207,8 +212,10 @@ def _check(name: str, spec: Mapping[str, Any]) -> None:
             and not (isinstance(value, int) and not isinstance(value, bool) and value > 0)
         ):
             raise RuleConfigError(f"{where}: expected milliseconds > 0 or null, got {value!r}")
-        if key == "failed_statuses" and not (isinstance(value, str) and value):
-            raise RuleConfigError(f"{where}: expected a regex of status values, got {value!r}")
+        if key in ("failed_statuses", "reasons") and not (isinstance(value, str) and value):
+            raise RuleConfigError(f"{where}: expected a regex of label values, got {value!r}")
+        if key == "min_rate" and not (isinstance(value, int | float) and value > 0):
+            raise RuleConfigError(f"{where}: expected a rate above 0 per second, got {value!r}")
 
 
 def _links(links: Mapping[str, Any], name: str, per_run: bool) -> dict[str, str]:
@@ -406,20 +413,134 @@ def build_rules(table: Mapping[str, Any]) -> dict[str, Any]:
                 "name": "mlprof-exporter",
                 "rules": [exporter_down, pushes_failing, captures_failing],
             },
+            {"name": "mlprof-accelerator", "rules": _accelerator_rules(alerts, q, links, run)},
         ]
     }
+
+
+def _accelerator_rules(
+    alerts: Mapping[str, Any], q: _Exprs, links: Mapping[str, Any], run: str
+) -> list[dict[str, Any]]:
+    """Hardware rules over the NVML and libtpu series (``docs/metrics.md``)."""
+    by_chip = f"{q.by}, chip"
+    chip = "{{ $labels.accelerator }} chip {{ $labels.chip }}"
+
+    a = alerts["MLAcceleratorThrottled"]
+    throttle = q.sel("accelerator_clock_throttle", f'reason=~"{a["reasons"]}"')
+    throttled = _alert(
+        "MLAcceleratorThrottled",
+        a,
+        links,
+        f"max by ({by_chip}, accelerator, reason) (avg_over_time({throttle}[{a['window']}]))"
+        f" > {a['threshold']}\n",
+        "An accelerator's clocks are held down for a thermal or power reason.",
+        f"Run {run}: {chip} had its clocks held down for {{{{ $labels.reason }}}} "
+        f"{{{{ $value | humanizePercentage }}}} of the last {a['window']} (threshold "
+        f"{a['threshold']:.0%}). It runs slower than its peer chips and slows the whole job.",
+    )
+
+    a = alerts["MLAcceleratorXidErrors"]
+    xid = q.sel("accelerator_xid_errors_total")
+    last = f"max({q.sel('accelerator_xid_last', 'host=%q', 'chip=%q')})"
+    xid_errors = _alert(
+        "MLAcceleratorXidErrors",
+        a,
+        links,
+        f"sum by ({by_chip}, accelerator) (increase({xid}[{a['window']}])) > 0\n",
+        "The GPU driver reported XID errors.",
+        f"Run {run}: {chip} reported {{{{ $value | humanize }}}} XID error(s) in the last "
+        f"{a['window']}, the last one XID {_lookup(last, 'host', 'chip')}. See the runbook "
+        "for which XIDs mean the GPU must be drained.",
+    )
+
+    a = alerts["MLAcceleratorEccUncorrectable"]
+    ecc = q.sel("accelerator_memory_ecc_errors_total", 'type="uncorrected"')
+    ecc_errors = _alert(
+        "MLAcceleratorEccUncorrectable",
+        a,
+        links,
+        f"sum by ({by_chip}, accelerator) (increase({ecc}[{a['window']}])) > 0\n",
+        "An accelerator's memory had uncorrectable ECC errors.",
+        f"Run {run}: {chip} had {{{{ $value | humanize }}}} uncorrectable (double-bit) ECC "
+        f"error(s) in the last {a['window']}. Data in device memory was corrupted; the "
+        "process that used it has likely crashed or computed garbage.",
+    )
+
+    a = alerts["MLAcceleratorMemoryHeadroomLow"]
+    used, limit = q.sel("accelerator_memory_usage_bytes"), q.sel("accelerator_memory_limit_bytes")
+    horizon = _seconds(a["horizon"])
+    by_device = f"{by_chip}, accelerator"
+    headroom = _alert(
+        "MLAcceleratorMemoryHeadroomLow",
+        a,
+        links,
+        f"max by ({by_device}) (\n"
+        f"  predict_linear({used}[{a['window']}], {horizon}) / ({limit} > 0)\n"
+        ") >= 1\n"
+        f"and on ({by_device})\n"
+        f"max by ({by_device}) ({used} / ({limit} > 0)) > {a['min_usage']}\n",
+        "Accelerator memory grows towards its capacity.",
+        f"Run {run}: {chip} is above {a['min_usage']:.0%} of its device memory and, at the "
+        f"growth of the last {a['window']}, would need {{{{ $value | humanizePercentage }}}} "
+        f"of it within {a['horizon']}: a leak or a growing cache will end in out-of-memory.",
+    )
+
+    a = alerts["MLAcceleratorInterconnectLatencyRegression"]
+    paths = []
+    for path, base, labels in (
+        ("collective", "accelerator_collective", "buffer_size"),
+        ("dcn", "tpu_dcn_transfer", "direction, buffer_size"),
+    ):
+        by = f"{q.by}, {labels}"
+
+        def mean(window: str, offset: str | None = None, base: str = base, by: str = by) -> str:
+            at = f"[{window}]" + (f" offset {offset}" if offset else "")
+            time_s = q.sel(f"{base}_time_seconds_total")
+            count = q.sel(f"{base}_count_total")
+            return (
+                f"sum by ({by}) (rate({time_s}{at}))\n"
+                f"    / (sum by ({by}) (rate({count}{at})) > {a['min_rate']})"
+            )
+
+        ratio = f"(\n    {mean(a['window'])}\n  ) / (\n    {mean(a['baseline'], a['window'])}\n  )"
+        paths.append(f'label_replace(\n  {ratio} > {a["factor"]},\n  "path", "{path}", "", ""\n)')
+    latency = _alert(
+        "MLAcceleratorInterconnectLatencyRegression",
+        a,
+        links,
+        "\nor\n".join(paths) + "\n",
+        "Collective or DCN transfer latency regressed against its trailing baseline.",
+        f"Run {run}: the mean {{{{ $labels.path }}}} latency of {{{{ $labels.buffer_size }}}} "
+        f'buffers over the last {a["window"]} is {{{{ $value | printf "%.2f" }}}}x the one '
+        f"over the {a['baseline']} before it (threshold {a['factor']}x). The ICI or "
+        "data-centre network, or a straggling host, slows every step.",
+    )
+    return [throttled, xid_errors, ecc_errors, headroom, latency]
+
+
+def _lookup(query: str, *labels: str) -> str:
+    """Template text: ``query`` (with ``%q`` for each label) evaluated when the alert fires."""
+    escaped = query.replace('"', '\\"')  # a Go template string literal
+    args = " ".join(f"$labels.{label}" for label in labels)
+    return (
+        f'{{{{ with printf "{escaped}" {args} | query }}}}'
+        '{{ . | first | value | printf "%.0f" }}{{ end }}'
+    )
+
+
+def _seconds(duration: str) -> int:
+    """Seconds in a Prometheus duration (already checked by :func:`_check`)."""
+    units = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+)(ms|[ywdhms])", duration):
+        total += int(number) / 1000 if unit == "ms" else int(number) * units[unit]
+    return int(total)
 
 
 def _last_step(q: _Exprs) -> str:
     """Template text: the run's last step number, looked up when the alert fires."""
     # The alert's value is 0 by construction; the step it stopped at is what helps.
-    query = f"max({q.sel('train_step', 'run_id=%q', 'host=%q')})"
-    escaped = query.replace('"', '\\"')  # a Go template string literal
-    return (
-        f'{{{{ with printf "{escaped}" '
-        '$labels.run_id $labels.host | query }}{{ . | first | value | printf "%.0f" }}'
-        "{{ end }}"
-    )
+    return _lookup(f"max({q.sel('train_step', 'run_id=%q', 'host=%q')})", "run_id", "host")
 
 
 def _indent(text: str) -> str:

@@ -350,12 +350,16 @@ def memory_profile(
     "--script", "script_file", type=click.Path(path_type=Path, dir_okay=False),
     help="YAML/JSON file of per-chip values over time (see exporter/faketpu.py).",
 )  # fmt: skip
-def fake_tpu(chips: int | None, listen: str, script_file: Path | None) -> None:
+@click.option(
+    "--basic", is_flag=True,
+    help="Serve only duty cycle, HBM and tensor-core utilisation, like an older libtpu.",
+)  # fmt: skip
+def fake_tpu(chips: int | None, listen: str, script_file: Path | None, basic: bool) -> None:
     """Serve libtpu's runtime-metrics gRPC service with scripted values (no TPU needed)."""
-    from exporter.faketpu import FakeTpuRuntime, default_script, load_script
+    from exporter.faketpu import BASIC_METRICS, FakeTpuRuntime, default_script, load_script
 
     script = load_script(script_file, chips) if script_file else default_script(chips or 4)
-    fake = FakeTpuRuntime(script, listen).start()
+    fake = FakeTpuRuntime(script, listen, offered=BASIC_METRICS if basic else None).start()
     click.echo(
         f"mlprof fake-tpu: {script.chips} chips on {fake.addr} "
         f"(point the sidecar at it: MLPROF_TPU_METRICS_ADDR={fake.addr}); Ctrl-C stops\n"

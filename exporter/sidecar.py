@@ -47,9 +47,18 @@ class ComponentStatus:
     detail: str = ""
     last_run: float | None = None
     required: bool = True
+    # Metrics a source cannot offer on this machine (e.g. an older libtpu), if it says.
+    skipped: Callable[[], list[str]] | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"state": self.state, "detail": self.detail, "last_run": self.last_run}
+        body: dict[str, Any] = {
+            "state": self.state,
+            "detail": self.detail,
+            "last_run": self.last_run,
+        }
+        if self.skipped is not None:
+            body["skipped"] = self.skipped()
+        return body
 
 
 @dataclass
@@ -177,7 +186,9 @@ class Sidecar:
         self.accelerators = AcceleratorSources(settings, meter)
         self.training.memory = self.accelerators.jax_memory
         for source in self.accelerators.runs:
-            status = ComponentStatus(source.state, source.detail, required=False)
+            status = ComponentStatus(
+                source.state, source.detail, required=False, skipped=source.skipped
+            )
             if source.collect is None:
                 self.statuses[f"source.{source.name}"] = status
             else:

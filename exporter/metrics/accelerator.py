@@ -1,9 +1,10 @@
-"""The ``accelerator.*`` gauges shared by every device source, and per-chip last values.
+"""The accelerator instruments shared by every device source, and per-chip last values.
 
 Several sources publish the same instrument (``accelerator.duty_cycle`` comes from
 libtpu, NVML and the step-log estimate). OpenTelemetry keeps only the first callback
-of an instrument created twice on one meter, so the gauges are created once per meter
-here and each source adds its callback.
+of an instrument created twice on one meter, so every instrument of the catalogue
+(:data:`exporter.metrics.catalog.METRICS`) is created once per meter here and each
+source adds its callback.
 
 Sources collect in a worker thread and store the result in a :class:`DeviceSeries`;
 a scrape only reads that store (it never waits for hardware), and a chip not seen
@@ -20,72 +21,80 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from types import MappingProxyType
+from typing import Final, NamedTuple
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from exporter import schema
+from exporter.metrics.catalog import METRICS
 
 __all__ = [
     "FIELDS",
     "AcceleratorGauges",
     "DeviceSample",
     "DeviceSeries",
+    "Reading",
     "RunIdentity",
     "accelerator_gauges",
 ]
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
-# field -> (OpenTelemetry name, unit, description); units follow UCUM as the OTel
-# semantic conventions ask ("1" for ratios, "By" for bytes).
-FIELDS: Final[dict[str, tuple[str, str, str]]] = {
-    "duty_cycle": (
-        "accelerator.duty_cycle",
-        "1",
-        "Fraction of time the accelerator executed work (0..1).",
-    ),
-    "tensorcore_utilization": (
-        "accelerator.tensorcore.utilization",
-        "1",
-        "Tensor-core (TPU) or SM (GPU) utilisation (0..1).",
-    ),
-    "memory_usage": ("accelerator.memory.usage", "By", "Device memory in use."),
-    "memory_limit": ("accelerator.memory.limit", "By", "Device memory capacity."),
+# The four headline fields of a DeviceSample -> their instruments in the catalogue.
+FIELDS: Final[dict[str, str]] = {
+    "duty_cycle": "accelerator.duty_cycle",
+    "tensorcore_utilization": "accelerator.tensorcore.utilization",
+    "memory_usage": "accelerator.memory.usage",
+    "memory_limit": "accelerator.memory.limit",
 }
+
+NO_ATTRIBUTES: Final[Mapping[str, str | None]] = MappingProxyType({})
+
+
+class Reading(NamedTuple):
+    """One value of a catalogue instrument; ``attrs`` add to (None: remove) the chip's."""
+
+    metric: str
+    value: float
+    attrs: Mapping[str, str | None] = NO_ATTRIBUTES
 
 
 class AcceleratorGauges:
-    """The four ``accelerator.*`` observable gauges; sources add callbacks to them.
+    """Every catalogue instrument (gauges and counters); sources add callbacks to them.
 
     >>> gauges = accelerator_gauges(meter)  # doctest: +SKIP
     >>> gauges.add("duty_cycle", lambda opts: [Observation(0.5, {"chip": "0"})])  # doctest: +SKIP
     """
 
     def __init__(self, meter: Meter) -> None:
-        self._callbacks: dict[str, list[Callback]] = {name: [] for name in FIELDS}
+        self._callbacks: dict[str, list[Callback]] = {name: [] for name in METRICS}
         self._lock = threading.Lock()
-        for field_name, (name, unit, description) in FIELDS.items():
-            meter.create_observable_gauge(
-                name, [self._fan_out(field_name)], unit=unit, description=description
+        for name, spec in METRICS.items():
+            create = (
+                meter.create_observable_counter
+                if spec.kind == "counter"
+                else meter.create_observable_gauge
             )
+            create(name, [self._fan_out(name)], unit=spec.unit, description=spec.description)
 
     def add(self, field_name: str, callback: Callback) -> None:
-        """Publish what ``callback`` observes under the gauge of ``field_name``."""
-        if field_name not in FIELDS:
-            raise KeyError(f"unknown accelerator field {field_name!r}; expected one of {FIELDS}")
+        """Publish what ``callback`` observes under an instrument (catalogue name or field)."""
+        name = FIELDS.get(field_name, field_name)
+        if name not in METRICS:
+            raise KeyError(f"unknown accelerator metric {field_name!r}; expected one of {FIELDS}")
         with self._lock:
-            self._callbacks[field_name].append(callback)
+            self._callbacks[name].append(callback)
 
     def add_series(self, series: DeviceSeries) -> None:
-        """Publish every field of a source's per-chip store."""
-        for field_name in FIELDS:
-            self.add(field_name, series.callback(field_name))
+        """Publish every instrument of a source's per-chip store."""
+        for name in METRICS:
+            self.add(name, series.callback(name))
 
-    def _fan_out(self, field_name: str) -> Callback:
+    def _fan_out(self, name: str) -> Callback:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             with self._lock:
-                callbacks = list(self._callbacks[field_name])
+                callbacks = list(self._callbacks[name])
             out: list[Observation] = []
             for callback in callbacks:
                 out.extend(callback(options))
@@ -99,7 +108,7 @@ _GAUGES_LOCK = threading.Lock()
 
 
 def accelerator_gauges(meter: Meter) -> AcceleratorGauges:
-    """The gauges of ``meter``, created on first use."""
+    """The instruments of ``meter``, created on first use."""
     with _GAUGES_LOCK:
         gauges = _GAUGES.get(meter)
         if gauges is None:
@@ -109,7 +118,10 @@ def accelerator_gauges(meter: Meter) -> AcceleratorGauges:
 
 @dataclass(frozen=True, slots=True)
 class DeviceSample:
-    """One chip's values from one collection; None where the source has no value."""
+    """One chip's values from one collection; None where the source has no value.
+
+    ``chip`` "" is the host itself (libtpu's DCN metrics): its series carry no ``chip``.
+    """
 
     chip: str
     duty_cycle: float | None = None
@@ -117,6 +129,10 @@ class DeviceSample:
     memory_usage: float | None = None
     memory_limit: float | None = None
     accelerator: str | None = None  # overrides the store's default (JAX reports its platform)
+    readings: tuple[Reading, ...] = ()  # every other catalogue instrument
+
+
+_Observations = dict[str, list[Observation]]
 
 
 class DeviceSeries:
@@ -126,7 +142,7 @@ class DeviceSeries:
 
     >>> series = DeviceSeries("libtpu", "tpu", stale_after_s=15)
     >>> series.update([DeviceSample("0", duty_cycle=0.5)], {"host": "h"})
-    >>> [o.value for o in series.observe("duty_cycle")]
+    >>> [o.value for o in series.observe("accelerator.duty_cycle")]
     [0.5]
     """
 
@@ -142,8 +158,8 @@ class DeviceSeries:
         self.stale_after_s = stale_after_s
         self._clock = clock
         self._lock = threading.Lock()
-        # (group, chip) -> (last seen, {field: Observation})
-        self._chips: dict[tuple[str, str], tuple[float, dict[str, Observation]]] = {}
+        # (group, chip) -> (last seen, {instrument: [Observation, ...]})
+        self._chips: dict[tuple[str, str], tuple[float, _Observations]] = {}
 
     def update(
         self, samples: Iterable[DeviceSample], identity: Mapping[str, str], group: str = ""
@@ -154,19 +170,30 @@ class DeviceSeries:
         source: one group per run and host).
         """
         now = self._clock()
-        fresh: dict[tuple[str, str], tuple[float, dict[str, Observation]]] = {}
+        fresh: dict[tuple[str, str], tuple[float, _Observations]] = {}
         for sample in samples:
             attrs = {
                 **identity,
                 "accelerator": sample.accelerator or self.accelerator,
                 "source": self.source,
-                "chip": sample.chip,
             }
-            observations = {
-                name: Observation(value, attrs)
-                for name in FIELDS
-                if (value := getattr(sample, name)) is not None
-            }
+            if sample.chip:
+                attrs["chip"] = sample.chip
+            observations: _Observations = {}
+            for field_name, name in FIELDS.items():
+                value = getattr(sample, field_name)
+                if value is not None:
+                    observations[name] = [Observation(value, attrs)]
+            for reading in sample.readings:
+                merged = attrs
+                if reading.attrs:
+                    merged = {**attrs, **reading.attrs}  # type: ignore[dict-item]
+                    if None in reading.attrs.values():  # None removes an attribute (rare)
+                        merged = {k: v for k, v in merged.items() if v is not None}
+                found = observations.get(reading.metric)
+                if found is None:
+                    found = observations[reading.metric] = []
+                found.append(Observation(reading.value, merged))
             fresh[(group, sample.chip)] = (now, observations)
         with self._lock:
             self._chips.update(fresh)
@@ -177,17 +204,23 @@ class DeviceSeries:
         with self._lock:
             self._chips = {key: v for key, v in self._chips.items() if key[0] != group}
 
-    def observe(self, field_name: str) -> list[Observation]:
-        """This field's observations of every chip seen recently."""
+    def observe(self, name: str) -> list[Observation]:
+        """This instrument's observations of every chip seen recently."""
+        name = FIELDS.get(name, name)
         now = self._clock()
         with self._lock:
             if any(now - seen > self.stale_after_s for seen, _ in self._chips.values()):
                 self._expire(now)
-            return [obs[field_name] for _, obs in self._chips.values() if field_name in obs]
+            out: list[Observation] = []
+            for _, observations in self._chips.values():
+                found = observations.get(name)
+                if found:
+                    out.extend(found)
+            return out
 
-    def callback(self, field_name: str) -> Callback:
+    def callback(self, name: str) -> Callback:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return self.observe(field_name)
+            return self.observe(name)
 
         return observe
 

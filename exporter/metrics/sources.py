@@ -22,6 +22,7 @@ from exporter.config import Settings
 from exporter.metrics.accelerator import DeviceSeries, RunIdentity, accelerator_gauges
 from exporter.metrics.jax_memory import JaxMemoryMetrics
 from exporter.metrics.nvml import NvmlSource, load_nvml
+from exporter.metrics.run_pids import RunPids
 from exporter.metrics.tpu import TpuRuntimeClient, TpuSource
 from exporter.sinks.events import Emit, Throttle, no_events
 
@@ -52,6 +53,7 @@ class SourceRun:
     state: str = "starting"
     detail: str = ""
     close: Callable[[], None] = field(default=lambda: None)
+    skipped: Callable[[], list[str]] | None = None  # metrics the hardware does not offer
 
 
 class AcceleratorSources:
@@ -123,11 +125,12 @@ class AcceleratorSources:
         )
         if present is not None:
             source.present = present
-        return SourceRun("tpu", source.collect, close=source.close)
+        return SourceRun("tpu", source.collect, close=source.close, skipped=source.skipped)
 
     def _nvml(self, stale: float, nvml: Any) -> SourceRun:
         series = DeviceSeries("nvml", "gpu", stale)
-        source = NvmlSource(nvml, series, self.identity)
+        runs = RunPids(Path(self.settings.shared_dir))
+        source = NvmlSource(nvml, series, self.identity, runs=runs)
         why_off = source.start()
         if why_off is not None:
             state = "off" if self.auto else "error"
@@ -137,7 +140,7 @@ class AcceleratorSources:
             return SourceRun("nvml", None, state, why_off)
         source.on_error = self._counter("nvml")  # an error series only for a running source
         self._gauges.add_series(series)
-        return SourceRun("nvml", source.collect, close=source.shutdown)
+        return SourceRun("nvml", source.collect, close=source.shutdown, skipped=source.skipped)
 
     def close(self) -> None:
         for run in self.runs:

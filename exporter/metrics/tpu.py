@@ -1,14 +1,17 @@
 """TPU source: libtpu's runtime-metrics gRPC service, read the way ``tpu-info`` reads it.
 
 The workload's libtpu serves ``tpu.monitoring.runtime.RuntimeMetricService`` on
-``localhost:8431`` (``TPU_RUNTIME_METRICS_PORTS``). Each collection asks for duty
-cycle, HBM usage and HBM total (and tensor-core utilisation when
-``ListSupportedMetrics`` offers it) with one shared deadline, so a slow runtime
-costs one deadline per interval and never a scrape.
+``localhost:8431`` (``TPU_RUNTIME_METRICS_PORTS``). Each collection asks for every
+metric of :data:`RUNTIME_METRICS` the runtime offers (``ListSupportedMetrics``) with
+one shared deadline, so a slow runtime costs one deadline per interval and never a
+scrape. A metric this libtpu does not offer (not listed, or NOT_FOUND) is skipped
+from then on, logged once and listed in ``/readyz`` (``skipped``).
 
 The ``chip`` attribute is the device id the runtime puts on each sample. On chips
 with two devices (v2, v3, 7x) memory is reported per device and duty cycle per chip,
-so their ids are published as the runtime gives them, not merged.
+so their ids are published as the runtime gives them, not merged. The megascale (DCN)
+metrics belong to the host: they carry no ``chip``, and ``buffer_size`` when libtpu
+groups them by transfer size.
 
 ``libtpu.sdk.tpumonitoring.get_metric`` is deliberately not used: off GCE it can
 block for minutes looking for the metadata server, and it needs libtpu in the
@@ -21,13 +24,26 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from exporter.config import is_loopback, parse_hostport
-from exporter.metrics.accelerator import DeviceSample, DeviceSeries, RunIdentity
+from exporter.metrics.accelerator import (
+    NO_ATTRIBUTES,
+    DeviceSample,
+    DeviceSeries,
+    Reading,
+    RunIdentity,
+)
+from exporter.metrics.catalog import PERCENTILES
+from exporter.metrics.distribution import (
+    Buckets,
+    DistributionWindow,
+    MonotonicTotals,
+    buckets_of,
+)
 from exporter.proto import tpu_metrics_pb2 as pb
 
 if TYPE_CHECKING:
@@ -38,7 +54,11 @@ __all__ = [
     "DUTY_CYCLE_METRIC",
     "HBM_TOTAL_METRIC",
     "HBM_USAGE_METRIC",
+    "PERCENTILE_WINDOW_S",
+    "RUNTIME_METRICS",
     "TENSORCORE_UTIL_METRICS",
+    "RuntimeMetric",
+    "RuntimeReadout",
     "TpuRuntimeClient",
     "TpuRuntimeError",
     "TpuSource",
@@ -50,19 +70,101 @@ log = logging.getLogger(__name__)
 DUTY_CYCLE_METRIC: Final = "tpu.runtime.tensorcore.dutycycle.percent"
 HBM_USAGE_METRIC: Final = "tpu.runtime.hbm.memory.usage.bytes"
 HBM_TOTAL_METRIC: Final = "tpu.runtime.hbm.memory.total.bytes"
-# Tensor-core utilisation is not offered by every libtpu; it is read only when
-# ListSupportedMetrics lists one of these names.
+# Tensor-core utilisation is not offered by every libtpu, and not under one name: the
+# first of these the runtime lists is read.
 TENSORCORE_UTIL_METRICS: Final = (
     "tpu.runtime.tensorcore.utilization.percent",
     "tpu.runtime.tensorcore.util.percent",
 )
-BASE_METRICS: Final = (DUTY_CYCLE_METRIC, HBM_USAGE_METRIC, HBM_TOTAL_METRIC)
 # Device attribute keys seen in libtpu responses: a plain ``device-id`` int or
 # string on per-chip gauges, ``device_ordinal`` inside a key/value list on others.
 DEVICE_KEYS: Final = frozenset({"device-id", "device_id", "device_ordinal", "chip", "device"})
+BUFFER_SIZE_KEY: Final = "buffer-size"  # megascale distributions, grouped by it as tpu-info does
+CORE_TYPE_KEY: Final = "core_type"
+MAX_LABEL_CHARS: Final = 64  # a runtime-given label value longer than this is cut
 # HBM capacity does not change while a runtime lives: re-read it this often (and after
-# any error or a new chip), saving one of the 3-4 calls, each ~1 ms of CPU, per interval.
+# any error or a new chip), saving one call, ~1 ms of CPU, per interval.
 TOTAL_REFRESH_S: Final = 60.0
+# Percentiles describe the samples of the last 5 minutes (a typical rate() window), so
+# a latency regression shows within minutes instead of drowning in hours of history.
+PERCENTILE_WINDOW_S: Final = 300.0
+# Percentiles over 5 minutes move little from one second to the next, and parsing a
+# distribution per chip costs ~0.2 ms: distributions are read this often (one Prometheus
+# scrape interval), gauges every collection. A 256-chip host at a 1 s interval spends
+# 15x less on them; at the default 5 s, 3x.
+DISTRIBUTION_REFRESH_S: Final = 15.0
+US: Final = 1e6  # microseconds in a second
+MBPS: Final = 125_000  # bytes per second in one megabit per second
+
+
+@dataclass(frozen=True)
+class RuntimeMetric:
+    """How one libtpu metric becomes catalogue instruments: value x scale / divisor."""
+
+    names: tuple[str, ...]  # libtpu names; the first the runtime offers is read
+    metric: str  # catalogue instrument (the percentile gauge of a distribution)
+    scale: float = 1.0
+    divisor: float = 1.0  # a division keeps 95 % = 0.95 and 1500 us = 0.0015 s exact
+    attrs: Mapping[str, str] = field(default_factory=dict)  # fixed attributes
+    per_chip: bool = True  # False: the host's (megascale), no chip attribute
+    ratio: bool = False  # clamp to 0..1 (a percent divided by 100)
+    counters: bool = False  # distribution: also <base>.count and <base>.time
+    distribution: bool = False  # read every DISTRIBUTION_REFRESH_S, not every interval
+
+    @property
+    def name(self) -> str:
+        return self.names[0]
+
+
+def _dist(
+    name: str, metric: str, counters: bool = True, scale: float = 1.0, **attrs: str
+) -> RuntimeMetric:
+    """A megascale (host-level) distribution, in microseconds unless ``scale`` is given."""
+    divisor = US if scale == 1.0 else 1.0
+    return RuntimeMetric(
+        (name,), metric, scale, divisor, attrs, per_chip=False, counters=counters, distribution=True
+    )
+
+
+def _percent(names: tuple[str, ...], metric: str) -> RuntimeMetric:
+    return RuntimeMetric(names, metric, divisor=100, ratio=True)
+
+
+_MEGASCALE = "megascale.{}.microsecond.cumulative.distribution"
+# Every libtpu runtime metric the sidecar reads, by catalogue instrument. Names are
+# libtpu's, as tpu-info (cloud-accelerator-diagnostics, metrics.py) requests them.
+RUNTIME_METRICS: Final[tuple[RuntimeMetric, ...]] = (
+    _percent((DUTY_CYCLE_METRIC,), "accelerator.duty_cycle"),
+    _percent(TENSORCORE_UTIL_METRICS, "accelerator.tensorcore.utilization"),
+    RuntimeMetric((HBM_USAGE_METRIC,), "accelerator.memory.usage"),
+    RuntimeMetric((HBM_TOTAL_METRIC,), "accelerator.memory.limit"),
+    _percent(("tpu.runtime.hbm.utilization.percent",), "accelerator.memory.bandwidth.utilization"),
+    RuntimeMetric(
+        ("tpu.runtime.tensorcore.idle_duration.seconds",), "accelerator.tensorcore.idle.duration"
+    ),
+    RuntimeMetric(("hlo.queue.size.gauge",), "accelerator.hlo.queue.size"),
+    RuntimeMetric(
+        ("hlo.execution.timing.distribution.microseconds",),
+        "accelerator.hlo.execution.latency",
+        divisor=US,
+        counters=True,
+        distribution=True,
+    ),
+    _dist(_MEGASCALE.format("dcn_transfer_latencies"), "tpu.dcn.transfer.latency",
+          direction="outbound"),
+    _dist(_MEGASCALE.format("dcn_inbound_transfer_latencies"), "tpu.dcn.transfer.latency",
+          direction="inbound"),
+    _dist(_MEGASCALE.format("host_to_device_transfer_latencies"),
+          "accelerator.host_transfer.latency", direction="host_to_device"),
+    _dist(_MEGASCALE.format("device_to_host_transfer_latencies"),
+          "accelerator.host_transfer.latency", direction="device_to_host"),
+    _dist(_MEGASCALE.format("collective_end_to_end_latencies"), "accelerator.collective.latency"),
+    _dist(_MEGASCALE.format("mxla_compute_latencies"), "tpu.host_compute.latency"),
+    _dist(_MEGASCALE.format("grpc_tcp_min_rtt"), "tpu.dcn.tcp.min_rtt", counters=False),
+    _dist("megascale.grpc_tcp_delivery_rate.Mbps.cumulative.distribution",
+          "tpu.dcn.tcp.delivery_rate", counters=False, scale=MBPS),
+)  # fmt: skip
+BASE_METRICS: Final = (DUTY_CYCLE_METRIC, HBM_USAGE_METRIC, HBM_TOTAL_METRIC)
 
 
 class TpuRuntimeError(RuntimeError):
@@ -83,19 +185,48 @@ def tpu_present() -> bool:
     )
 
 
-def _device_of(attribute: Any) -> str | None:
+def _device_of(attribute: Any) -> tuple[str | None, str | None]:
+    """(device id, core type) of a sample; one pass over a key/value list."""
     value = attribute.value
     which = value.WhichOneof("attr")
     if which == "kvlist_attr":
+        device = core_type = None
         for inner in value.kvlist_attr.attributes:
-            if inner.key in DEVICE_KEYS:
-                return _device_of(inner)
-        return None
+            if inner.key in DEVICE_KEYS and device is None:
+                device = _device_of(inner)[0]
+            elif inner.key == CORE_TYPE_KEY:
+                core_type = _scalar(inner)
+        return device, core_type
+    return _scalar(attribute), None
+
+
+def _scalar(attribute: Any) -> str | None:
+    value = attribute.value
+    which = value.WhichOneof("attr")
     if which == "int_attr":
         return str(value.int_attr)
     if which == "string_attr" and value.string_attr.strip():
-        return str(value.string_attr).strip()
+        return _label(value.string_attr)
     return None
+
+
+def _inner_string(attribute: Any, key: str) -> str | None:
+    """The string value of ``key`` inside a key/value-list attribute."""
+    value = attribute.value
+    if value.WhichOneof("attr") != "kvlist_attr":
+        return None
+    for inner in value.kvlist_attr.attributes:
+        if inner.key == key:
+            return _scalar(inner)
+    return None
+
+
+def _label(text: str) -> str:
+    """A runtime-given label value, bounded and printable."""
+    text = text.strip()
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "?" for c in text)
+    return text[:MAX_LABEL_CHARS]
 
 
 def _number(metric: Any) -> float | None:
@@ -111,6 +242,14 @@ def _number(metric: Any) -> float | None:
     return None
 
 
+class RuntimeReadout(NamedTuple):
+    """What one read of the runtime returned."""
+
+    metrics: dict[str, list[Any]]  # libtpu name -> its ``Metric`` samples
+    missing: frozenset[str]  # names the runtime answered NOT_FOUND
+    error: TpuRuntimeError | None  # the first other failure, when some names were read
+
+
 class TpuRuntimeClient:
     """Client of the runtime-metrics service with a deadline on every call.
 
@@ -118,8 +257,8 @@ class TpuRuntimeClient:
     (a node agent reading another pod) use a plaintext channel.
 
     >>> client = TpuRuntimeClient("localhost:8431")  # doctest: +SKIP
-    >>> client.read([DUTY_CYCLE_METRIC], timeout_s=2)  # doctest: +SKIP
-    {'tpu.runtime.tensorcore.dutycycle.percent': {'0': 97.5}}
+    >>> client.read([DUTY_CYCLE_METRIC], timeout_s=2).metrics  # doctest: +SKIP
+    {'tpu.runtime.tensorcore.dutycycle.percent': [attribute {...} gauge {as_double: 97.5}, ...]}
     """
 
     def __init__(self, addr: str) -> None:
@@ -127,7 +266,6 @@ class TpuRuntimeClient:
         self._host, _ = parse_hostport(addr)
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
-        self.partial_error: TpuRuntimeError | None = None  # of the last read that got data
         self._lock = threading.Lock()
 
     def _connect(self) -> Any:
@@ -167,11 +305,11 @@ class TpuRuntimeClient:
             raise self._error(exc) from None
         return {m.metric_name for m in response.supported_metric}
 
-    def read(self, names: Iterable[str], timeout_s: float) -> dict[str, dict[str, float]]:
-        """Per metric name, the value of each device; all calls share one deadline.
+    def read(self, names: Iterable[str], timeout_s: float) -> RuntimeReadout:
+        """Every metric of ``names``, asked for at once; all calls share one deadline.
 
-        Raises TpuRuntimeError when no metric could be read; a metric the runtime does
-        not know (NOT_FOUND) is left out. ``partial_error`` tells of other failures.
+        Raises TpuRuntimeError when nothing could be read because of a failure; a
+        metric the runtime does not know (NOT_FOUND) is listed in ``missing``.
         """
         import grpc
 
@@ -182,27 +320,22 @@ class TpuRuntimeClient:
             )
             for name in names
         }
-        out: dict[str, dict[str, float]] = {}
+        out: dict[str, list[Any]] = {}
+        missing: set[str] = set()
         first_error: TpuRuntimeError | None = None
         for name, future in futures.items():
             try:
                 response = future.result()
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    continue  # this runtime does not export the metric
+                    missing.add(name)
+                    continue
                 first_error = first_error or self._error(exc)
                 continue
-            values: dict[str, float] = {}
-            for metric in response.metric.metrics:
-                chip = _device_of(metric.attribute)
-                value = _number(metric)
-                if chip is not None and value is not None:
-                    values[chip] = value
-            out[name] = values
-        self.partial_error = first_error if out else None
+            out[name] = list(response.metric.metrics)
         if first_error is not None and not out:
             raise first_error
-        return out
+        return RuntimeReadout(out, frozenset(missing), first_error)
 
     def _error(self, exc: grpc.RpcError) -> TpuRuntimeError:
         import grpc
@@ -217,13 +350,32 @@ class TpuRuntimeClient:
         self.reset()
 
 
+class _Chip:
+    """One chip's values while a collection assembles them."""
+
+    __slots__ = ("fields", "readings")
+
+    def __init__(self) -> None:
+        self.fields: dict[str, float] = {}
+        self.readings: list[Reading] = []
+
+
+_FIELD_OF: Final = {
+    "accelerator.duty_cycle": "duty_cycle",
+    "accelerator.tensorcore.utilization": "tensorcore_utilization",
+    "accelerator.memory.usage": "memory_usage",
+    "accelerator.memory.limit": "memory_limit",
+}
+
+
 @dataclass
 class TpuSource:
     """Collects libtpu runtime metrics into a :class:`DeviceSeries` (``source="libtpu"``).
 
     ``collect`` blocks for at most ``timeout_s`` and returns ``(state, detail)`` for
-    ``/readyz``. With ``optional`` (``MLPROF_SOURCES=auto``) and no TPU on the machine,
-    a runtime that does not answer means "off", not an error.
+    ``/readyz``; ``skipped()`` lists the metrics this runtime does not offer. With
+    ``optional`` (``MLPROF_SOURCES=auto``) and no TPU on the machine, a runtime that
+    does not answer means "off", not an error.
     """
 
     client: TpuRuntimeClient
@@ -234,6 +386,7 @@ class TpuSource:
     present: Callable[[], bool] = tpu_present
     on_error: Callable[[str], None] | None = None
     name: str = "tpu"
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
         self._supported: set[str] | None = None
@@ -242,28 +395,50 @@ class TpuSource:
         self._last_state = ""
         self._totals: dict[str, float] = {}
         self._totals_at = float("-inf")
+        self._distributions: dict[str, list[Reading]] = {}  # chip ("" host) -> last readings
+        self._distributions_at = float("-inf")
+        self._absent: set[str] = set()  # libtpu names this runtime does not offer
+        self._window = DistributionWindow(PERCENTILE_WINDOW_S, self.clock)
+        self._totals_of = MonotonicTotals()
 
-    def _metric_names(self) -> list[str]:
+    def skipped(self) -> list[str]:
+        """libtpu metrics this runtime does not offer (for ``/readyz``)."""
+        return sorted(m.name for m in RUNTIME_METRICS if set(m.names) <= self._absent)
+
+    def _set_absent(self, absent: set[str]) -> None:
+        before = set(self.skipped())
+        self._absent = absent
+        for name in sorted(set(self.skipped()) - before):
+            log.info("libtpu at %s does not offer %s: skipped", self.client.addr, name)
+
+    def _to_read(self) -> dict[str, RuntimeMetric]:
+        """libtpu name -> its entry, for the metrics to ask for now."""
         if not self._checked:
-            self._supported = self.client.supported(self.timeout_s)
+            supported = self.client.supported(self.timeout_s)
             self._checked = True
-        supported = self._supported
-        if supported is None:  # ListSupportedMetrics unimplemented: ask for the basics
-            return list(BASE_METRICS)
-        names: list[str] = [n for n in BASE_METRICS if n in supported]
-        return names + [n for n in TENSORCORE_UTIL_METRICS if n in supported][:1]
+            if supported is not None:  # else: learn from NOT_FOUND answers
+                self._set_absent({n for m in RUNTIME_METRICS for n in m.names} - supported)
+        out: dict[str, RuntimeMetric] = {}
+        for metric in RUNTIME_METRICS:
+            # The first alternative not known to be absent (tried one at a time).
+            name = next((n for n in metric.names if n not in self._absent), None)
+            if name is not None:
+                out[name] = metric
+        return out
 
     def collect(self) -> tuple[str, str]:
         """Read the runtime once and store its values; never raises."""
-        now = time.monotonic()
+        now = self.clock()
         try:
-            names = self._metric_names()
+            wanted = self._to_read()
             if now - self._totals_at < TOTAL_REFRESH_S:
-                names = [n for n in names if n != HBM_TOTAL_METRIC]
-            values = self.client.read(names, self.timeout_s)
+                wanted.pop(HBM_TOTAL_METRIC, None)
+            if now - self._distributions_at < DISTRIBUTION_REFRESH_S:
+                wanted = {n: m for n, m in wanted.items() if not m.distribution}
+            readout = self.client.read(wanted, self.timeout_s)
         except TpuRuntimeError as exc:
             self._checked = False  # the runtime may come back as another libtpu
-            self._totals_at = float("-inf")
+            self._totals_at = self._distributions_at = float("-inf")
             absent = exc.reason == "unavailable" and self.optional and not self._seen
             if absent and not self.present():
                 return self._report("off", f"no TPU runtime answers at {self.client.addr}")
@@ -271,34 +446,145 @@ class TpuSource:
                 self.on_error(exc.reason)
             return self._report("error", str(exc))
         self._seen = True
-        duty = values.get(DUTY_CYCLE_METRIC, {})
-        usage = values.get(HBM_USAGE_METRIC, {})
-        util = next((values[n] for n in TENSORCORE_UTIL_METRICS if n in values), {})
-        if HBM_TOTAL_METRIC in values:
-            self._totals, self._totals_at = values[HBM_TOTAL_METRIC], now
-        total = self._totals
-        chips = set(duty) | set(usage) | set(util)
-        if HBM_TOTAL_METRIC in values:
-            chips |= set(total)
-        elif not chips <= set(total):
-            self._totals_at = float("-inf")  # a chip without capacity yet: re-read next time
+        if readout.missing:  # not offered; an alternative name is tried next time
+            self._set_absent(self._absent | readout.missing)
+        chips, host = self._assemble(readout.metrics, wanted, now)
         samples = [
             DeviceSample(
                 chip,
-                duty_cycle=_ratio(duty.get(chip)),
-                tensorcore_utilization=_ratio(util.get(chip)),
-                memory_usage=usage.get(chip),
-                memory_limit=total.get(chip),
+                duty_cycle=c.fields.get("duty_cycle"),
+                tensorcore_utilization=c.fields.get("tensorcore_utilization"),
+                memory_usage=c.fields.get("memory_usage"),
+                memory_limit=c.fields.get("memory_limit"),
+                readings=tuple(c.readings),
             )
-            for chip in sorted(chips, key=lambda c: (len(c), c))
+            for chip, c in sorted(chips.items(), key=lambda kv: (len(kv[0]), kv[0]))
         ]
+        if host:
+            samples.append(DeviceSample("", readings=tuple(host)))
         self.series.update(samples, self.identity.current())
-        partial = self.client.partial_error
-        if partial is not None:
+        self._window.forget_unseen()
+        detail = f"{len(chips)} chips at {self.client.addr}"
+        if skipped := self.skipped():
+            detail += f"; {len(skipped)} metrics not offered (see skipped)"
+        if readout.error is not None:
             if self.on_error:
-                self.on_error(partial.reason)
-            return self._report("error", f"{len(chips)} chips, but {partial}")
-        return self._report("ok", f"{len(chips)} chips at {self.client.addr}")
+                self.on_error(readout.error.reason)
+            return self._report("error", f"{len(chips)} chips, but {readout.error}")
+        return self._report("ok", detail)
+
+    def _assemble(
+        self, metrics: Mapping[str, list[Any]], wanted: Mapping[str, RuntimeMetric], now: float
+    ) -> tuple[dict[str, _Chip], list[Reading]]:
+        chips: dict[str, _Chip] = {}
+        host: list[Reading] = []
+        distributions: dict[str, list[Reading]] = {}
+        for name, samples in metrics.items():
+            entry = wanted[name]
+            if entry.per_chip:
+                self._per_chip(name, entry, samples, chips, distributions)
+            else:
+                distributions.setdefault("", []).extend(
+                    self._host_distribution(name, entry, samples)
+                )
+        if any(m.distribution for m in wanted.values()):
+            self._distributions, self._distributions_at = distributions, now
+        for chip, readings in self._distributions.items():  # fresh, or the last ones
+            if chip == "":
+                host.extend(readings)
+            elif chip in chips:
+                chips[chip].readings.extend(readings)
+        if HBM_TOTAL_METRIC in metrics:
+            self._totals, self._totals_at = self._column(chips, "memory_limit"), now
+        else:
+            for chip, total in self._totals.items():
+                if chip in chips:
+                    chips[chip].fields["memory_limit"] = total
+            if not set(chips) <= set(self._totals):
+                self._totals_at = float("-inf")  # a chip without capacity yet: re-read next time
+        return chips, host
+
+    @staticmethod
+    def _column(chips: Mapping[str, _Chip], field_name: str) -> dict[str, float]:
+        return {c: v.fields[field_name] for c, v in chips.items() if field_name in v.fields}
+
+    def _per_chip(
+        self,
+        name: str,
+        entry: RuntimeMetric,
+        samples: list[Any],
+        chips: dict[str, _Chip],
+        distributions: dict[str, list[Reading]],
+    ) -> None:
+        for metric in samples:
+            chip, core_type = _device_of(metric.attribute)
+            if chip is None:
+                continue
+            attrs = {"core_type": core_type} if core_type else NO_ATTRIBUTES
+            target = chips.setdefault(chip, _Chip())
+            if metric.WhichOneof("measure") == "distribution":
+                key = (name, chip, core_type)
+                readings = self._distribution(key, entry, [metric.distribution], attrs)
+                distributions.setdefault(chip, []).extend(readings)
+                continue
+            value = _number(metric)
+            if value is None:
+                continue
+            value = value * entry.scale / entry.divisor
+            if entry.ratio:
+                value = min(1.0, max(0.0, value))
+            field_name = _FIELD_OF.get(entry.metric)
+            if field_name is not None:
+                target.fields[field_name] = value
+            else:
+                target.readings.append(Reading(entry.metric, value, attrs))
+
+    def _host_distribution(
+        self, name: str, entry: RuntimeMetric, samples: list[Any]
+    ) -> list[Reading]:
+        """Readings of a megascale distribution: samples of one buffer size are summed."""
+        groups: dict[str | None, list[Any]] = {}
+        for metric in samples:
+            if metric.WhichOneof("measure") == "distribution":
+                size = _inner_string(metric.attribute, BUFFER_SIZE_KEY)
+                groups.setdefault(size, []).append(metric.distribution)
+        out: list[Reading] = []
+        for size, dists in groups.items():
+            attrs = dict(entry.attrs)
+            if size is not None:
+                attrs["buffer_size"] = size
+            out.extend(self._distribution((name, size), entry, dists, attrs))
+        return out
+
+    def _distribution(
+        self,
+        key: tuple[Any, ...],
+        entry: RuntimeMetric,
+        distributions: list[Any],
+        attrs: Mapping[str, str | None],
+    ) -> list[Reading]:
+        """Percentile gauges (and counters) of one distribution, or the sum of several."""
+        total: Buckets | None = None
+        for distribution in distributions:
+            part = buckets_of(distribution, entry.scale, entry.divisor)
+            if part is None:
+                continue  # a layout we cannot read
+            total = part if total is None else total.plus(part)
+        if total is None:
+            return []
+        out: list[Reading] = []
+        recent = self._window.recent(key, total)
+        values = recent.percentiles([q for _, q in PERCENTILES])
+        for (label, _q), value in zip(PERCENTILES, values, strict=True):
+            if value is not None:
+                out.append(Reading(entry.metric, value, {**attrs, "percentile": label}))
+        if entry.counters:
+            base = entry.metric.rsplit(".", 1)[0]
+            count = total.count
+            time_s = self._totals_of.total(key, count, total.total)
+            out.append(Reading(f"{base}.count", float(count), attrs))
+            out.append(Reading(f"{base}.time", time_s, attrs))
+        return out
 
     def _report(self, state: str, detail: str) -> tuple[str, str]:
         if state != self._last_state:
@@ -310,10 +596,3 @@ class TpuSource:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _ratio(percent: float | None) -> float | None:
-    """libtpu reports percent; the gauge is a 0..1 ratio (clamped against rounding)."""
-    if percent is None:
-        return None
-    return min(1.0, max(0.0, percent / 100.0))

@@ -18,13 +18,13 @@ GIB = 1 << 30
 
 
 def tpu_series(url: str) -> dict[tuple[str, str], float]:
-    """(metric, chip) -> value of the libtpu series on /metrics."""
+    """(metric, chip) -> value of the per-chip libtpu series on /metrics."""
     text = httpx.get(f"{url}/metrics", timeout=5).text
     return {
         (s.name, s.labels["chip"]): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.labels.get("source") == "libtpu"
+        if s.labels.get("source") == "libtpu" and "chip" in s.labels  # DCN series: the host's
     }
 
 
@@ -63,6 +63,8 @@ def test_serve_shows_the_fake_tpus_chips(tmp_path: Path) -> None:
         ready = httpx.get(f"{url}/readyz", timeout=5).json()
         components = ready["components"]
         assert components["source.tpu"]["state"] == "ok"
+        assert components["source.tpu"]["skipped"] == []  # the fake offers every metric
+        assert "serving 16 of 16 libtpu runtime metrics" in banner
         assert components["source.nvml"]["state"] == "off"  # no NVML on this machine
         assert components["source.jax"]["state"] == "ok"
     finally:
