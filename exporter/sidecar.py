@@ -29,16 +29,33 @@ __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0  # how long shutdown waits for background calls in flight
+# A loop whose call has not returned for this many intervals (and at least
+# STALLED_MIN_S: a slow disk or a long import is not a wedge) is reported "stalled".
+STALLED_INTERVALS = 3
+STALLED_MIN_S = 30.0
+# States in which a component does not hold readiness back: "waiting" means it works
+# and has no data yet (no workload has written a step log, JAX on CPU has no memory).
+READY_STATES = frozenset({"ok", "off", "waiting"})
 
 
 @dataclass
 class ComponentStatus:
     """What ``/readyz`` says of one component."""
 
-    state: str = "starting"  # starting | ok | error | off
+    state: str = "starting"  # starting | ok | waiting | error | off | stalled
     detail: str = ""
     last_run: float | None = None
     required: bool = True
+    running_since: float | None = None  # when the call in flight started (None: idle)
+    stalled_after_s: float = float("inf")
+
+    def current(self, now: float) -> ComponentStatus:
+        """This status, or "stalled" if its call has been in flight for too long."""
+        since = self.running_since
+        if since is None or now - since <= self.stalled_after_s:
+            return self
+        detail = f"its loop has not completed for {now - since:.0f}s (blocked or wedged)"
+        return ComponentStatus("stalled", detail, self.last_run, self.required)
 
     def as_json(self) -> dict[str, Any]:
         return {"state": self.state, "detail": self.detail, "last_run": self.last_run}
@@ -58,10 +75,12 @@ class PeriodicTask:
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"mlprof-{self.name}")
+        self.status.stalled_after_s = max(STALLED_INTERVALS * self.interval_s, STALLED_MIN_S)
 
     async def run_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            self.status.running_since = time.time()
             try:
                 outcome = await loop.run_in_executor(self.executor, self.func)
             except Exception as exc:  # keep the loop alive; the status tells what broke
@@ -71,7 +90,7 @@ class PeriodicTask:
                 # A func may return (state, detail), e.g. ("off", "no TPU runtime").
                 ok = isinstance(outcome, tuple) and len(outcome) == 2
                 self.status.state, self.status.detail = outcome if ok else ("ok", "")
-            self.status.last_run = time.time()
+            self.status.last_run, self.status.running_since = time.time(), None
             await asyncio.sleep(self.interval_s)
 
 
@@ -105,6 +124,7 @@ class Sidecar:
         )
         for reason in StepLogTailer.ERROR_REASONS:
             step_log_errors.add(0, {"reason": reason})  # so increase() sees the first error
+        self.training.on_expire.append(self.telemetry.forget_series)
         self.tailer = StepLogTailer(
             settings.shared_dir,
             settings.shared_dir / schema.SIDECAR_DIR / "state.json",
@@ -120,6 +140,17 @@ class Sidecar:
         self.memory_profiles = MemoryProfileWatcher(
             settings.shared_dir, self.pyroscope.push if self.pyroscope else None
         )
+        # State files found bad at start were moved aside (see exporter/state_files.py).
+        discarded = meter.create_counter(
+            "mlprof.state.discarded",
+            unit="{file}",
+            description="Sidecar state files found unusable at start, moved aside.",
+        )
+        for name, why in (
+            ("step_log", self.tailer.state_discarded),
+            ("memory_profiles", self.memory_profiles.state_discarded),
+        ):
+            discarded.add(1 if why else 0, {"file": name})
         self.tasks.append(
             PeriodicTask(
                 "memory_profiles",
@@ -172,18 +203,24 @@ class Sidecar:
                 )
         self._running: list[asyncio.Task[None]] = []
 
-    def _tail_step_logs(self) -> None:
+    def _tail_step_logs(self) -> tuple[str, str]:
         self.tailer.poll()
+        self.training.refresh_runs()
         self.training.expire()
+        if not self.training.has_runs():
+            steps = self.settings.shared_dir / schema.STEPS_DIR
+            return "waiting", f"no workload has written a step log in {steps} yet"
+        return "ok", ""
 
     def add_task(self, task: PeriodicTask) -> None:
         """Register a background loop; call before ``start``."""
         self.tasks.append(task)
 
     def readiness(self) -> tuple[bool, dict[str, dict[str, Any]]]:
-        """Whether every required component has run once, and each one's state."""
-        components = {t.name: t.status for t in self.tasks} | self.statuses
-        ready = all(s.state in ("ok", "off") for s in components.values() if s.required)
+        """Whether every required component has run once and none is stalled; each state."""
+        now = time.time()
+        components = {t.name: t.status.current(now) for t in self.tasks} | self.statuses
+        ready = all(s.state in READY_STATES for s in components.values() if s.required)
         return ready, {name: s.as_json() for name, s in components.items()}
 
     async def start(self) -> None:

@@ -18,10 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from exporter import schema
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.memory import load_memory_profile
+from exporter.regular_files import is_regular, read_regular
+from exporter.state_files import BadStateError, load_state, set_aside
 
 __all__ = [
     "MEMORY_REQUEST_ID",
@@ -37,6 +41,12 @@ PROFILE_SOURCE = "device_memory"
 MEMORY_REQUEST_ID = re.compile(r"^\d{9,12}-[0-9a-f]{8}$")  # what request_memory_profile makes
 REQUEST_TTL_S = 300.0  # requests older than this are removed (the SDK ignores them too)
 Publish = Callable[[FlameGraph, dict[str, str]], object]
+
+
+class _WatcherState(BaseModel):
+    """``sidecar/memory-profiles.json``: the profiles already published."""
+
+    processed: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -75,8 +85,8 @@ def _meta(path: Path) -> dict[str, Any]:
     stem = path.name[: -len(schema.MEMORY_PROFILE_SUFFIX)]
     meta_path = path.with_name(stem + schema.MEMORY_META_SUFFIX)
     try:
-        data = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_regular(meta_path))
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -112,11 +122,14 @@ class MemoryProfileWatcher:
         self.keep = keep
         self.processed: set[str] = set()
         self.errors = 0
+        self.state_discarded: str | None = None  # why the state file was set aside
         try:
-            state = json.loads(self.state_path.read_text(encoding="utf-8"))
-            self.processed = set(state.get("processed", []))
-        except (OSError, ValueError, AttributeError):
-            self.processed = set()
+            state = load_state(self.state_path, _WatcherState)
+        except BadStateError as exc:
+            self.state_discarded = str(exc)
+            set_aside(self.state_path, str(exc))
+        else:
+            self.processed = set(state.processed) if state is not None else set()
 
     def _save(self) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,6 +176,11 @@ class MemoryProfileWatcher:
             found = []
         for path in found:
             if path.name in self.processed:
+                continue
+            if not is_regular(path):  # a FIFO or device: reading it would block or never end
+                self.errors += 1
+                log.warning("skipping memory profile %s: not a regular file", path)
+                self.processed.add(path.name)
                 continue
             results.append(self._process(path))
             # Remembered one by one: a later failure must not re-push this one.
