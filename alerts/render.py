@@ -63,6 +63,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "MLProfExporterDown",
     "MLProfProfilePushesFailing",
     "MLProfCapturesFailing",
+    "MLWorkloadInputBound",
 )
 ACTIONS = ("capture", "snapshot")
 SEVERITIES = ("critical", "warning", "info")
@@ -396,6 +397,21 @@ def build_rules(table: Mapping[str, Any]) -> dict[str, Any]:
         per_run=False,
     )
 
+    a = alerts["MLWorkloadInputBound"]
+    share = q.sel("train_input_wait_share")
+    input_bound = _alert(
+        "MLWorkloadInputBound",
+        a,
+        links,
+        f"avg by ({q.by}) (avg_over_time({share}[{a['window']}])) > {a['threshold']}\n"
+        f"and on ({q.by}) {q.progressing(a['window'])}\n"
+        f"and on ({q.by}) {q.alive()}\n",
+        "Training steps wait for their input a large share of the time.",
+        f"Run {run}: steps waited for their next batch {{{{ $value | humanizePercentage }}}} "
+        f"of the time over the last {a['window']} (threshold {a['threshold']:.0%}): the input "
+        "pipeline does not keep up with the accelerators.",
+    )
+
     return {
         "groups": [
             {
@@ -406,6 +422,8 @@ def build_rules(table: Mapping[str, Any]) -> dict[str, Any]:
                 "name": "mlprof-exporter",
                 "rules": [exporter_down, pushes_failing, captures_failing],
             },
+            # Appended as a group of its own: the order of ALERT_NAMES is the file's order.
+            {"name": "mlprof-workload-input", "rules": [input_bound]},
         ]
     }
 

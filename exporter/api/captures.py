@@ -93,6 +93,8 @@ def _select(sidecar: Sidecar, body: _Selector) -> list[ProfilerTarget]:
     registry = sidecar.targets
     if registry.refreshed is None:
         registry.refresh(check=False)
+    else:
+        registry.refresh_cheap()  # a run that started seconds ago is a target already
     if body.targets is not None:
         if not body.targets:
             raise HTTPException(422, "targets: expected at least one address or host")

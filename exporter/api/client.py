@@ -62,4 +62,13 @@ def _detail(response: httpx.Response) -> str:
     except ValueError:
         return response.text[:300]
     detail = data.get("detail", data) if isinstance(data, dict) else data
+    if isinstance(detail, list):  # FastAPI's validation errors: say each field and why
+        return "; ".join(_validation_line(item) for item in detail[:5])
     return detail if isinstance(detail, str) else str(detail)[:300]
+
+
+def _validation_line(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)[:100]
+    where = ".".join(str(p) for p in item.get("loc", ()) if p not in ("query", "body", "path"))
+    return f"{where or 'request'}: {item.get('msg', 'invalid')}"

@@ -394,13 +394,11 @@ class TargetRegistry:
                 merged[target.address] = target if seen is None else seen.merged(target)
         return list(merged.values())
 
-    def current(self, targets: Iterable[ProfilerTarget]) -> list[ProfilerTarget]:
-        """``targets`` with the facts known right now (for labelling a capture at its start).
+    def refresh_cheap(self) -> None:
+        """Run again the discoveries that only read the shared dir (no network, no probe).
 
-        Discoveries that are cheap to run (the shared dir) are run again first: the run
-        that owns a profiler port may have changed since the last refresh. A target no
-        discovery knows any more keeps its address but loses its run and workload: whose
-        server answers there is not known.
+        Called before a request picks targets: a run that started seconds ago is found
+        without waiting for the next discovery interval.
         """
         for discovery in self.discoveries:
             if getattr(discovery, "refresh_on_capture", False):
@@ -411,6 +409,16 @@ class TargetRegistry:
                     continue
                 with self._lock:
                     self._found[discovery.name] = found
+
+    def current(self, targets: Iterable[ProfilerTarget]) -> list[ProfilerTarget]:
+        """``targets`` with the facts known right now (for labelling a capture at its start).
+
+        Discoveries that are cheap to run (the shared dir) are run again first: the run
+        that owns a profiler port may have changed since the last refresh. A target no
+        discovery knows any more keeps its address but loses its run and workload: whose
+        server answers there is not known.
+        """
+        self.refresh_cheap()
         known = {t.address: t for t in self.known()}
         return [known.get(t.address) or replace(t, run_id=None, workload=None) for t in targets]
 

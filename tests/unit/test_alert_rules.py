@@ -33,6 +33,7 @@ DEGRADATION_ALERTS = {
     "MLWorkloadDutyCycleLow",
     "MLWorkloadDutyCycleDrop",
     "MLWorkloadStepTimeRegression",
+    "MLWorkloadInputBound",
 }
 DASHBOARD = ALERTS.parent / "dashboards" / "mlprof-overview.json"
 
@@ -162,6 +163,7 @@ EMITTED = {
     "accelerator_memory_limit_bytes",
     "train_step_duration_seconds_bucket",
     "train_steps_total",
+    "train_input_wait_share",
     "mlprof_workload_up",
     "mlprof_captures_total",
     "mlprof_profile_pushes_total",

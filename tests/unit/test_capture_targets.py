@@ -34,8 +34,15 @@ def test_static_targets_default_port_and_ipv6() -> None:
 
 
 def _run_file(shared: Path, run_id: str, port: int | None, pid: int, **extra: Any) -> None:
-    info = {"run_id": run_id, "name": f"w-{run_id}", "host": "trainer-0", "pid": pid,
-            "profiler_port": port, "start_unix": 1000.0 + pid, "system": {"backend": "tpu"}}
+    info = {
+        "run_id": run_id,
+        "name": f"w-{run_id}",
+        "host": "trainer-0",
+        "pid": pid,
+        "profiler_port": port,
+        "start_unix": 1000.0 + pid,
+        "system": {"backend": "tpu"},
+    }
     (shared / "runs").mkdir(exist_ok=True)
     (shared / "runs" / f"{run_id}.json").write_text(json.dumps(info | extra))
     (shared / "steps").mkdir(exist_ok=True)
@@ -65,9 +72,7 @@ def test_local_discovery_lists_every_live_run(tmp_path: Path) -> None:
 def test_targets_found_twice_merge_their_facts(tmp_path: Path) -> None:
     """Issue 11 B: a static address that is also a local run keeps the run's identity."""
     _run_file(tmp_path, "r1", 9123, pid=11)
-    registry = TargetRegistry(
-        [StaticDiscovery(["127.0.0.1:9123"]), LocalRunDiscovery(tmp_path)]
-    )
+    registry = TargetRegistry([StaticDiscovery(["127.0.0.1:9123"]), LocalRunDiscovery(tmp_path)])
     registry.refresh(check=False)
     (target,) = registry.known()
     assert target == ProfilerTarget(
@@ -86,9 +91,7 @@ def test_current_facts_follow_the_run_that_owns_the_port_now(tmp_path: Path) -> 
     _run_file(tmp_path, "new", 9123, pid=12)
     assert [t.run_id for t in registry.current([stale])] == ["new"]
     _run_file(tmp_path, "new", 9123, pid=12, ended_unix=2001.0)
-    assert [(t.address, t.run_id) for t in registry.current([stale])] == [
-        ("127.0.0.1:9123", None)
-    ]
+    assert [(t.address, t.run_id) for t in registry.current([stale])] == [("127.0.0.1:9123", None)]
 
 
 def test_dns_lists_every_address_of_the_name() -> None:
