@@ -246,8 +246,8 @@ class Settings(BaseSettings):
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Host names the HTTP server answers to (the Host header), host,...; "
-        "*.example.com and * allowed. Default: the loopback names and the listen address "
-        "(any, when listening on every interface: a token is required then).",
+        "*.example.com and * allowed. Default without a token: the loopback names and "
+        "the listen address; with a token: any (the token guards).",
     )
 
     @field_validator("listen")
@@ -368,9 +368,9 @@ class Settings(BaseSettings):
         if self.allowed_hosts:
             return list(self.allowed_hosts)
         host = self.listen_host.lower()
-        if host in WILDCARD_LISTEN:
-            # Every interface means a token is set (see _loopback_unless_token), and the
-            # token, which no page can send, is what guards the API then.
+        if self.token or host in WILDCARD_LISTEN:
+            # With a token (required off loopback) the token guards: no page can send it,
+            # and a scraper may use any name of the pod (IP, Service DNS name).
             return ["*"]
         own = f"[{host}]" if ":" in host else host
         return list(dict.fromkeys([*DEFAULT_ALLOWED_HOSTS, own]))

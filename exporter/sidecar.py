@@ -13,6 +13,7 @@ from typing import Any
 
 from exporter import schema
 from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
+from exporter.capture.client import ProfilerClient
 from exporter.capture.service import CaptureService
 from exporter.config import Settings
 from exporter.metrics.exposition import ExpositionCache
@@ -101,7 +102,12 @@ class Sidecar:
     >>> await sidecar.start(); ...; await sidecar.stop()  # doctest: +SKIP
     """
 
-    def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        telemetry: Telemetry | None = None,
+        profiler_client: ProfilerClient | None = None,
+    ) -> None:
         self.settings = settings
         self.telemetry = telemetry or build_telemetry(
             extra_readers=[r for r in [otlp_reader(settings)] if r is not None]
@@ -171,7 +177,7 @@ class Sidecar:
         # Captures: targets (static, run.json, DNS, k8s), the engine, snapshots, and the
         # watcher that hands finished sessions to conversion and push.
         self.capture = CaptureService.from_settings(
-            settings, meter, self.pyroscope.push if self.pyroscope else None
+            settings, meter, self.pyroscope.push if self.pyroscope else None, profiler_client
         )
         self.targets = self.capture.targets
         self.captures = self.capture.engine

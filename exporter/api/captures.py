@@ -129,6 +129,8 @@ def list_targets(request: Request) -> dict[str, Any]:
     registry = _sidecar(request).targets
     if registry.refreshed is None:
         registry.refresh(check=False)
+    else:
+        registry.refresh_cheap()  # a run that started seconds ago is listed already
     engine = _sidecar(request).captures
     known = registry.known()
     targets = [

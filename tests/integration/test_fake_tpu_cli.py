@@ -64,7 +64,8 @@ def test_serve_shows_the_fake_tpus_chips(tmp_path: Path) -> None:
         components = ready["components"]
         assert components["source.tpu"]["state"] == "ok"
         assert components["source.nvml"]["state"] == "off"  # no NVML on this machine
-        assert components["source.jax"]["state"] == "ok"
+        # No workload writes memory lines here: the JAX source waits for data (issue 11).
+        assert components["source.jax"]["state"] == "waiting"
     finally:
         sidecar.stop()
         fake.stop()

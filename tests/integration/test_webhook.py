@@ -430,7 +430,7 @@ def test_loopback_without_token_accepts_alertmanager(tmp_path: Path) -> None:
     settings = load_settings(
         listen="127.0.0.1:9", shared_dir=str(tmp_path / "shared"), store=str(tmp_path / "store")
     )
-    client = TestClient(create_app(Sidecar(settings)))
+    client = TestClient(create_app(Sidecar(settings)), base_url="http://127.0.0.1")
     body = payload(alert("nt1", host="nowhere", mlprof_action="capture"))
     response = client.post(WEBHOOK, json=body)
     assert response.status_code == 202
