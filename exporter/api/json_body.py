@@ -96,7 +96,7 @@ def parse_json_object(body: bytes, what: str = "body") -> dict[str, Any]:
     check_json(data)
     if not isinstance(data, dict):
         raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            422,
             f"{what}: expected a JSON object, got a JSON {type(data).__name__}",
         )
     return data
