@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Proc, free_port, wait_http, wait_until
+from tests.harness import ROOT, Proc, free_port, wait_http, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -157,6 +157,7 @@ def test_ctrl_c_stops_the_demo_and_its_workload_cleanly(tmp_path: Path) -> None:
          "--listen", f"127.0.0.1:{port}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # this checkout's code
     )  # fmt: skip
     console: list[str] = []
     reader = threading.Thread(target=lambda: console.extend(demo.stdout or []), daemon=True)
@@ -175,7 +176,7 @@ def test_ctrl_c_stops_the_demo_and_its_workload_cleanly(tmp_path: Path) -> None:
         command = printed.removeprefix("  capture ").strip().replace("2000", "300")
         shell = subprocess.run(
             command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PATH": "/usr/bin:/bin"},
+            env={**os.environ, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
         assert shell.returncode == 0, (command, shell.stdout, shell.stderr)
         assert ": done" in shell.stdout

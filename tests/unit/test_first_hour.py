@@ -12,7 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from exporter.cli import _mlprof_command, main
+from exporter.cli import main
 from tests.harness import ROOT
 
 
@@ -57,7 +57,7 @@ def test_since_that_is_not_a_time_is_one_line_and_exit_2() -> None:
 def test_the_printed_mlprof_command_runs_from_the_users_shell(tmp_path: Path) -> None:
     """`make demo` does not activate the venv: the banner names a path that runs."""
     clean_path = "/usr/bin:/bin"  # no venv on PATH, as in a fresh terminal
-    env = {**os.environ, "PATH": clean_path}
+    env = {**os.environ, "PATH": clean_path, "PYTHONPATH": str(ROOT)}
     command = subprocess.run(
         [sys.executable, "-c", "from exporter.cli import _mlprof_command as c; print(c())"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
@@ -69,4 +69,6 @@ def test_the_printed_mlprof_command_runs_from_the_users_shell(tmp_path: Path) ->
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.startswith("mlprof, version")
+    from exporter.cli import _mlprof_command
+
     assert _mlprof_command()  # in-process too
