@@ -11,6 +11,7 @@ logged, and the caller starts fresh and counts it.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from exporter.regular_files import read_regular
 
-__all__ = ["BadStateError", "load_state", "set_aside"]
+__all__ = ["BadStateError", "load_state", "save_state", "set_aside"]
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +66,20 @@ def set_aside(path: Path, reason: str) -> Path | None:
         return None
     log.error("state file %s is bad (%s): moved to %s; starting fresh", path, reason, aside)
     return aside
+
+
+def save_state(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (written, synced, renamed).
+
+    The temporary file is created afresh (O_EXCL after removing any leftover): a FIFO
+    planted under its name would otherwise block the open for ever.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(path)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from exporter import schema
 from exporter.regular_files import NotRegularFileError, open_regular
-from exporter.state_files import BadStateError, load_state, set_aside
+from exporter.state_files import BadStateError, load_state, save_state, set_aside
 
 __all__ = ["MalformedRecord", "StepLogConsumer", "StepLogTailer", "TailStats"]
 
@@ -152,13 +152,7 @@ class StepLogTailer:
             },
             "consumer": self.consumer.snapshot(),
         }
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        with tmp.open("w", encoding="utf-8") as out:
-            json.dump(data, out, separators=(",", ":"))
-            out.flush()
-            os.fsync(out.fileno())
-        tmp.replace(self.state_file)
+        save_state(self.state_file, json.dumps(data, separators=(",", ":")).encode())
 
     def poll(self) -> TailStats:
         """Read what is new in every step log, apply it, and persist offsets."""

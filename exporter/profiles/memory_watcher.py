@@ -25,7 +25,7 @@ from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.memory import load_memory_profile
 from exporter.regular_files import is_regular, read_regular
-from exporter.state_files import BadStateError, load_state, set_aside
+from exporter.state_files import BadStateError, load_state, save_state, set_aside
 
 __all__ = [
     "MEMORY_REQUEST_ID",
@@ -132,10 +132,7 @@ class MemoryProfileWatcher:
             self.processed = set(state.processed) if state is not None else set()
 
     def _save(self) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
-        tmp.write_text(json.dumps({"processed": sorted(self.processed)}), encoding="utf-8")
-        tmp.replace(self.state_path)
+        save_state(self.state_path, json.dumps({"processed": sorted(self.processed)}).encode())
 
     @staticmethod
     def labels_for(meta: dict[str, Any], path: Path) -> dict[str, str]:

@@ -3,6 +3,7 @@ the tail, bad state files, absurd lines, input wait, and series that outlive the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -89,6 +90,27 @@ def test_no_file_is_read_while_metrics_render(shared: Path, fifo_cleanup: list[P
         lambda: rendered.append(generate_latest(car.telemetry.registry)), open_writer(fifo)
     ), "a FIFO in the shared dir blocked /metrics"
     assert b'accelerator="unknown"' in rendered[0]
+
+
+def test_a_fifo_where_the_state_is_written_wedges_nothing(
+    shared: Path, fifo_cleanup: list[Path]
+) -> None:
+    """The workload can write into sidecar/ too: a FIFO at the temporary state file."""
+    (shared / "sidecar").mkdir()
+    fifos = [shared / "sidecar" / ".state.json.tmp", shared / "sidecar" / "state.tmp"]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+        fifo_cleanup.append(fifo)
+    (shared / "steps" / "h-1.jsonl").write_text(step_line(0))
+    car = Sidecar(shared)
+
+    def unblock() -> None:
+        for fifo in fifos:  # a reader frees a writer stuck in open()
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+
+    assert returns_within(car.tailer.poll, unblock), "saving the state blocked on a FIFO"
+    assert json.loads((shared / "sidecar" / "state.json").read_text())["files"]
 
 
 def test_a_backend_found_on_the_tailing_thread_reaches_the_duty_cycle(shared: Path) -> None:
