@@ -70,5 +70,7 @@ def _detail(response: httpx.Response) -> str:
 def _validation_line(item: Any) -> str:
     if not isinstance(item, dict):
         return str(item)[:100]
-    where = ".".join(str(p) for p in item.get("loc", ()) if p not in ("query", "body", "path"))
+    loc = [str(p) for p in item.get("loc", ())]
+    # FastAPI's loc starts with where the value came from: the field name says enough.
+    where = ".".join(loc[1:] if len(loc) > 1 and loc[0] in ("query", "body", "path") else loc)
     return f"{where or 'request'}: {item.get('msg', 'invalid')}"
