@@ -35,7 +35,7 @@ from tests.sidecar_app import FileWritingProfilerClient, settings_in
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 # Per operation (schemathesis) and per endpoint (webhook, captures): ~20 s in all here.
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 30
 FUZZ_SETTINGS = settings(
     max_examples=MAX_EXAMPLES,
     deadline=None,  # a shared CI machine: time is bounded by the pytest timeout
