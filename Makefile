@@ -10,8 +10,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# Not quiet: the first install downloads JAX and takes about a minute; pip's own lines
+# and progress bars show it is working.
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[jax]'
+	@echo "make demo: installing mlprof-exporter and JAX into $(VENV) (about a minute the first time)"
+	$(BIN)/pip install --progress-bar on -e '.[jax]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python

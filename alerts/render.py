@@ -68,6 +68,7 @@ ALERT_NAMES: tuple[str, ...] = (
     "MLAcceleratorEccUncorrectable",
     "MLAcceleratorMemoryHeadroomLow",
     "MLAcceleratorInterconnectLatencyRegression",
+    "MLWorkloadInputBound",
 )
 ACTIONS = ("capture", "snapshot")
 SEVERITIES = ("critical", "warning", "info")
@@ -403,6 +404,21 @@ def build_rules(table: Mapping[str, Any]) -> dict[str, Any]:
         per_run=False,
     )
 
+    a = alerts["MLWorkloadInputBound"]
+    share = q.sel("train_input_wait_share")
+    input_bound = _alert(
+        "MLWorkloadInputBound",
+        a,
+        links,
+        f"avg by ({q.by}) (avg_over_time({share}[{a['window']}])) > {a['threshold']}\n"
+        f"and on ({q.by}) {q.progressing(a['window'])}\n"
+        f"and on ({q.by}) {q.alive()}\n",
+        "Training steps wait for their input a large share of the time.",
+        f"Run {run}: steps waited for their next batch {{{{ $value | humanizePercentage }}}} "
+        f"of the time over the last {a['window']} (threshold {a['threshold']:.0%}): the input "
+        "pipeline does not keep up with the accelerators.",
+    )
+
     return {
         "groups": [
             {
@@ -414,6 +430,8 @@ def build_rules(table: Mapping[str, Any]) -> dict[str, Any]:
                 "rules": [exporter_down, pushes_failing, captures_failing],
             },
             {"name": "mlprof-accelerator", "rules": _accelerator_rules(alerts, q, links, run)},
+            # Appended as a group of its own: the order of ALERT_NAMES is the file's order.
+            {"name": "mlprof-workload-input", "rules": [input_bound]},
         ]
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,16 +162,18 @@ def demo(
 ) -> None:
     """Run the demo JAX workload and the sidecar together with embedded defaults."""
     settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
-    _configure_logging(settings.log_level)
+    _check_startup(settings)
+    shared = settings.shared_dir.resolve()
+    shared.mkdir(parents=True, exist_ok=True)
+    native_log = shared / "demo-sidecar-native.log"
+    _divert_native_output(native_log)
+    _configure_logging(settings.log_level)  # after the diversion: Python's logs stay here
     try:
         import jax  # noqa: F401
     except ImportError:
         raise ConfigError(
             "the demo workload needs JAX: pip install 'mlprof-exporter[jax]'"
         ) from None
-    _check_startup(settings)
-    shared = settings.shared_dir.resolve()
-    shared.mkdir(parents=True, exist_ok=True)
     log_path = shared / "demo-workload.log"
     env = {**os.environ, "MLPROF_SHARED_DIR": str(shared)}
     cmd = [
@@ -184,6 +187,7 @@ def demo(
     server = _build_server(settings)
     base = f"http://{settings.listen}"
     knob = shared / schema.DEMO_INPUT_DELAY_FILE
+    mlprof = _mlprof_command()
     click.echo(
         "\n".join(
             [
@@ -198,12 +202,13 @@ def demo(
                     if profiler_port
                     else []
                 ),
-                f"  slow it down echo 0.2 > {knob}   (remove the file to recover)",
+                f"  slow it down echo 0.2 > {knob}   (input wait; remove the file to recover)",
                 *(
-                    [f"  capture      mlprof capture --url {base} --duration-ms 2000"]
+                    [f"  capture      {mlprof} capture --url {base} --duration-ms 2000"]
                     if profiler_port
                     else []
                 ),
+                f"  xprof log    {native_log}   (XProf's own messages)",
                 "  stop         Ctrl-C" + (f" (or after {duration:g}s)" if duration else ""),
             ]
         )
@@ -230,6 +235,40 @@ def demo(
         click.echo(
             f"mlprof demo: stopped (workload exit {workload.wait()}); data kept in {shared.parent}"
         )
+
+
+def _mlprof_command() -> str:
+    """How the user's shell runs this ``mlprof``: the bare name only if PATH finds it.
+
+    ``make demo`` runs ``.venv/bin/mlprof`` without activating the venv: a printed
+    ``mlprof capture`` would answer "command not found".
+    """
+    mine = Path(sys.executable).parent / "mlprof"
+    if not mine.is_file():
+        return f"{sys.executable} -m exporter.cli"
+    found = shutil.which("mlprof")
+    if found is not None and Path(found).resolve() == mine.resolve():
+        return "mlprof"
+    with contextlib.suppress(ValueError):
+        return str(mine.relative_to(Path.cwd()))  # e.g. .venv/bin/mlprof from the repo
+    return str(mine)
+
+
+def _divert_native_output(log_path: Path) -> None:
+    """Send what native code writes on fd 1 and 2 to ``log_path``; Python keeps the console.
+
+    XProf's profiler client prints from C++ ("Starting to trace for 2000 ms", absl
+    warnings) on every capture, every 30 s with snapshots: kept in a file, not lost.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console_out, console_err = os.dup(1), os.dup(2)
+    sink = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(sink, 1)
+    os.dup2(sink, 2)
+    os.close(sink)
+    sys.stdout = os.fdopen(console_out, "w", buffering=1, encoding="utf-8")
+    sys.stderr = os.fdopen(console_err, "w", buffering=1, encoding="utf-8")
 
 
 def _run_until_interrupted(server: Any) -> None:

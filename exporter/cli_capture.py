@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,13 +66,48 @@ run_option = click.option("--run-id", help="Only targets of this run.")
 @api_options
 @target_option
 @run_option
-@click.option("-d", "--duration-ms", type=click.IntRange(min=1), default=2000, show_default=True)
-@click.option("--host-tracer-level", type=click.IntRange(0, 3), default=2, show_default=True)
-@click.option("--device-tracer-level", type=click.IntRange(0, 1), default=1, show_default=True)
-@click.option("--python-tracer-level", type=click.IntRange(0, 1), default=0, show_default=True)
-@click.option("--delay-ms", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option(
-    "--kind", type=click.Choice(["trace", "snapshot"]), default="trace", show_default=True
+    "-d",
+    "--duration-ms",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="How long to trace, in milliseconds (clamped to MLPROF_CAPTURE_MAX_DURATION_MS).",
+)
+@click.option(
+    "--host-tracer-level",
+    type=click.IntRange(0, 3),
+    default=2,
+    show_default=True,
+    help="Host (CPU) trace detail: 0 off, 1 user annotations, 2 + high-level runtime, 3 all.",
+)
+@click.option(
+    "--device-tracer-level",
+    type=click.IntRange(0, 1),
+    default=1,
+    show_default=True,
+    help="Device (TPU/GPU) trace: 0 off, 1 on.",
+)
+@click.option(
+    "--python-tracer-level",
+    type=click.IntRange(0, 1),
+    default=0,
+    show_default=True,
+    help="Python function calls in the host trace: 0 off, 1 on (slows the workload).",
+)
+@click.option(
+    "--delay-ms",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Wait this long before tracing starts, in milliseconds.",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["trace", "snapshot"]),
+    default="trace",
+    show_default=True,
+    help="trace: a new trace now; snapshot: store the newest snapshot window kept.",
 )
 @click.option("--name", help="Session name (A-Z a-z 0-9 . _ -); a time stamp is appended.")
 @click.option("--no-wait", is_flag=True, help="Print the session id and return at once.")
@@ -206,8 +242,15 @@ def snapshot_status(url: str | None, config_file: Path | None, as_json: bool) ->
 @api_options
 @target_option
 @run_option
-@click.option("--name", help="Session name.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0)
+@click.option("--name", help="Session name (A-Z a-z 0-9 . _ -); a time stamp is appended.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the session to end.",
+)
 def snapshot_take(
     url: str | None, config_file: Path | None, as_json: bool, targets: tuple[str, ...],
     run_id: str | None, name: str | None, timeout_s: float,
@@ -236,9 +279,21 @@ def _print_snapshots(rows: list[dict[str, Any]], as_json: bool) -> None:
 @click.command()
 @api_options
 @click.option("--run-id", help="Only sessions of this run.")
-@click.option("--trigger", type=click.Choice(list(schema.TRIGGERS)))
-@click.option("--since", help="Created at or after (ISO 8601, e.g. 2026-11-29T08:00).")
-@click.option("--limit", type=click.IntRange(1, 10000), default=20, show_default=True)
+@click.option(
+    "--trigger", type=click.Choice(list(schema.TRIGGERS)), help="Only sessions started so."
+)
+@click.option(
+    "--since",
+    callback=lambda ctx, param, value: _iso_time(value),
+    help="Created at or after (ISO 8601, e.g. 2026-11-29T08:00).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 10000),
+    default=20,
+    show_default=True,
+    help="Sessions shown at most.",
+)
 def sessions(
     url: str | None, config_file: Path | None, as_json: bool, run_id: str | None,
     trigger: str | None, since: str | None, limit: int,
@@ -250,12 +305,15 @@ def sessions(
     if as_json:
         click.echo(json.dumps(answer, indent=2))
         return
-    for record in answer["sessions"]:
-        hosts = ",".join(t["host"] for t in record["targets"])
-        click.echo(
-            f"{record['id']:<40} {record['status']:<8} {record['trigger']:<12} "
-            f"{record['created'][:19]}  {record.get('run_id') or '-'}  {hosts}"
+    rows = [
+        (
+            record["id"], record["status"], record["trigger"], record["created"][:19],
+            record.get("run_id") or "-", ",".join(t["host"] for t in record["targets"]) or "-",
         )
+        for record in answer["sessions"]
+    ]  # fmt: skip
+    if rows:
+        _table(("SESSION", "STATUS", "TRIGGER", "CREATED (UTC)", "RUN", "HOSTS"), rows)
     click.echo(f"{len(answer['sessions'])} of {answer['total']} sessions", err=True)
 
 
@@ -263,19 +321,52 @@ def sessions(
 @api_options
 def targets(url: str | None, config_file: Path | None, as_json: bool) -> None:
     """List the profiler targets the sidecar knows, with their last reachability."""
-    answer = _client(url, config_file).get("/api/v1/targets")
+    client = _client(url, config_file)
+    answer = client.get("/api/v1/targets")
     if as_json:
         click.echo(json.dumps(answer, indent=2))
         return
+    rows = []
     for target in answer["targets"]:
         health = target["health"]
         state = {True: "reachable", False: "unreachable", None: "unknown"}[health["reachable"]]
+        rows.append(
+            (target["address"], target["host"], target["run_id"] or "-", target["source"],
+             state + (" busy" if target["busy"] else ""))
+        )  # fmt: skip
+    if rows:
+        _table(("ADDRESS", "HOST", "RUN", "SOURCE", "STATE"), rows)
+    else:
         click.echo(
-            f"{target['address']:<24} {target['host']:<20} {target['run_id'] or '-':<32} "
-            f"{target['source']:<7} {state}{' busy' if target['busy'] else ''}"
+            f"no profiler targets known to the sidecar at {client.base_url}: start the "
+            "workload with sdk.run(..., profiler_port=9999), or set MLPROF_TARGETS or "
+            "discovery (docs/capture.md)"
         )
     for source, error in answer.get("discovery_errors", {}).items():
         click.echo(f"discovery {source}: {error}", err=True)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Columns as wide as their widest cell, a header row first."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo(
+            "  ".join(f"{cell!s:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def _iso_time(value: str | None) -> str | None:
+    """Check an ISO 8601 time before asking the sidecar: a usage error names the option."""
+    if value is None:
+        return None
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not an ISO 8601 time; expected e.g. 2026-11-29 or 2026-11-29T08:00",
+            param_hint="'--since'",
+        ) from None
+    return value
 
 
 COMMANDS = [capture, snapshot, sessions, targets]

@@ -7,6 +7,7 @@ Every default works on one machine with no cloud account.
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,10 +22,22 @@ from pydantic_settings import (
 
 from exporter.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "EVENT_SINKS", "Settings", "load_settings", "parse_hostport"]
+__all__ = [
+    "ENV_PREFIX",
+    "EVENT_SINKS",
+    "WILDCARD_LISTEN",
+    "Settings",
+    "load_settings",
+    "parse_hostport",
+    "redact_url",
+]
 
 ENV_PREFIX = "MLPROF_"
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+# Host headers answered by default (DNS rebinding: a page on attacker.example whose name
+# later resolves to 127.0.0.1 sends ``Host: attacker.example``). IPv6 as in a Host header.
+DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "[::1]", "ip6-localhost")
+WILDCARD_LISTEN = frozenset({"0.0.0.0", "::", "[::]", ""})
 SOURCE_NAMES = frozenset({"auto", "tpu", "nvml", "jax"})
 EVENT_SINKS = ("off", "log", "cloud-logging-structured", "cloud-logging-api")
 
@@ -54,6 +67,16 @@ def parse_hostport(value: str, default_port: int | None = None) -> tuple[str, in
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"expected a port 1-65535, got {port_text!r} in {value!r}")
     return host, int(port_text)
+
+
+def redact_url(text: str) -> str:
+    """``text`` with any ``user:password@`` of a URL in it replaced by ``***@``."""
+    return _USERINFO_RE.sub(r"\1***@", text)
+
+
+# user[:password]@ at the start of a word or after a slash: also a mistyped scheme
+# (htp:/alice:pw@host) or none at all (alice:pw@host) is caught.
+_USERINFO_RE = re.compile(r"(^|[\s'\"/(])[^/@\s'\"]+@")
 
 
 def is_loopback(host: str) -> bool:
@@ -252,6 +275,12 @@ class Settings(BaseSettings):
     events_api_endpoint: str | None = Field(
         None, description="Logging API endpoint (default Google's), e.g. a private one."
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names the HTTP server answers to (the Host header), host,...; "
+        "*.example.com and * allowed. Default without a token: the loopback names and "
+        "the listen address; with a token: any (the token guards).",
+    )
 
     @field_validator("listen")
     @classmethod
@@ -270,6 +299,21 @@ class Settings(BaseSettings):
         for item in value:
             parse_hostport(item, default_port=9999)
         return value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            if host != "*" and ("*" in host[1:] or (host[0] == "*" and not host[:2] == "*.")):
+                raise ValueError(f"expected host names or *.domain patterns, got {host!r}")
+            if "/" in host or " " in host:
+                raise ValueError(f"expected host names without scheme or path, got {host!r}")
+        return [host.lower() for host in value]
 
     @field_validator("sources", mode="before")
     @classmethod
@@ -312,7 +356,7 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+            raise ValueError(f"expected an http:// or https:// URL, got {redact_url(value)!r}")
         return value.rstrip("/")
 
     @field_validator("snapshot_mode")
@@ -357,6 +401,19 @@ class Settings(BaseSettings):
     @property
     def listen_host(self) -> str:
         return parse_hostport(self.listen)[0]
+
+    @property
+    def trusted_hosts(self) -> list[str]:
+        """``allowed_hosts``, or the default: loopback names and the listen address."""
+        if self.allowed_hosts:
+            return list(self.allowed_hosts)
+        host = self.listen_host.lower()
+        if self.token or host in WILDCARD_LISTEN:
+            # With a token (required off loopback) the token guards: no page can send it,
+            # and a scraper may use any name of the pod (IP, Service DNS name).
+            return ["*"]
+        own = f"[{host}]" if ":" in host else host
+        return list(dict.fromkeys([*DEFAULT_ALLOWED_HOSTS, own]))
 
     @property
     def listen_port(self) -> int:
@@ -413,6 +470,8 @@ def _describe(error: Any, config_file: Path | None) -> str:
     shown = "" if isinstance(value, dict) or value is None else f"={value!r}"
     if field in ("auth_token", "otlp_headers", "pyroscope_password"):  # may hold credentials
         shown = ""
+    elif isinstance(value, str):  # a URL may carry user:password@
+        shown = f"={redact_url(value)!r}"
     return f"{ENV_PREFIX}{field.upper()}{shown}: {msg}"
 
 

@@ -5,7 +5,9 @@ The SDK imports this module and nothing else of the package, so it stays light.
 Layout of the shared directory::
 
     run.json                      the newest run in this directory (identity + configs)
-    runs/<run_id>.json            every run, so old step logs keep their identity
+    runs/<run_id>.json            every run, so old step logs keep their identity;
+                                  "ended_unix" is added when the run closes (the sidecar
+                                  then stops treating its profiler port as a target)
     steps/<host>-<pid>.jsonl      one JSON object per line, appended by the SDK
     sidecar/state.json            the sidecar's tail offsets and totals (sidecar only)
     memory/<host>-<pid>-<ms>-<n>.pprof.gz   a device-memory profile (gzip pprof), or
@@ -45,8 +47,8 @@ __all__ = [
     "MEMORY_PROFILE_INTERVAL_ENV",
     "MEMORY_PROFILE_REQUEST_PREFIX",
     "MEMORY_PROFILE_SUFFIX",
-    "PHASE_LABEL",
     "MEMORY_SNAPSHOT_SUFFIX",
+    "PHASE_LABEL",
     "PROFILE_SESSIONS_DIR",
     "REQUESTS_DIR",
     "REQUEST_SUFFIX",

@@ -17,9 +17,10 @@ from typing import Any
 
 from exporter import schema
 from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
+from exporter.capture.client import ProfilerClient
 from exporter.capture.events import capture_finished, capture_requested
 from exporter.capture.service import CaptureService
-from exporter.config import Settings
+from exporter.config import WILDCARD_LISTEN, Settings
 from exporter.metrics.exposition import ExpositionCache
 from exporter.metrics.otlp import otlp_reader
 from exporter.metrics.runs import RunEvents
@@ -36,19 +37,37 @@ __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0  # how long shutdown waits for background calls in flight
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+# A loop whose call has not returned for this many intervals (and at least
+# STALLED_MIN_S: a slow disk or a long import is not a wedge) is reported "stalled".
+STALLED_INTERVALS = 3
+STALLED_MIN_S = 30.0
+# States in which a component does not hold readiness back: "waiting" means it works
+# and has no data yet (no workload has written a step log, JAX on CPU has no memory).
+READY_STATES = frozenset({"ok", "off", "waiting"})
 
 
 @dataclass
 class ComponentStatus:
     """What ``/readyz`` says of one component."""
 
-    state: str = "starting"  # starting | ok | error | off
+    state: str = "starting"  # starting | ok | waiting | error | off | stalled
     detail: str = ""
     last_run: float | None = None
     required: bool = True
     # Metrics a source cannot offer on this machine (e.g. an older libtpu), if it says.
     skipped: Callable[[], list[str]] | None = None
+    running_since: float | None = None  # when the call in flight started (None: idle)
+    stalled_after_s: float = float("inf")
+
+    def current(self, now: float) -> ComponentStatus:
+        """This status, or "stalled" if its call has been in flight for too long."""
+        since = self.running_since
+        if since is None or now - since <= self.stalled_after_s:
+            return self
+        detail = f"its loop has not completed for {now - since:.0f}s (blocked or wedged)"
+        return ComponentStatus(
+            "stalled", detail, self.last_run, self.required, skipped=self.skipped
+        )
 
     def as_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -75,10 +94,12 @@ class PeriodicTask:
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"mlprof-{self.name}")
+        self.status.stalled_after_s = max(STALLED_INTERVALS * self.interval_s, STALLED_MIN_S)
 
     async def run_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            self.status.running_since = time.time()
             try:
                 outcome = await loop.run_in_executor(self.executor, self.func)
             except Exception as exc:  # keep the loop alive; the status tells what broke
@@ -88,7 +109,7 @@ class PeriodicTask:
                 # A func may return (state, detail), e.g. ("off", "no TPU runtime").
                 ok = isinstance(outcome, tuple) and len(outcome) == 2
                 self.status.state, self.status.detail = outcome if ok else ("ok", "")
-            self.status.last_run = time.time()
+            self.status.last_run, self.status.running_since = time.time(), None
             await asyncio.sleep(self.interval_s)
 
 
@@ -104,6 +125,7 @@ class Sidecar:
         settings: Settings,
         telemetry: Telemetry | None = None,
         events: EventSink | None = None,
+        profiler_client: ProfilerClient | None = None,
     ) -> None:
         self.settings = settings
         self.telemetry = telemetry or build_telemetry(
@@ -129,6 +151,7 @@ class Sidecar:
         )
         for reason in StepLogTailer.ERROR_REASONS:
             step_log_errors.add(0, {"reason": reason})  # so increase() sees the first error
+        self.training.on_expire.append(self.telemetry.forget_series)
         self.tailer = StepLogTailer(
             settings.shared_dir,
             settings.shared_dir / schema.SIDECAR_DIR / "state.json",
@@ -144,6 +167,17 @@ class Sidecar:
         self.memory_profiles = MemoryProfileWatcher(
             settings.shared_dir, self.pyroscope.push if self.pyroscope else None
         )
+        # State files found bad at start were moved aside (see exporter/state_files.py).
+        discarded = meter.create_counter(
+            "mlprof.state.discarded",
+            unit="{file}",
+            description="Sidecar state files found unusable at start, moved aside.",
+        )
+        for name, why in (
+            ("step_log", self.tailer.state_discarded),
+            ("memory_profiles", self.memory_profiles.state_discarded),
+        ):
+            discarded.add(1 if why else 0, {"file": name})
         self.tasks.append(
             PeriodicTask(
                 "memory_profiles",
@@ -164,7 +198,7 @@ class Sidecar:
         # Captures: targets (static, run.json, DNS, k8s), the engine, snapshots, and the
         # watcher that hands finished sessions to conversion and push.
         self.capture = CaptureService.from_settings(
-            settings, meter, self.pyroscope.push if self.pyroscope else None
+            settings, meter, self.pyroscope.push if self.pyroscope else None, profiler_client
         )
         self.targets = self.capture.targets
         self.captures = self.capture.engine
@@ -224,7 +258,7 @@ class Sidecar:
                 self.ingest_file.unlink()  # left by an earlier life with Pyroscope on
             return
         host, port = self.settings.listen_host, self.settings.listen_port
-        if host in WILDCARD_HOSTS:
+        if host in WILDCARD_LISTEN:
             host = "127.0.0.1"  # the workload shares the pod's (or machine's) loopback
         shown = f"[{host}]" if ":" in host else host
         data = {"url": f"http://{shown}:{port}", "pid": os.getpid(), "time": time.time()}
@@ -233,18 +267,24 @@ class Sidecar:
         tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
         tmp.replace(self.ingest_file)
 
-    def _tail_step_logs(self) -> None:
+    def _tail_step_logs(self) -> tuple[str, str]:
         self.tailer.poll()
+        self.training.refresh_runs()
         self.training.expire()
+        if not self.training.has_runs():
+            steps = self.settings.shared_dir / schema.STEPS_DIR
+            return "waiting", f"no workload has written a step log in {steps} yet"
+        return "ok", ""
 
     def add_task(self, task: PeriodicTask) -> None:
         """Register a background loop; call before ``start``."""
         self.tasks.append(task)
 
     def readiness(self) -> tuple[bool, dict[str, dict[str, Any]]]:
-        """Whether every required component has run once, and each one's state."""
-        components = {t.name: t.status for t in self.tasks} | self.statuses
-        ready = all(s.state in ("ok", "off") for s in components.values() if s.required)
+        """Whether every required component has run once and none is stalled; each state."""
+        now = time.time()
+        components = {t.name: t.status.current(now) for t in self.tasks} | self.statuses
+        ready = all(s.state in READY_STATES for s in components.values() if s.required)
         return ready, {name: s.as_json() for name, s in components.items()}
 
     async def start(self) -> None:

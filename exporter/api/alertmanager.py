@@ -6,14 +6,14 @@ and whose ``http_config.authorization.credentials`` is ``MLPROF_AUTH_TOKEN``. An
 - ``202`` with ``sessions`` (ids started) and ``alerts`` (one outcome per alert, with
   the reason when nothing started: resolved, no action, duplicate, cooldown, no target…);
 - ``401``/``403`` without or with a wrong bearer token (when a token is configured);
-- ``400`` when the body is not JSON, ``422`` when it is not a v4 payload (the message
-  names the field), ``413`` when it is larger than ``MLPROF_ALERT_MAX_BODY_BYTES``.
+- ``400`` when the body is not JSON (or nests too deep, or holds text that is not valid
+  Unicode), ``422`` when it is not a v4 payload (the message names the field), ``413``
+  when it is larger than ``MLPROF_ALERT_MAX_BODY_BYTES``.
 """
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import JSONResponse
@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from exporter.api.auth import check_bearer
 from exporter.api.body import read_limited
+from exporter.api.json_body import openapi_body, parse_json_object
 from exporter.capture.alerts import AlertmanagerPayload
 from exporter.capture.events import alert_refused, alerts_received
 
@@ -35,13 +36,10 @@ WEBHOOK_PATH = "/api/v1/alertmanager"
 router = APIRouter(tags=["alerts"])
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, or 413 as soon as it is known to be larger than ``limit``."""
-    return await read_limited(
-        request,
-        limit,
+def _too_large(limit: int) -> str:
+    return (
         f"body larger than {limit} bytes (MLPROF_ALERT_MAX_BODY_BYTES); "
-        "lower max_alerts in Alertmanager's webhook_config",
+        "lower max_alerts in Alertmanager's webhook_config"
     )
 
 
@@ -58,15 +56,7 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def _parse(body: bytes) -> AlertmanagerPayload:
-    try:
-        data: Any = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
-            f"body: expected an Alertmanager webhook object, got a JSON {type(data).__name__}",
-        )
+    data = parse_json_object(body)
     try:
         return AlertmanagerPayload.model_validate(data)
     except ValidationError as exc:
@@ -80,6 +70,7 @@ def _parse(body: bytes) -> AlertmanagerPayload:
     WEBHOOK_PATH,
     status_code=status.HTTP_202_ACCEPTED,
     summary="Alertmanager webhook: start captures for firing alerts with mlprof_action",
+    openapi_extra=openapi_body(AlertmanagerPayload),
     responses={
         400: {"description": "body is not JSON"},
         401: {"description": "no bearer token"},
@@ -99,7 +90,8 @@ async def alertmanager_webhook(request: Request) -> JSONResponse:
         alert_refused(sidecar.events.emit, "unauthorized", str(exc.detail))
         raise
     try:
-        payload = _parse(await _read_body(request, sidecar.settings.alert_max_body_bytes))
+        limit = sidecar.settings.alert_max_body_bytes
+        payload = _parse(await read_limited(request, limit, _too_large(limit)))
     except HTTPException as exc:
         outcome = "too_large" if exc.status_code == 413 else "malformed"
         policy.count(outcome)

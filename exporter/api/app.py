@@ -10,7 +10,9 @@ from urllib.parse import urlsplit
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from exporter import __version__
 from exporter.api.alertmanager import router as alertmanager_router
@@ -41,7 +43,9 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         finally:
             await sidecar.stop()
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from the installed fastapi-offline
+    # package, not a CDN: they work in an air-gapped cluster.
+    app = FastAPIOffline(
         title="mlprof-exporter",
         version=__version__,
         summary="ML workload metrics, profiles and captures for the Grafana stack.",
@@ -71,6 +75,14 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         response: Response = await call_next(request)
         return response
 
+    # Added last, so it runs first. DNS rebinding: a page on attacker.example, whose name
+    # is made to resolve to 127.0.0.1, reaches the sidecar with ``Host:
+    # attacker.example`` and a matching Origin, which the origin check above accepts.
+    # Only the names the sidecar is known by are answered (MLPROF_ALLOWED_HOSTS).
+    app.add_middleware(
+        TrustedHostMiddleware, allowed_hosts=sidecar.settings.trusted_hosts, www_redirect=False
+    )
+
     def require_token(request: Request) -> None:
         check_bearer(request, token)
 
@@ -78,14 +90,17 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         if sidecar.settings.metrics_auth:
             check_bearer(request, token)
 
+    # Health answers from the event loop: they must not wait for a worker thread, which
+    # may all be busy (or stuck) when something else goes wrong.
     @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         """Liveness: the process serves HTTP."""
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"])
-    def readyz() -> JSONResponse:
-        """Readiness: each component's state; 503 until the required ones ran once."""
+    async def readyz() -> JSONResponse:
+        """Readiness: each component's state; 503 until the required ones ran once, or
+        while one is stalled. ``waiting``: working, no data yet (no workload seen)."""
         ready, components = sidecar.readiness()
         body = {"ready": ready, "components": components}
         return JSONResponse(body, status_code=200 if ready else 503)

@@ -7,7 +7,6 @@ address, host, or run); nothing in a request body is dialled as such.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from exporter.api.auth import check_bearer
 from exporter.api.body import read_limited
+from exporter.api.json_body import openapi_body, parse_json_object
 from exporter.capture.engine import (
     HARD_MAX_DURATION_MS,
     CaptureRejected,
@@ -81,19 +81,9 @@ def _error_text(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-async def _read_capped(request: Request) -> bytes:
-    """The body, or 413 as soon as it is known to exceed MAX_BODY_BYTES (never read whole)."""
-    return await read_limited(request, MAX_BODY_BYTES, f"request body over {MAX_BODY_BYTES} bytes")
-
-
 async def _parse(request: Request, model: type[M]) -> M:
-    raw = await _read_capped(request)
-    try:
-        data = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise HTTPException(400, f"request body is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise HTTPException(422, f"expected a JSON object, got a JSON {type(data).__name__}")
+    raw = await read_limited(request, MAX_BODY_BYTES, f"request body over {MAX_BODY_BYTES} bytes")
+    data = parse_json_object(raw or b"{}", "request body")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -104,6 +94,8 @@ def _select(sidecar: Sidecar, body: _Selector) -> list[ProfilerTarget]:
     registry = sidecar.targets
     if registry.refreshed is None:
         registry.refresh(check=False)
+    else:
+        registry.refresh_cheap()  # a run that started seconds ago is a target already
     if body.targets is not None:
         if not body.targets:
             raise HTTPException(422, "targets: expected at least one address or host")
@@ -138,6 +130,8 @@ def list_targets(request: Request) -> dict[str, Any]:
     registry = _sidecar(request).targets
     if registry.refreshed is None:
         registry.refresh(check=False)
+    else:
+        registry.refresh_cheap()  # a run that started seconds ago is listed already
     engine = _sidecar(request).captures
     known = registry.known()
     targets = [
@@ -147,7 +141,7 @@ def list_targets(request: Request) -> dict[str, Any]:
     return {"targets": targets, "discovery_errors": registry.errors()}
 
 
-@router.post("/captures", status_code=202)
+@router.post("/captures", status_code=202, openapi_extra=openapi_body(CaptureBody, False))
 async def post_capture(request: Request) -> JSONResponse:
     """Start a capture session on known targets; answer 202 with its status URL."""
     sidecar = _sidecar(request)
@@ -161,7 +155,8 @@ async def post_capture(request: Request) -> JSONResponse:
         python_tracer_level=body.python_tracer_level,
         delay_ms=body.delay_ms,
         name=body.name,
-        trigger="manual",
+        # A snapshot asked for by hand is found with `mlprof sessions --trigger snapshot`.
+        trigger="snapshot" if body.kind == "snapshot" else "manual",
         requester="api",
     )
     try:
@@ -233,7 +228,7 @@ def snapshot_status(request: Request) -> dict[str, Any]:
     return {"snapshots": _sidecar(request).snapshots.status()}
 
 
-@router.post("/snapshots/start")
+@router.post("/snapshots/start", openapi_extra=openapi_body(SnapshotBody, False))
 async def snapshot_start(request: Request) -> dict[str, Any]:
     """Keep snapshots of the chosen targets (continuous profiling or a ring of captures)."""
     sidecar = _sidecar(request)
@@ -243,7 +238,7 @@ async def snapshot_start(request: Request) -> dict[str, Any]:
     return {"snapshots": started}
 
 
-@router.post("/snapshots/stop")
+@router.post("/snapshots/stop", openapi_extra=openapi_body(SnapshotBody, False))
 async def snapshot_stop(request: Request) -> dict[str, Any]:
     """Stop keeping snapshots of the chosen targets (default: all)."""
     sidecar = _sidecar(request)

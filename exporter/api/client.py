@@ -62,4 +62,15 @@ def _detail(response: httpx.Response) -> str:
     except ValueError:
         return response.text[:300]
     detail = data.get("detail", data) if isinstance(data, dict) else data
+    if isinstance(detail, list):  # FastAPI's validation errors: say each field and why
+        return "; ".join(_validation_line(item) for item in detail[:5])
     return detail if isinstance(detail, str) else str(detail)[:300]
+
+
+def _validation_line(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)[:100]
+    loc = [str(p) for p in item.get("loc", ())]
+    # FastAPI's loc starts with where the value came from: the field name says enough.
+    where = ".".join(loc[1:] if len(loc) > 1 and loc[0] in ("query", "body", "path") else loc)
+    return f"{where or 'request'}: {item.get('msg', 'invalid')}"

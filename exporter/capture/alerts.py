@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ACTION_LABEL",
     "OUTCOMES",
+    "REQUEST_OUTCOMES",
     "AlertOutcome",
     "AlertPolicy",
     "AlertPolicyConfig",
@@ -73,6 +74,9 @@ OUTCOMES: Final[tuple[str, ...]] = (
     "started", "resolved", "no_action", "invalid", "duplicate",
     "no_target", "cooldown", "limit", "failed",
 )  # fmt: skip
+
+# Requests the webhook refuses before any alert is read (counted under these outcomes).
+REQUEST_OUTCOMES: Final[tuple[str, ...]] = ("unauthorized", "too_large", "malformed")
 
 ACTION_LABEL: Final = "mlprof_action"
 ACTION_KINDS: Final[Mapping[str, Literal["trace", "snapshot"]]] = {
@@ -287,6 +291,9 @@ class AlertPolicy:
             if meter is not None
             else None
         )
+        if self._counter is not None:  # at 0 from the start, so increase() sees the first
+            for outcome in (*OUTCOMES, *REQUEST_OUTCOMES):
+                self._counter.add(0, {"outcome": outcome})
 
     def count(self, outcome: str, n: int = 1) -> None:
         """Add to the received-alerts counter (the webhook also counts refused requests)."""

@@ -77,6 +77,7 @@ RING_HOLDER: Final = "snapshot-ring"
 CAPTURE_SUFFIX: Final = ".xplane.pb"
 # Finished records the store refused, kept so ``get`` answers their final status.
 MAX_UNSAVED: Final = 256
+FINAL_STATUSES: Final = ("done", "partial", "failed")  # how a session ends (summarize())
 
 
 class CaptureRejected(ValueError):  # noqa: N818 (name fixed by the capture contract)
@@ -185,6 +186,10 @@ class CaptureEngine:
             if meter is not None
             else None
         )
+        if self._counter is not None:  # at 0 from the start, so increase() sees the first
+            for trigger in TRIGGERS:
+                for status in FINAL_STATUSES:
+                    self._counter.add(0, {"trigger": trigger, "status": status})
 
     @property
     def client(self) -> ProfilerClient:
@@ -247,14 +252,20 @@ class CaptureEngine:
         if not targets:
             raise CaptureRejected("targets: expected at least one known profiler target")
         unique = list({t.address: t for t in targets}.values())
+        if self.registry is not None:
+            # Label the session with the run that owns each server now, not the one that
+            # did at the last discovery: runs come and go on a shared node.
+            unique = self.registry.current(unique)
         session_id = new_session_id(request.name)
         runs = {t.run_id for t in unique}
+        workloads = {t.workload for t in unique}
         record = SessionRecord(
             id=session_id,
             kind=request.kind,
             trigger=request.trigger,
             requester=request.requester,
             run_id=runs.pop() if len(runs) == 1 else None,
+            workload=workloads.pop() if len(workloads) == 1 else None,
             alert=request.alert,
             name=request.name,
             options=options,

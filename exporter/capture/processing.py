@@ -11,6 +11,7 @@ records what it made as ``artifacts`` in ``session.json``:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -27,6 +28,9 @@ __all__ = ["CAPTURE_SUFFIX", "Convert", "Push", "SessionProcessor", "xplane_flam
 log = logging.getLogger(__name__)
 
 CAPTURE_SUFFIX: Final = ".xplane.pb"
+# A session whose processing raised (the store or the converter failed) is tried again
+# after each of these delays, then left unprocessed, logged, until the next restart.
+RETRY_DELAYS_S: Final = (30.0, 120.0, 600.0)
 Convert = Callable[[Path], Mapping[str, FlameGraph]]  # capture -> {profile_source: graph}
 Push = Callable[[FlameGraph, dict[str, str]], object]
 
@@ -65,6 +69,7 @@ class SessionProcessor:
         service_name: Callable[[str | None], str] = lambda run_id: "mlprof",
         labels: Callable[..., dict[str, str]] | None = None,
         write_pprof: bool = True,
+        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
     ) -> None:
         self.store = store
         self.convert = convert
@@ -72,26 +77,62 @@ class SessionProcessor:
         self.service_name = service_name
         self.write_pprof = write_pprof
         self._labels = labels
+        self.retry_delays_s = retry_delays_s
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="session-processor")
         self._lock = threading.Lock()
-        self._seen: set[str] = set()
+        # Sessions queued, being processed or waiting for a retry: an id leaves once it
+        # is processed or given up on, so the set stays as small as the work at hand.
+        self._pending: dict[str, int] = {}  # session id -> attempts that failed
+        self._timers: dict[str, threading.Timer] = {}
+        self._closed = False
         self.processed = 0
+        self.given_up = 0
 
     def __call__(self, record: SessionRecord) -> Future[None] | None:
-        """Queue a finished session (once per id); return the future, None if skipped."""
+        """Queue a finished session (once at a time per id); the future, None if skipped."""
         if record.status == "running" or record.processed is not None:
             return None
         with self._lock:
-            if record.id in self._seen:
+            if record.id in self._pending:
                 return None
-            self._seen.add(record.id)
+            self._pending[record.id] = 0
         return self._pool.submit(self._process_logged, record.id)
 
     def _process_logged(self, session_id: str) -> None:
         try:
             self.process(session_id)
-        except Exception:  # the next poll must not spin on it: it stays marked as seen
+        except Exception:  # retried later (bounded), never in a tight loop
             log.exception("processing session %s failed", session_id)
+            self._failed(session_id)
+        else:
+            with self._lock:
+                self._pending.pop(session_id, None)
+
+    def _failed(self, session_id: str) -> None:
+        with self._lock:
+            attempt = self._pending.get(session_id, 0)
+            if self._closed or attempt >= len(self.retry_delays_s):
+                self._pending.pop(session_id, None)
+                self.given_up += 0 if self._closed else 1
+                if not self._closed:
+                    log.error("session %s: processing failed %d times; left unprocessed until "
+                              "the sidecar restarts", session_id, attempt + 1)  # fmt: skip
+                return
+            self._pending[session_id] = attempt + 1
+            delay = self.retry_delays_s[attempt]
+            timer = threading.Timer(delay, self._retry, [session_id])
+            timer.daemon = True
+            self._timers[session_id] = timer
+        log.warning("session %s: processing is retried in %gs", session_id, delay)
+        timer.start()
+
+    def _retry(self, session_id: str) -> None:
+        with self._lock:
+            self._timers.pop(session_id, None)
+            if self._closed:
+                return
+        with contextlib.suppress(RuntimeError):  # the pool shut down: the sidecar is stopping
+            self._pool.submit(self._process_logged, session_id)
 
     def process(self, session_id: str) -> SessionRecord | None:
         """Convert, push and record one session now (blocking)."""
@@ -175,4 +216,10 @@ class SessionProcessor:
         )
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            timers = list(self._timers.values())
+            self._timers.clear()
+        for timer in timers:
+            timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -26,6 +26,7 @@ import httpx
 
 from exporter import schema
 from exporter.config import parse_hostport
+from exporter.regular_files import read_regular
 
 __all__ = [
     "DEFAULT_PROFILER_PORT",
@@ -47,6 +48,10 @@ SERVICEACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount"
 # Pod annotations/labels the k8s discovery reads (see deploy/k8s/training-job.yaml).
 PORT_ANNOTATION: Final = "mlprof.io/profiler-port"
 RUN_ID_KEYS: Final = ("mlprof.io/run-id", "run_id")
+# A run is live while the SDK's flusher touches its step log (every second). Looser than
+# mlprof_workload_up's 10 s: a busy host may starve that thread for a while, and a
+# target that flickers away is worse for a capture than one that lingers a little.
+LIVE_HEARTBEAT_S: Final = 30.0
 
 
 @dataclass(frozen=True)
@@ -56,12 +61,29 @@ class ProfilerTarget:
     address: str  # host:port of the profiler server
     host: str  # the ``host`` label of the workload's metrics
     run_id: str | None  # the run it belongs to, when known
-    source: str  # static | local | dns | k8s
+    source: str  # static | local | dns | k8s; "static+local" when several found it
     accelerator: str | None = None  # tpu | gpu | cpu when known (chooses snapshot mode)
+    workload: str | None = None  # the run's name (``workload`` label), when known
 
     @property
     def address_host(self) -> str:
         return parse_hostport(self.address)[0]
+
+    def merged(self, other: ProfilerTarget) -> ProfilerTarget:
+        """This target with the facts ``other`` (same address) knows and this one lacks.
+
+        A host label that is only the address's host (static and DNS targets) gives way
+        to a real one (the run's ``host``, a pod name).
+        """
+        named = self.host != self.address_host
+        return replace(
+            self,
+            host=self.host if named or other.host == other.address_host else other.host,
+            run_id=self.run_id or other.run_id,
+            source=f"{self.source}+{other.source}",
+            accelerator=self.accelerator or other.accelerator,
+            workload=self.workload or other.workload,
+        )
 
     def file_stem(self) -> str:
         """The stem XProf gives this target's capture file: ``<host>_<port>``."""
@@ -114,35 +136,97 @@ class StaticDiscovery:
 
 
 class LocalRunDiscovery:
-    """The workload beside the sidecar, from ``run.json`` in the shared dir (loopback)."""
+    """Every live run beside the sidecar with a profiler server, from ``runs/*.json``.
+
+    A run is live while its step log (``steps/<host>-<pid>.jsonl``, touched by the SDK
+    every second) is fresh and its run file does not say it ended. Its profiler server
+    is at ``127.0.0.1:<profiler_port>``. When two live runs name the same port (an SDK
+    that did not check it), the one that started first holds it: the later one's
+    server could not bind.
+    """
 
     name = "local"
+    refresh_on_capture = True  # cheap: re-read when a capture starts (see TargetRegistry)
 
-    def __init__(self, shared_dir: Path, address_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        shared_dir: Path,
+        address_host: str = "127.0.0.1",
+        heartbeat_timeout_s: float = LIVE_HEARTBEAT_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.shared_dir = shared_dir
         self.address_host = address_host
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._clock = clock
+        self._cache: dict[str, tuple[int, dict[str, Any] | None]] = {}  # name -> mtime, info
 
     def discover(self) -> list[ProfilerTarget]:
-        path = self.shared_dir / schema.RUN_FILE
+        runs_dir = self.shared_dir / schema.RUNS_DIR
         try:
-            info = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            raise RuntimeError(f"{path}: cannot read run.json ({exc})") from None
+            paths = sorted(runs_dir.glob("*.json"))
+        except OSError as exc:
+            raise RuntimeError(f"{runs_dir}: cannot list run files ({exc.strerror})") from None
+        live: list[dict[str, Any]] = []
+        for path in paths:
+            info = self._info(path)
+            if info is not None and self._live(info):
+                live.append(info)
+        names = {p.name for p in paths}
+        self._cache = {n: v for n, v in self._cache.items() if n in names}
+        owners: dict[int, dict[str, Any]] = {}
+        for info in sorted(live, key=lambda i: _float(i.get("start_unix"))):
+            owners.setdefault(info["profiler_port"], info)
+        return [self._target(info) for _, info in sorted(owners.items())]
+
+    def _info(self, path: Path) -> dict[str, Any] | None:
+        """A run file with a profiler port, cached by modification time."""
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            return None
+        cached = self._cache.get(path.name)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        try:
+            info = json.loads(read_regular(path))
+        except (OSError, ValueError, RecursionError) as exc:
+            log.debug("run file %s unreadable: %s", path, exc)
+            return None  # being replaced, or not a run file: not cached, read again
         port = info.get("profiler_port") if isinstance(info, dict) else None
-        if not isinstance(port, int) or not 0 < port < 65536:
-            return []  # the workload runs no profiler server
-        system = info.get("system") or {}
-        return [
-            ProfilerTarget(
-                format_address(self.address_host, port),
-                str(info.get("host") or self.address_host),
-                str(info["run_id"]) if info.get("run_id") else None,
-                "local",
-                system.get("backend") if isinstance(system, dict) else None,
-            )
-        ]
+        valid = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
+        found = info if valid and info.get("run_id") else None
+        self._cache[path.name] = (mtime, found)
+        return found
+
+    def _live(self, info: dict[str, Any]) -> bool:
+        if info.get("ended_unix") is not None:
+            return False  # the run closed cleanly: its profiler server is gone
+        host, pid = info.get("host"), info.get("pid")
+        log_name = f"{host}-{pid}{schema.STEP_LOG_SUFFIX}"
+        if not isinstance(host, str) or not host or "/" in host or not isinstance(pid, int):
+            return False
+        try:
+            beat = (self.shared_dir / schema.STEPS_DIR / log_name).stat().st_mtime
+        except OSError:
+            return False
+        return self._clock() - beat <= self.heartbeat_timeout_s
+
+    def _target(self, info: dict[str, Any]) -> ProfilerTarget:
+        system = info.get("system")
+        backend = system.get("backend") if isinstance(system, dict) else None
+        return ProfilerTarget(
+            format_address(self.address_host, info["profiler_port"]),
+            str(info.get("host") or self.address_host),
+            str(info["run_id"]),
+            "local",
+            str(backend) if backend else None,
+            str(info["name"]) if info.get("name") else None,
+        )
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 Resolver = Callable[[str, int], list[str]]
@@ -304,10 +388,39 @@ class TargetRegistry:
 
     def _known_locked(self) -> list[ProfilerTarget]:
         merged: dict[str, ProfilerTarget] = {}
-        for discovery in self.discoveries:  # earlier discoveries win on the same address
+        for discovery in self.discoveries:  # earlier discoveries first on the same address
             for target in self._found.get(discovery.name, []):
-                merged.setdefault(target.address, target)
+                seen = merged.get(target.address)
+                merged[target.address] = target if seen is None else seen.merged(target)
         return list(merged.values())
+
+    def refresh_cheap(self) -> None:
+        """Run again the discoveries that only read the shared dir (no network, no probe).
+
+        Called before a request picks targets: a run that started seconds ago is found
+        without waiting for the next discovery interval.
+        """
+        for discovery in self.discoveries:
+            if getattr(discovery, "refresh_on_capture", False):
+                try:
+                    found = discovery.discover()
+                except Exception as exc:  # keep the last list, as refresh() does
+                    log.warning("target discovery %s: %s", discovery.name, exc)
+                    continue
+                with self._lock:
+                    self._found[discovery.name] = found
+
+    def current(self, targets: Iterable[ProfilerTarget]) -> list[ProfilerTarget]:
+        """``targets`` with the facts known right now (for labelling a capture at its start).
+
+        Discoveries that are cheap to run (the shared dir) are run again first: the run
+        that owns a profiler port may have changed since the last refresh. A target no
+        discovery knows any more keeps its address but loses its run and workload: whose
+        server answers there is not known.
+        """
+        self.refresh_cheap()
+        known = {t.address: t for t in self.known()}
+        return [known.get(t.address) or replace(t, run_id=None, workload=None) for t in targets]
 
     def known(self) -> list[ProfilerTarget]:
         """Every known target, one per address."""

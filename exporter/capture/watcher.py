@@ -9,7 +9,6 @@ like any other. Sessions left unprocessed by a sidecar restart are picked up too
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 
 from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id, utcnow
 from exporter.capture.store import PROFILE_DIR, SessionStore
+from exporter.regular_files import read_regular
 
 __all__ = ["SessionWatcher"]
 
@@ -60,7 +60,10 @@ class SessionWatcher:
         if not root.is_dir():
             return 0
         count = 0
-        for session_dir in sorted(root.iterdir()):
+        entries = sorted(root.iterdir())
+        # Remember refusals only of sessions still staged (the set stays bounded).
+        self._refused &= {e.name for e in entries}
+        for session_dir in entries:
             name = session_dir.name
             try:
                 check_session_id(name)
@@ -129,7 +132,10 @@ class SessionWatcher:
 
     def _hand_over(self) -> int:
         count = 0
-        for session_id in self.store.session_ids():
+        present = self.store.session_ids()
+        # Sessions deleted by retention are forgotten (the set stays as large as the store).
+        self._settled &= set(present)
+        for session_id in present:
             if session_id in self._settled or self.running(session_id):
                 continue
             record = self.store.read_record(session_id)
@@ -150,9 +156,9 @@ class SessionWatcher:
 
 def _read(path: Path) -> SessionRecord | None:
     try:
-        return SessionRecord.model_validate_json(path.read_bytes())
+        return SessionRecord.model_validate_json(read_regular(path))
     except FileNotFoundError:
         return None
-    except (ValidationError, json.JSONDecodeError, OSError) as exc:
+    except (ValidationError, ValueError, OSError) as exc:
         log.warning("%s: not a session record (%s)", path, exc)
         return None

@@ -2,7 +2,9 @@
 
 The input pipeline sleeps for the number of seconds written in
 ``<shared_dir>/demo-input-delay`` before each step (re-read while running), so an SRE can
-make duty cycle and step time degrade on purpose::
+make the run input-bound on purpose: the wait falls between steps, as in a real loop, so
+the step time stays while the input wait (``train_step_wait_seconds``,
+``train_input_wait_share``) rises and the duty cycle falls::
 
     echo 0.2 > mlprof-data/shared/demo-input-delay   # slow input pipeline
     rm mlprof-data/shared/demo-input-delay           # back to full speed

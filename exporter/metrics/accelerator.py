@@ -28,6 +28,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from exporter import schema
 from exporter.metrics.catalog import METRICS
+from exporter.regular_files import read_regular
 
 __all__ = [
     "FIELDS",
@@ -257,9 +258,11 @@ class RunIdentity:
             return dict(self._identity)
         if mtime != self._mtime:
             try:
-                info = json.loads(self.path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                info = json.loads(read_regular(self.path))  # never blocks on a FIFO
+            except (OSError, ValueError, RecursionError):
                 return dict(self._identity)  # half-replaced: keep the last good one
+            if not isinstance(info, dict):
+                return dict(self._identity)
             identity = {"host": str(info.get("host") or self.hostname)}
             if info.get("run_id"):
                 identity["run_id"] = str(info["run_id"])

@@ -45,6 +45,14 @@ class JaxMemoryMetrics:
     def __init__(self, series: DeviceSeries, clock: Callable[[], float] = time.time) -> None:
         self.series = series
         self._clock = clock
+        self.lines = 0  # memory lines applied since start
+
+    def status(self) -> tuple[str, str]:
+        """``/readyz``: waiting until the SDK has written a memory line, then ok."""
+        if not self.lines:
+            # JAX on CPU has no memory_stats(): such a workload never writes one.
+            return "waiting", "no device-memory line from the SDK yet (none on CPU)"
+        return "ok", f"{self.lines} device-memory lines read"
 
     def handle(self, record: dict[str, Any], identity: Mapping[str, str]) -> None:
         """Apply one ``memory`` record of the run ``identity`` (run_id, workload, host)."""
@@ -79,6 +87,7 @@ class JaxMemoryMetrics:
                 )
             )
         self.series.update(samples, identity, group=_group(identity))
+        self.lines += 1
 
     def end(self, identity: Mapping[str, str]) -> None:
         """The run ended: its devices' series go now."""

@@ -97,7 +97,7 @@ class AcceleratorSources:
             series = DeviceSeries("jax", "unknown", stale)
             self._gauges.add_series(series)
             self.jax_memory = JaxMemoryMetrics(series)
-            self.runs.append(SourceRun("jax", None, "ok", "device memory from the SDK's step log"))
+            self.runs.append(SourceRun("jax", self.jax_memory.status, "waiting"))
 
     def _counter(self, name: str) -> Callable[[str], None]:
         attrs = {"source": name}

@@ -7,15 +7,20 @@ exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from exporter import schema
+from exporter.regular_files import NotRegularFileError, open_regular
+from exporter.state_files import BadStateError, load_state, save_state, set_aside
 
 __all__ = ["MalformedRecord", "StepLogConsumer", "StepLogTailer", "TailStats"]
 
@@ -23,6 +28,11 @@ log = logging.getLogger(__name__)
 
 MAX_READ_BYTES = 32 << 20  # per file per poll: bounds memory after a long outage
 MAX_LINE_BYTES = 1 << 20  # a "line" longer than this is garbage, not a slow writer
+# A file's identity beyond its inode: ext4 reuses a deleted file's inode at once, and a
+# file truncated and rewritten past the old offset within one poll keeps its inode and
+# a larger size. The first line holds the first step's wall-clock start (microseconds),
+# so its bytes tell one file from the next; 1 KiB covers it and costs one small read.
+HEAD_BYTES = 1024
 
 
 class MalformedRecord(ValueError):  # noqa: N818 - reads better at the raise site
@@ -47,6 +57,36 @@ class StepLogConsumer(Protocol):
 class _FileState:
     inode: int
     offset: int = 0
+    head: str = ""  # digest of the file's first ``head_len`` bytes ("" until read)
+    head_len: int = 0
+    refused: bool = False  # not a regular file: reported once, then skipped
+
+
+class _FileEntry(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    inode: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    head: str = Field("", max_length=64)
+    head_len: int = Field(0, ge=0, le=HEAD_BYTES)
+
+
+class _TailState(BaseModel):
+    """``sidecar/state.json``: offsets per file and the consumer's totals."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    files: dict[str, _FileEntry] = Field(default_factory=dict)
+    consumer: dict[str, Any] = Field(default_factory=dict)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _head(fh: BinaryIO, length: int) -> str:
+    fh.seek(0)
+    return _digest(fh.read(length))
 
 
 @dataclass
@@ -65,7 +105,12 @@ class StepLogTailer:
     >>> tailer.poll().records  # doctest: +SKIP
     """
 
-    ERROR_REASONS = ("json", "schema", "line_too_long")
+    # json, schema, line_too_long: a line skipped. not_regular_file: a FIFO, device or
+    # directory named like a step log, never opened for reading. rewritten: a file
+    # truncated or replaced after lines were read from it; what was appended to the old
+    # content after the last poll cannot be recovered.
+    ERROR_REASONS = ("json", "schema", "line_too_long", "not_regular_file", "rewritten")
+    LINE_REASONS = frozenset({"json", "schema", "line_too_long"})
 
     def __init__(
         self,
@@ -79,35 +124,35 @@ class StepLogTailer:
         self.consumer = consumer
         self.on_error = on_error
         self._files: dict[str, _FileState] = {}
+        # Why the state file was set aside at start, if it was (the sidecar counts it).
+        self.state_discarded: str | None = None
         self._load_state()
 
     def _load_state(self) -> None:
+        # A bad state file is moved aside and the tail starts over: old steps are counted
+        # once more, but refusing to start would lose every new one.
         try:
-            data = json.loads(self.state_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+            state = load_state(self.state_file, _TailState)
+            if state is None:
+                return
+            self.consumer.restore(state.consumer)  # validates everything before applying
+        except (BadStateError, ValueError, TypeError) as exc:
+            self.state_discarded = str(exc)
+            set_aside(self.state_file, str(exc))
             return
-        except (OSError, ValueError) as exc:
-            # Starting over re-counts old steps once; refusing to start would lose new ones.
-            log.warning(
-                "step-log state %s unreadable (%s); starting from scratch", self.state_file, exc
-            )
-            return
-        for name, entry in data.get("files", {}).items():
-            self._files[name] = _FileState(int(entry["inode"]), int(entry["offset"]))
-        self.consumer.restore(data.get("consumer", {}))
+        for name, entry in state.files.items():
+            self._files[name] = _FileState(entry.inode, entry.offset, entry.head, entry.head_len)
 
     def _save_state(self) -> None:
         data = {
-            "files": {n: {"inode": s.inode, "offset": s.offset} for n, s in self._files.items()},
+            "files": {
+                n: {"inode": s.inode, "offset": s.offset, "head": s.head, "head_len": s.head_len}
+                for n, s in self._files.items()
+                if not s.refused
+            },
             "consumer": self.consumer.snapshot(),
         }
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        with tmp.open("w", encoding="utf-8") as out:
-            json.dump(data, out, separators=(",", ":"))
-            out.flush()
-            os.fsync(out.fileno())
-        tmp.replace(self.state_file)
+        save_state(self.state_file, json.dumps(data, separators=(",", ":")).encode())
 
     def poll(self) -> TailStats:
         """Read what is new in every step log, apply it, and persist offsets."""
@@ -135,24 +180,37 @@ class StepLogTailer:
 
     def _error(self, stats: TailStats, reason: str, path: Path, detail: str) -> None:
         stats.errors[reason] = stats.errors.get(reason, 0) + 1
-        log.warning("step log %s: skipped a malformed line (%s: %s)", path, reason, detail)
+        what = "skipped a malformed line" if reason in self.LINE_REASONS else "lines may be lost"
+        log.warning("step log %s: %s (%s: %s)", path, what, reason, detail)
         if self.on_error:
             self.on_error(reason)
 
     def _read_file(self, path: Path, stats: TailStats) -> bool:
         try:
-            with path.open("rb") as fh:
+            with open_regular(path) as fh:
                 st = os.fstat(fh.fileno())
                 state = self._files.get(path.name)
-                if state is None or state.inode != st.st_ino or st.st_size < state.offset:
-                    # New, replaced or truncated: read it from the start.
+                if state is None or state.refused:  # new, or no longer a FIFO or device
+                    state = self._files[path.name] = _FileState(st.st_ino)
+                elif self._rewritten(fh, st, state):
+                    self._error(stats, "rewritten", path,
+                                f"truncated or replaced after {state.offset} bytes were read; "
+                                "read again from the start")  # fmt: skip
                     state = self._files[path.name] = _FileState(st.st_ino)
                 self.consumer.heartbeat(path.name, st.st_mtime)
                 if st.st_size == state.offset:
                     return False
                 fh.seek(state.offset)
                 chunk = fh.read(min(st.st_size - state.offset, MAX_READ_BYTES))
+                head_len = min(HEAD_BYTES, state.offset + len(chunk))
+                if head_len > state.head_len:
+                    state.head, state.head_len = _head(fh, head_len), head_len
         except FileNotFoundError:
+            return False
+        except NotRegularFileError as exc:
+            return self._refuse(path, stats, str(exc))
+        except OSError as exc:
+            log.warning("step log %s: cannot read it (%s)", path, exc.strerror or exc)
             return False
         end = chunk.rfind(b"\n")
         if end < 0:
@@ -166,8 +224,8 @@ class StepLogTailer:
                 continue
             try:
                 record = json.loads(raw)
-            except ValueError as exc:
-                self._error(stats, "json", path, str(exc))
+            except (ValueError, RecursionError) as exc:
+                self._error(stats, "json", path, str(exc)[:200])
                 continue
             if not isinstance(record, dict):
                 self._error(stats, "schema", path, "not a JSON object")
@@ -175,8 +233,28 @@ class StepLogTailer:
             try:
                 self.consumer.handle(record, path.name)
             except MalformedRecord as exc:
-                self._error(stats, "schema", path, str(exc))
+                self._error(stats, "schema", path, str(exc)[:200])
                 continue
             stats.records += 1
         state.offset += end + 1
         return True
+
+    @staticmethod
+    def _rewritten(fh: BinaryIO, st: os.stat_result, state: _FileState) -> bool:
+        """Whether the file is no longer the one ``state`` describes."""
+        if state.inode != st.st_ino or st.st_size < state.offset:
+            return True
+        return bool(state.head_len) and _head(fh, state.head_len) != state.head
+
+    def _refuse(self, path: Path, stats: TailStats, why: str) -> bool:
+        """Skip a FIFO/device/directory named like a step log; report it once."""
+        try:
+            inode = path.stat().st_ino
+        except OSError:
+            return False
+        state = self._files.get(path.name)
+        if state is not None and state.refused and state.inode == inode:
+            return False
+        self._files[path.name] = _FileState(inode, refused=True)
+        self._error(stats, "not_regular_file", path, why)
+        return False

@@ -7,7 +7,6 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
@@ -16,6 +15,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
 from exporter import __version__
+from exporter.metrics.expiring_reader import ExpiringPrometheusReader
 
 __all__ = [
     "STEP_DURATION_BUCKETS_S",
@@ -35,6 +35,8 @@ STEP_DURATION_BUCKETS_S = tuple(
 )
 
 METER_NAME = "mlprof-exporter"
+# Histograms bucketed like a step: the step time, and the input wait before each step.
+STEP_HISTOGRAMS = ("train.step.duration", "train.step.wait")
 
 
 @dataclass
@@ -48,6 +50,12 @@ class Telemetry:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+    def forget_series(self, attributes: Mapping[str, str]) -> None:
+        """Drop histogram series with these attributes from the exposition (run expired)."""
+        for reader in self.readers:
+            if isinstance(reader, ExpiringPrometheusReader):
+                reader.forget(attributes)
 
 
 # Downward-API variables a pod spec sets (OpenTelemetry Operator names first).
@@ -90,16 +98,17 @@ def build_telemetry(
 ) -> Telemetry:
     """A MeterProvider whose Prometheus reader serves ``registry`` (a fresh one by default)."""
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-    prometheus = PrometheusMetricReader(scope_info_enabled=False, registry=registry)
+    prometheus = ExpiringPrometheusReader(scope_info_enabled=False, registry=registry)
     readers: list[MetricReader] = [prometheus, *(extra_readers or [])]
     provider = MeterProvider(
         metric_readers=readers,
         resource=resource or build_resource(),
         views=[
             View(
-                instrument_name="train.step.duration",
+                instrument_name=name,
                 aggregation=ExplicitBucketHistogramAggregation(STEP_DURATION_BUCKETS_S),
             )
+            for name in STEP_HISTOGRAMS
         ],
     )
     return Telemetry(registry, provider, provider.get_meter(METER_NAME, __version__), readers)

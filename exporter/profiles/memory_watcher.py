@@ -19,11 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from exporter import schema
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.memory import load_memory_profile
 from exporter.profiles.torch_memory import load_torch_memory_profile
+from exporter.regular_files import is_regular, read_regular
+from exporter.state_files import BadStateError, load_state, save_state, set_aside
 
 __all__ = [
     "MEMORY_REQUEST_ID",
@@ -40,6 +44,12 @@ MEMORY_REQUEST_ID = re.compile(r"^\d{9,12}-[0-9a-f]{8}$")  # what request_memory
 REQUEST_TTL_S = 300.0  # requests older than this are removed (the SDK ignores them too)
 Publish = Callable[[FlameGraph, dict[str, str]], object]
 SUFFIXES = (schema.MEMORY_PROFILE_SUFFIX, schema.MEMORY_SNAPSHOT_SUFFIX)
+
+
+class _WatcherState(BaseModel):
+    """``sidecar/memory-profiles.json``: the profiles already published."""
+
+    processed: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -86,8 +96,8 @@ def _meta_path(path: Path) -> Path:
 def _meta(path: Path) -> dict[str, Any]:
     meta_path = _meta_path(path)
     try:
-        data = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_regular(meta_path))
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -119,17 +129,17 @@ class MemoryProfileWatcher:
         self.keep = keep
         self.processed: set[str] = set()
         self.errors = 0
+        self.state_discarded: str | None = None  # why the state file was set aside
         try:
-            state = json.loads(self.state_path.read_text(encoding="utf-8"))
-            self.processed = set(state.get("processed", []))
-        except (OSError, ValueError, AttributeError):
-            self.processed = set()
+            state = load_state(self.state_path, _WatcherState)
+        except BadStateError as exc:
+            self.state_discarded = str(exc)
+            set_aside(self.state_path, str(exc))
+        else:
+            self.processed = set(state.processed) if state is not None else set()
 
     def _save(self) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
-        tmp.write_text(json.dumps({"processed": sorted(self.processed)}), encoding="utf-8")
-        tmp.replace(self.state_path)
+        save_state(self.state_path, json.dumps({"processed": sorted(self.processed)}).encode())
 
     @staticmethod
     def labels_for(meta: dict[str, Any], path: Path) -> dict[str, str]:
@@ -167,6 +177,11 @@ class MemoryProfileWatcher:
             found = []
         for path in found:
             if path.name in self.processed:
+                continue
+            if not is_regular(path):  # a FIFO or device: reading it would block or never end
+                self.errors += 1
+                log.warning("skipping memory profile %s: not a regular file", path)
+                self.processed.add(path.name)
                 continue
             results.append(self._process(path))
             # Remembered one by one: a later failure must not re-push this one.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
+import errno
 import importlib.metadata
 import json
 import math
@@ -74,6 +76,31 @@ def _system() -> dict[str, Any]:
 def _new_run_id(name: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{re.sub(r'[^a-zA-Z0-9-]', '-', name)[:40]}-{stamp}-{secrets.token_hex(2)}"
+
+
+def _port_taken(port: int) -> bool:
+    """Whether a server listens on ``port`` (any address) already.
+
+    The probe binds with SO_REUSEADDR, so sockets in TIME_WAIT left by a previous run do
+    not count, and without SO_REUSEPORT, so a listener does.
+    """
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this host: try IPv4
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            try:
+                probe.bind((address, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+                continue
+            return False
+    return False
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -196,6 +223,16 @@ class Run:
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> Run:
         """Write ``run.json``, open the step log and start the profiler server."""
+        if self.profiler_port is not None and _port_taken(self.profiler_port):
+            # JAX's gRPC server binds with SO_REUSEPORT: a second one on a taken port
+            # starts without error and the two share (and mix up) the captures.
+            print(
+                f"mlprof: profiler port {self.profiler_port} is already in use (another "
+                f"run's profiler server?); run {self.run_id} starts none: pass a free "
+                "profiler_port to capture it",
+                file=sys.stderr,
+            )
+            self.profiler_port = None  # run.json must not claim the other run's server
         if self.profiler_port is not None:
             import jax.profiler
 
@@ -249,13 +286,18 @@ class Run:
             return
         self._closed = True
         atexit.unregister(self.close)
-        self._writer.append(f'{self._end_prefix}"time":{time.time():.6f}}}\n')
+        ended = time.time()
+        self._writer.append(f'{self._end_prefix}"time":{ended:.6f}}}\n')
         self._writer.close()
         if self.host_profiler is not None:
             self.host_profiler.stop()
         if self._memory is not None and self._memory.torch_history:
             stop_history()
             self._memory.torch_history = False
+        # The sidecar's target discovery skips ended runs (their port may be reused).
+        self._info["ended_unix"] = ended
+        with contextlib.suppress(OSError):
+            _write_json(self.shared_dir / schema.RUNS_DIR / f"{self.run_id}.json", self._info)
         if self._profiler_started:
             import jax.profiler
 

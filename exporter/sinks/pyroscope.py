@@ -33,7 +33,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from exporter import schema
-from exporter.config import Settings
+from exporter.config import Settings, redact_url
 from exporter.errors import ConfigError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.pprof import decode_pprof, to_pprof
@@ -227,7 +227,7 @@ class PyroscopeSink:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"Pyroscope URL {url!r}: expected http:// or https://")
+            raise ValueError(f"Pyroscope URL {redact_url(url)!r}: expected http:// or https://")
         self.url = url.rstrip("/")
         self.spool = spool
         self.limits = limits or PyroscopeLimits()
@@ -302,7 +302,8 @@ class PyroscopeSink:
                 self.url + PUSH_PATH, content=gzip.compress(body, compresslevel=1, mtime=0)
             )
         except httpx.HTTPError as exc:
-            raise _TransientError(f"{type(exc).__name__}: {exc}") from None
+            # An httpx message may quote the URL, and the URL may carry user:password@.
+            raise _TransientError(redact_url(f"{type(exc).__name__}: {exc}")) from None
         if response.is_success:
             return
         message = _connect_message(response)

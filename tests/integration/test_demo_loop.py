@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Proc, free_port, wait_http, wait_until
+from tests.harness import ROOT, Proc, free_port, wait_http, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +89,22 @@ def test_steps_rise_and_duty_cycle_falls_when_input_slows(
         what="the duty-cycle estimate to fall after the input pipeline slowed",
     )
     assert slow < fast
+    # What the knob really does (issue 11): the input wait before each step rises to the
+    # delay while the step time, timed inside run.step(), does not.
+    share = wait_until(
+        lambda: (w := scrape(f"{url}/metrics").get("train_input_wait_share")) and w > 0.5 and w,
+        timeout=60,
+        what="train_input_wait_share to rise with the input delay",
+    )
+    assert share <= 1.0
     metrics = scrape(f"{url}/metrics")
+    # One wait observed per step; the waits (at least 0.3 s each since the knob) exist.
+    waits, steps = (
+        metrics["train_step_wait_seconds_count"],
+        metrics["train_step_duration_seconds_count"],
+    )
+    assert abs(waits - steps) <= 1  # recorded one after the other: a scrape may fall between
+    assert metrics["train_step_wait_seconds_sum"] >= 0.3
     assert metrics["mlprof_workload_up"] == 1
     assert metrics["train_loss"] > 0
     assert workload.alive() and sidecar.alive()
@@ -133,26 +149,49 @@ def test_demo_command_runs_and_stops_cleanly(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_the_demo_and_its_workload_cleanly(tmp_path: Path) -> None:
-    port = free_port()
+    """Also: the capture command the banner prints runs as printed, from a shell whose
+    PATH has no venv (what `make demo` leaves), and XProf's output stays off the console."""
+    port, profiler_port = free_port(), free_port()
     demo = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", "demo", "--profiler-port", "0",
+        [sys.executable, "-m", "exporter.cli", "demo", "--profiler-port", str(profiler_port),
          "--listen", f"127.0.0.1:{port}"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # this checkout's code
     )  # fmt: skip
+    console: list[str] = []
+    reader = threading.Thread(target=lambda: console.extend(demo.stdout or []), daemon=True)
+    reader.start()
     try:
+        printed = wait_until(
+            lambda: next((ln for ln in console if ln.startswith("  capture ")), None),
+            timeout=60,
+            what="the banner's capture line",
+        )
         wait_until(
             lambda: scrape(f"http://127.0.0.1:{port}/metrics").get("train_steps_total"),
             timeout=90,
             what="the demo's first steps",
         )
+        command = printed.removeprefix("  capture ").strip().replace("2000", "300")
+        shell = subprocess.run(
+            command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert shell.returncode == 0, (command, shell.stdout, shell.stderr)
+        assert ": done" in shell.stdout
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
-        out, _ = demo.communicate(timeout=60)
+        demo.wait(timeout=60)
+        reader.join(10)
     finally:
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
+    out = "".join(console)
     assert demo.returncode == 0, out
     assert "stopped (workload exit 0)" in out
     assert "Aborted" not in out and "Traceback" not in out
+    assert "Starting to trace" not in out, "XProf's own output reached the console"
+    native = tmp_path / "mlprof-data" / "shared" / "demo-sidecar-native.log"
+    assert "Starting to trace" in native.read_text()  # kept, not lost
     log = next((tmp_path / "mlprof-data" / "shared" / "steps").glob("*.jsonl")).read_text()
     assert log.rstrip().splitlines()[-1].startswith('{"kind":"end"')

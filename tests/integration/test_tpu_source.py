@@ -213,7 +213,7 @@ def test_slow_runtime_does_not_block_metrics(tmp_path: Path) -> None:
             collect_interval_s=1.0,
         )
         sidecar = Sidecar(settings, telemetry())
-        with TestClient(create_app(sidecar)) as client:
+        with TestClient(create_app(sidecar), base_url="http://127.0.0.1") as client:
             wait_until(
                 lambda: 'chip="3"' in client.get("/metrics").text, what="first TPU collection"
             )

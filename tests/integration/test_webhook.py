@@ -405,10 +405,12 @@ def test_burst_of_a_thousand_alerts_is_answered_with_bounded_captures(loop: Loop
     outcomes = [o["outcome"] for a in answers for o in a.json()["alerts"]]
     assert len(outcomes) == 1000
     print(f"\n1000 alerts in {len(bodies)} calls answered in {took:.2f}s: {Counter(outcomes)}")
-    assert outcomes.count("started") <= 1  # max concurrent 1, and one run in cooldown
+    # Max concurrent 1 and one run in cooldown: one capture per cooldown period of the
+    # burst (a loaded CI machine can take longer than one period to answer 1000 alerts).
+    assert outcomes.count("started") <= 1 + int(took // COOLDOWN_S)
     assert outcomes.count("no_target") == 750
     assert set(outcomes) <= {"started", "cooldown", "limit", "no_target"}
-    assert len(set(loop.sessions()) - before) <= 1
+    assert len(set(loop.sessions()) - before) <= 1 + int(took // COOLDOWN_S)
     assert httpx.get(f"{loop.url}/healthz", timeout=10).json() == {"status": "ok"}
     assert loop.sidecar.alive()
     # /metrics is rendered ahead of scrapes (up to a collect interval old): wait for it.
@@ -430,7 +432,7 @@ def test_loopback_without_token_accepts_alertmanager(tmp_path: Path) -> None:
     settings = load_settings(
         listen="127.0.0.1:9", shared_dir=str(tmp_path / "shared"), store=str(tmp_path / "store")
     )
-    client = TestClient(create_app(Sidecar(settings)))
+    client = TestClient(create_app(Sidecar(settings)), base_url="http://127.0.0.1")
     body = payload(alert("nt1", host="nowhere", mlprof_action="capture"))
     response = client.post(WEBHOOK, json=body)
     assert response.status_code == 202

@@ -34,6 +34,7 @@ DEGRADATION_ALERTS = {
     "MLWorkloadDutyCycleDrop",
     "MLWorkloadStepTimeRegression",
     "MLAcceleratorInterconnectLatencyRegression",
+    "MLWorkloadInputBound",
 }
 # Rules over the accelerator sources' series (NVML, libtpu).
 ACCELERATOR_ALERTS = {
@@ -178,6 +179,7 @@ EMITTED = {
     "accelerator_memory_limit_bytes",
     "train_step_duration_seconds_bucket",
     "train_steps_total",
+    "train_input_wait_share",
     "mlprof_workload_up",
     "mlprof_captures_total",
     "mlprof_profile_pushes_total",

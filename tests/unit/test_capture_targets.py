@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,20 +33,65 @@ def test_static_targets_default_port_and_ipv6() -> None:
     assert found[2].file_stem() == "::1_9000"
 
 
-def test_local_run_json(tmp_path: Path) -> None:
+def _run_file(shared: Path, run_id: str, port: int | None, pid: int, **extra: Any) -> None:
+    info = {
+        "run_id": run_id,
+        "name": f"w-{run_id}",
+        "host": "trainer-0",
+        "pid": pid,
+        "profiler_port": port,
+        "start_unix": 1000.0 + pid,
+        "system": {"backend": "tpu"},
+    }
+    (shared / "runs").mkdir(exist_ok=True)
+    (shared / "runs" / f"{run_id}.json").write_text(json.dumps(info | extra))
+    (shared / "steps").mkdir(exist_ok=True)
+    (shared / "steps" / f"trainer-0-{pid}.jsonl").touch()  # the SDK's heartbeat
+
+
+def test_local_discovery_lists_every_live_run(tmp_path: Path) -> None:
+    """Issue 11 B: every live run of runs/*.json, not only the newest run.json."""
     discovery = LocalRunDiscovery(tmp_path)
     assert discovery.discover() == []
-    run = {"run_id": "r1", "host": "trainer-0", "profiler_port": 9123,
-           "system": {"backend": "tpu"}}  # fmt: skip
-    (tmp_path / "run.json").write_text(json.dumps(run))
+    _run_file(tmp_path, "r1", 9123, pid=11)
+    _run_file(tmp_path, "r2", 9124, pid=12)
+    _run_file(tmp_path, "ended", 9125, pid=13, ended_unix=2000.0)  # closed: no target
+    _run_file(tmp_path, "stale", 9126, pid=14)
+    os.utime(tmp_path / "steps" / "trainer-0-14.jsonl", (1.0, 1.0))  # killed long ago
+    _run_file(tmp_path, "later", 9123, pid=15)  # its bind of 9123 failed: r1 holds it
+    _run_file(tmp_path, "no-profiler", None, pid=16)
+    (tmp_path / "runs" / "half.json").write_text("{half")  # being written: skipped
+    os.mkfifo(tmp_path / "runs" / "fifo.json")  # never opened for reading
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "ended", "profiler_port": 9125}))
     assert discovery.discover() == [
-        ProfilerTarget("127.0.0.1:9123", "trainer-0", "r1", "local", "tpu")
+        ProfilerTarget("127.0.0.1:9123", "trainer-0", "r1", "local", "tpu", "w-r1"),
+        ProfilerTarget("127.0.0.1:9124", "trainer-0", "r2", "local", "tpu", "w-r2"),
     ]
-    (tmp_path / "run.json").write_text(json.dumps(run | {"profiler_port": None}))
-    assert discovery.discover() == []
-    (tmp_path / "run.json").write_text("{half")
-    with pytest.raises(RuntimeError, match=r"cannot read run\.json"):
-        discovery.discover()
+
+
+def test_targets_found_twice_merge_their_facts(tmp_path: Path) -> None:
+    """Issue 11 B: a static address that is also a local run keeps the run's identity."""
+    _run_file(tmp_path, "r1", 9123, pid=11)
+    registry = TargetRegistry([StaticDiscovery(["127.0.0.1:9123"]), LocalRunDiscovery(tmp_path)])
+    registry.refresh(check=False)
+    (target,) = registry.known()
+    assert target == ProfilerTarget(
+        "127.0.0.1:9123", "trainer-0", "r1", "static+local", "tpu", "w-r1"
+    )
+    assert [t.address for t in registry.select(run_id="r1")] == ["127.0.0.1:9123"]
+
+
+def test_current_facts_follow_the_run_that_owns_the_port_now(tmp_path: Path) -> None:
+    """Issue 11 B: a capture is labelled with the run whose server it traces."""
+    _run_file(tmp_path, "old", 9123, pid=11)
+    registry = TargetRegistry([LocalRunDiscovery(tmp_path)])
+    registry.refresh(check=False)
+    (stale,) = registry.known()
+    _run_file(tmp_path, "old", 9123, pid=11, ended_unix=2000.0)
+    _run_file(tmp_path, "new", 9123, pid=12)
+    assert [t.run_id for t in registry.current([stale])] == ["new"]
+    _run_file(tmp_path, "new", 9123, pid=12, ended_unix=2001.0)
+    assert [(t.address, t.run_id) for t in registry.current([stale])] == [("127.0.0.1:9123", None)]
 
 
 def test_dns_lists_every_address_of_the_name() -> None:

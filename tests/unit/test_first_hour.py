@@ -1,0 +1,74 @@
+"""A new user's first hour (issue 11 C): what `make demo` shows, help texts, one-line
+errors, commands printed so that they run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from exporter.cli import main
+from tests.harness import ROOT
+
+
+def test_first_make_demo_install_shows_progress(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    result = subprocess.run(
+        ["make", "-n", "-B", f"{venv}/.installed-demo", f"VENV={venv}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    install = next(i for i, line in enumerate(lines) if "pip install" in line and "-e" in line)
+    assert " -q" not in lines[install], "pip -q kept the first install silent for a minute"
+    assert "echo" in lines[install - 1] and "about a minute" in lines[install - 1]
+
+
+def _options(command: click.Command) -> list[click.Option]:
+    return [p for p in command.params if isinstance(p, click.Option) and not p.hidden]
+
+
+@pytest.mark.parametrize("path", [["capture"], ["snapshot", "take"], ["sessions"], ["targets"]])
+def test_every_capture_option_is_described(path: list[str]) -> None:
+    command: click.Command = main
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    undescribed = [o.opts[-1] for o in _options(command) if not o.help]
+    assert undescribed == [], f"mlprof {' '.join(path)}: no help for {undescribed}"
+
+
+def test_since_that_is_not_a_time_is_one_line_and_exit_2() -> None:
+    # No sidecar needed: the value is checked before any request.
+    result = CliRunner().invoke(
+        main, ["sessions", "--since", "yesterday", "--url", "http://127.0.0.1:9"]
+    )
+    assert result.exit_code == 2
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: Invalid value for '--since': 'yesterday' is not an ISO")
+    assert "pydantic" not in result.output and "{" not in result.output
+
+
+def test_the_printed_mlprof_command_runs_from_the_users_shell(tmp_path: Path) -> None:
+    """`make demo` does not activate the venv: the banner names a path that runs."""
+    clean_path = "/usr/bin:/bin"  # no venv on PATH, as in a fresh terminal
+    env = {**os.environ, "PATH": clean_path, "PYTHONPATH": str(ROOT)}
+    command = subprocess.run(
+        [sys.executable, "-c", "from exporter.cli import _mlprof_command as c; print(c())"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    assert command != "mlprof"
+    ran = subprocess.run(
+        f"{command} --version", shell=True, cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("mlprof, version")
+    from exporter.cli import _mlprof_command
+
+    assert _mlprof_command()  # in-process too
