@@ -38,7 +38,7 @@ def _client(tmp_path: Path, **settings: object) -> TestClient:
             **settings,
         )
     )
-    return TestClient(create_app(sidecar))
+    return TestClient(create_app(sidecar), base_url="http://127.0.0.1")
 
 
 @pytest.fixture(scope="module")
