@@ -102,6 +102,8 @@ class Comparison:
     noise_floor_pts: float | None
     verdict_possible: bool
     notes: list[str] = field(default_factory=list)
+    # (basis, frame index) -> (p, q, effect) of every test made.
+    tests: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict)
 
     @property
     def top_regression(self) -> Entry | None:
@@ -202,7 +204,7 @@ def compare_sides(base: Side, head: Side) -> Comparison:
     }
     d_self = shares["hs"] - shares["bs"]
     d_total = shares["ht"] - shares["bt"]
-    tests = {}
+    tests: dict[tuple[str, int], tuple[float, float, float]] = {}
     if per_step:
         eligible_self = np.flatnonzero(np.maximum(shares["bs"], shares["hs"]) >= min_pts)
         eligible_total = np.flatnonzero(np.maximum(shares["bt"], shares["ht"]) >= min_pts)
@@ -268,7 +270,7 @@ def compare_sides(base: Side, head: Side) -> Comparison:
     improvements = _ranked(frames, d_self, d_total, entry, grow=False)
     return Comparison(
         base.kind, normalisation, base, head, tree, regressions, improvements, floor,
-        verdict, notes,
+        verdict, notes, tests,
     )  # fmt: skip
 
 

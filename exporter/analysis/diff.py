@@ -43,6 +43,7 @@ class DiffFrame:
     index: int
     parent: DiffFrame | None
     children: dict[FrameKey, DiffFrame] = field(default_factory=dict)
+    source: int = -1  # index in the untruncated tree (-1: an "other" made by truncation)
 
     @property
     def key(self) -> FrameKey:
@@ -147,7 +148,7 @@ class AlignedTree:
     def _rebuild(self, kept: set[int]) -> AlignedTree:
         rows: list[int] = [0]  # source rows of each new frame; -1 = an "other" frame
         other_of: dict[int, list[int]] = {}  # new other index -> folded source rows
-        root = DiffFrame(self.root.name, "", 0, 0, None)
+        root = DiffFrame(self.root.name, "", 0, 0, None, source=0)
         frames = [root]
         pending: list[tuple[DiffFrame, DiffFrame]] = [(self.root, root)]
         while pending:
@@ -156,6 +157,7 @@ class AlignedTree:
             for child in src.children.values():
                 if child.index in kept:
                     made, _ = dst.child(child.name, child.file, child.line, len(frames))
+                    made.source = child.source
                     frames.append(made)
                     rows.append(child.index)
                     pending.append((child, made))
@@ -224,7 +226,7 @@ def align(base: Sequence[FlameGraph], head: Sequence[FlameGraph]) -> AlignedTree
         shown = ", ".join(sorted(f"{t}/{u}" for t, u in kinds))
         raise ValueError(f"cannot compare flame graphs of different sample types ({shown})")
     sample_type, unit = kinds.pop()
-    root = DiffFrame(graphs[0].root.name, "", 0, 0, None)
+    root = DiffFrame(graphs[0].root.name, "", 0, 0, None, source=0)
     frames = [root]
     cells: list[tuple[list[int], list[float], list[float]]] = []  # rows, selfs, totals
     for graph in graphs:
@@ -237,6 +239,7 @@ def align(base: Sequence[FlameGraph], head: Sequence[FlameGraph]) -> AlignedTree
                     raise ValueError(f"frame {child.name!r} has a negative value: cannot compare")
                 made, created = dst.child(child.name, child.file, child.line, len(frames))
                 if created:
+                    made.source = made.index
                     frames.append(made)
                 rows.append(made.index)
                 cols_self.append(float(child.self_value))

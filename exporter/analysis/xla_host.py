@@ -2,7 +2,9 @@
 
 A JAX CPU capture has no device plane; XLA's CPU client runs each HLO op (a thunk) on
 its own threads (``tf_XLAPjRtCpuClient``, ``tf_XLAEigen``), and every such event
-carries ``hlo_op`` and ``hlo_module`` stats. Those events are what a TPU's ``XLA Ops``
+carries ``hlo_op`` and ``hlo_module`` stats. Work the executor hands to a thread pool
+without such an event shows as ``ThunkExecutor::Execute (wait for completion)`` on the
+client thread (with the program's ``run_id``): that is XLA time too. Those events are what a TPU's ``XLA Ops``
 line is to a TPU: they give the CPU capture a device-time flame graph (program > op,
 whichever thread ran it) and the time inside a step when XLA computes.
 
@@ -25,6 +27,10 @@ __all__ = ["XlaEvents", "busy_ns", "graphs", "xla_host_events"]
 
 HLO_OP_STAT = "hlo_op"
 HLO_MODULE_STAT = "hlo_module"
+RUN_ID_STAT = "run_id"
+# XLA's CPU executor waiting for the program's asynchronous thunks (e.g. a dot on the
+# Eigen pool, whose work carries no hlo_op event): the program is still computing.
+EXECUTOR_WAIT_PREFIX = "ThunkExecutor::Execute"
 UNKNOWN_PROGRAM = "<unknown program>"
 _PS_PER_NS = 1000
 
@@ -52,7 +58,7 @@ def _module_names(plane: object) -> dict[int, str]:
 
 
 def xla_host_events(capture: Capture) -> XlaEvents:
-    """Every event carrying an ``hlo_op`` stat on the capture's host planes."""
+    """XLA events of the capture's host planes: ``hlo_op`` events and executor waits."""
     from exporter.proto import xplane_pb2
 
     starts: list[int] = []
@@ -66,42 +72,51 @@ def xla_host_events(capture: Capture) -> XlaEvents:
         names = _module_names(plane)
         op_id = next((k for k, n in names.items() if n == HLO_OP_STAT), None)
         module_id = next((k for k, n in names.items() if n == HLO_MODULE_STAT), None)
+        run_stat = next((k for k, n in names.items() if n == RUN_ID_STAT), None)
         if op_id is None:
             continue
+        waits = {
+            k for k, m in plane.event_metadata.items() if m.name.startswith(EXECUTOR_WAIT_PREFIX)
+        }
+        lines: list[list[tuple[int, int, int, str, int]]] = []
+        program_of_run: dict[int, str] = {}
         for raw in plane.lines:
             line = xplane_pb2.XLine()
             line.ParseFromString(raw)
             base_ps = line.timestamp_ns * _PS_PER_NS
-            found: list[tuple[int, int, int, str]] = []  # start ps, end ps, meta, program
+            # start ps, end ps, metadata id, program, run id
+            found: list[tuple[int, int, int, str, int]] = []
             for event in line.events:
-                program = ""
-                is_xla = False
+                if event.duration_ps <= 0:
+                    continue
+                program, run, is_op = "", 0, False
                 for stat in event.stats:
                     if stat.metadata_id == op_id:
-                        is_xla = True
+                        is_op = True
                     elif stat.metadata_id == module_id:
-                        program = (
-                            names.get(stat.ref_value, "") if stat.ref_value else stat.str_value
-                        )
-                if is_xla and event.duration_ps > 0:
+                        ref_value = stat.ref_value
+                        program = names.get(ref_value, "") if ref_value else stat.str_value
+                    elif stat.metadata_id == run_stat:
+                        run = stat.int64_value or stat.uint64_value
+                if is_op and program and run:
+                    program_of_run[run] = program
+                if is_op or (run and event.metadata_id in waits):
                     start = base_ps + event.offset_ps
-                    found.append((start, start + event.duration_ps, event.metadata_id, program))
+                    found.append((start, start + event.duration_ps, event.metadata_id, program, run))
             capture.events_read += len(line.events)
-            if not found:
-                continue
+            if found:
+                lines.append(found)
+        for found in lines:
             found.sort(key=lambda e: (e[0], -e[1]))
             open_events: list[tuple[int, int]] = []  # (end ps, global index)
-            for start, end, meta_id, program in found:
+            for start, end, meta_id, program, run in found:
                 while open_events and (open_events[-1][0] <= start or open_events[-1][0] < end):
                     open_events.pop()  # ended, or overlaps without containing: not a parent
                 meta = plane.event_metadata.get(meta_id)
                 op = (meta.name or meta.display_name) if meta is not None else f"<op {meta_id}>"
                 parent = open_events[-1][1] if open_events else -1
-                stack = (
-                    (*path_list[path_ids[parent]], op)
-                    if parent >= 0
-                    else (program or UNKNOWN_PROGRAM, op)
-                )
+                program = program or program_of_run.get(run, "") or UNKNOWN_PROGRAM
+                stack = (*path_list[path_ids[parent]], op) if parent >= 0 else (program, op)
                 index = paths.get(stack, -1)
                 if index < 0:
                     index = paths[stack] = len(path_list)

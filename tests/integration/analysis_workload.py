@@ -8,7 +8,9 @@ except the memory ones, which write ``OUT_DIR/<variant>.pprof.gz``):
 * ``compute``: steps of a jitted MLP update; the batch is made in an annotated
   ``data_loading`` phase inside the step, which costs almost nothing;
 * ``heavy``: the same, plus a heavy jitted function (``heavy_extra``) every step;
-* ``sleepy``: the same as ``compute``, but ``data_loading`` sleeps 30 ms every step;
+* ``sleepy``: the same as ``compute``, but ``data_loading`` sleeps twice as long as the
+  previous step's compute took (so its share stays near two thirds however loaded the
+  machine is);
 * ``memory_base`` / ``memory_extra``: device-memory profiles of the model's buffers,
   the second with a 64 MiB buffer allocated by ``allocate_extra_buffer``.
 
@@ -24,8 +26,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-STEPS = 24
-SLEEP_S = 0.03
+STEPS = 16
+SLEEP_RATIO = 2.0  # sleepy: data_loading sleeps this many times the last compute time
 EXTRA_BUFFER_BYTES = 64 * 1024 * 1024
 
 
@@ -39,7 +41,7 @@ def update(w: jax.Array, x: jax.Array) -> jax.Array:
 
 @jax.jit
 def heavy_extra(a: jax.Array) -> jax.Array:
-    for _ in range(6):
+    for _ in range(3):
         a = jnp.sin(a @ a)
     return a
 
@@ -48,7 +50,7 @@ def data_loading(step: int, sleep_s: float) -> jax.Array:
     with jax.profiler.TraceAnnotation("data_loading"):
         if sleep_s:
             time.sleep(sleep_s)
-        return jnp.full((256, 384), step % 7, jnp.float32)
+        return jnp.full((512, 512), step % 7, jnp.float32)
 
 
 def allocate_extra_buffer() -> jax.Array:
@@ -56,9 +58,9 @@ def allocate_extra_buffer() -> jax.Array:
 
 
 def capture(out: Path, variant: str) -> Path:
-    w = jnp.eye(384, dtype=jnp.float32)
-    a = jnp.ones((384, 384), jnp.float32) / 384
-    sleep_s = SLEEP_S if variant == "sleepy" else 0.0
+    w = jnp.eye(512, dtype=jnp.float32)
+    a = jnp.ones((512, 512), jnp.float32) / 512
+    compute_s = 0.05
     # Compile outside the trace: a capture of a steady state.
     update(w, data_loading(0, 0.0)).block_until_ready()
     heavy_extra(a).block_until_ready()
@@ -69,11 +71,14 @@ def capture(out: Path, variant: str) -> Path:
     with jax.profiler.trace(str(logdir), profiler_options=options):
         for step in range(STEPS):
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                sleep_s = SLEEP_RATIO * compute_s if variant == "sleepy" else 0.0
                 x = data_loading(step, sleep_s)
+                started = time.perf_counter()
                 w = update(w, x)
                 if variant == "heavy":
                     heavy_extra(a).block_until_ready()
                 w.block_until_ready()
+                compute_s = time.perf_counter() - started
     (path,) = logdir.glob("plugins/profile/*/*.xplane.pb")
     return path
 
