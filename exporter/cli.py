@@ -378,5 +378,10 @@ from exporter.cli_capture import COMMANDS as _CAPTURE_COMMANDS  # noqa: E402
 for _command in _CAPTURE_COMMANDS:
     main.add_command(_command)
 
+from exporter.cli_analysis import COMMANDS as _ANALYSIS_COMMANDS  # noqa: E402  compare, analyze, baseline
+
+for _command in _ANALYSIS_COMMANDS:
+    main.add_command(_command)
+
 if __name__ == "__main__":
     main()

@@ -227,6 +227,21 @@ class Settings(BaseSettings):
     snapshot_max_bytes: int = Field(
         1 << 30, ge=1 << 20, description="Ring mode: bytes kept over all targets."
     )
+    reports: bool = Field(
+        True, description="Write analysis.json and summary.html into every finished session."
+    )
+    report_timeout_s: float = Field(
+        300.0, gt=0, le=3600, description="Longest one session's analysis may run."
+    )
+    report_max_memory_mb: int = Field(
+        4096, ge=256, le=1 << 20, description="Address-space limit of one analysis (MiB)."
+    )
+    report_xprof: bool = Field(
+        True, description="Cross-check reports with XProf's converters when installed."
+    )
+    grafana_url: str | None = Field(
+        None, description="Grafana base URL that reports link to (dashboard, Pyroscope)."
+    )
     log_level: str = Field("info", description="debug, info, warning or error.")
 
     @field_validator("listen")

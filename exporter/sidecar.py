@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import schema
+from exporter.analysis.worker import report_worker_from_settings
 from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
 from exporter.capture.service import CaptureService
 from exporter.config import Settings
@@ -145,6 +146,9 @@ class Sidecar:
         self.targets = self.capture.targets
         self.captures = self.capture.engine
         self.snapshots = self.capture.snapshots
+        # Reports: analysis.json + summary.html per finished session, in child processes.
+        self.reports = report_worker_from_settings(settings, self.captures.store, meter)
+        self.capture.hooks.add(self.reports)
         # Alertmanager webhook policy: dedup, per-run cooldown, global limit, targets.
         self.alerts = AlertPolicy(
             self.targets, self.captures, AlertPolicyConfig.from_settings(settings), meter=meter
@@ -202,6 +206,7 @@ class Sidecar:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*pending), STOP_TIMEOUT_S)
         self.capture.close()
+        self.reports.close()
         self.accelerators.close()
         self.exposition.close()
         if self.pyroscope is not None:

@@ -140,8 +140,10 @@ class Comparison:
                 "verdict": self.verdict_possible,
             }
         else:
-            noise_model = {"method": "share delta beyond a noise floor",
-                           "noise_floor_pts": self.noise_floor_pts}  # fmt: skip
+            noise_model = {
+                "method": "share delta beyond a noise floor",
+                "noise_floor_pts": self.noise_floor_pts,
+            }
         return {
             "kind": self.kind,
             "sample_type": self.tree.sample_type,
@@ -253,25 +255,45 @@ def compare_sides(base: Side, head: Side) -> Comparison:
             assert floor is not None
             significant = large = abs(delta) >= floor
         values = {
-            "self_base": bs[i], "self_head": hs[i], "total_base": bt[i], "total_head": ht[i],
-            "self_base_pct": shares["bs"][i], "self_head_pct": shares["hs"][i],
-            "total_base_pct": shares["bt"][i], "total_head_pct": shares["ht"][i],
-        }  # fmt: skip
+            "self_base": bs[i],
+            "self_head": hs[i],
+            "total_base": bt[i],
+            "total_head": ht[i],
+            "self_base_pct": shares["bs"][i],
+            "self_head_pct": shares["hs"][i],
+            "total_base_pct": shares["bt"][i],
+            "total_head_pct": shares["ht"][i],
+        }
         return Entry(
-            frame, basis, values, float(d_self[i]), float(d_total[i]), relative,
-            significant, significant and large,
+            frame,
+            basis,
+            values,
+            float(d_self[i]),
+            float(d_total[i]),
+            relative,
+            significant,
+            significant and large,
             None if test is None else float(test[0]),
             None if test is None else float(test[1]),
             None if test is None else float(test[2]),
-        )  # fmt: skip
+        )
 
     frames = list(tree.walk())
     regressions = _ranked(frames, d_self, d_total, entry, grow=True)
     improvements = _ranked(frames, d_self, d_total, entry, grow=False)
     return Comparison(
-        base.kind, normalisation, base, head, tree, regressions, improvements, floor,
-        verdict, notes, tests,
-    )  # fmt: skip
+        base.kind,
+        normalisation,
+        base,
+        head,
+        tree,
+        regressions,
+        improvements,
+        floor,
+        verdict,
+        notes,
+        tests,
+    )
 
 
 def _shares_of(values: np.ndarray, totals: np.ndarray) -> np.ndarray:
@@ -300,14 +322,17 @@ def _ranked(
         if not candidate.regression:
             continue
         inside = [
-            e for e in explainers
+            e
+            for e in explainers
             if _within(e.frame, frame) and (e.basis == "self" or e.frame is not frame)
-        ]  # fmt: skip
+        ]
         outermost = [
-            e for e in inside
-            if not any(o is not e and o.basis == "total" and _within(e.frame, o.frame)
-                       for o in inside)
-        ]  # fmt: skip
+            e
+            for e in inside
+            if not any(
+                o is not e and o.basis == "total" and _within(e.frame, o.frame) for o in inside
+            )
+        ]
         explained = sum(sign * e.delta_pts for e in outermost)
         if explained < UNEXPLAINED_FRACTION * sign * candidate.delta_total_pts:
             total_entries.append(candidate)

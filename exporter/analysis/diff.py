@@ -136,9 +136,10 @@ class AlignedTree:
             folding = {
                 f.parent.index
                 for f in self.walk()
-                if f.index not in kept and f.parent is not None
+                if f.index not in kept
+                and f.parent is not None
                 and (f.parent.parent is None or f.parent.index in kept)
-            }  # fmt: skip
+            }
             excess = budget + len(folding) - max_frames
             if excess <= 0 or budget == 0:
                 break

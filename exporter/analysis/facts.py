@@ -52,9 +52,19 @@ DATA_FORMATTING_CATEGORY: Final = "data formatting"
 COMPILE_EVENT_RE: Final = re.compile(r"^(backend_compile\w*|\w*Client::Compile)$")
 TOP_OPS: Final = 10
 _PS_PER_NS = 1000
-_NON_OP_LINES = frozenset({"XLA Modules", "Steps", "XLA TraceMe", "Framework Ops",
-                           "Framework Name Scope", "Source code", "Host Offload Ops",
-                           "SparseCore Steps", "Sparse Core Ops"})  # fmt: skip
+_NON_OP_LINES = frozenset(
+    {
+        "XLA Modules",
+        "Steps",
+        "XLA TraceMe",
+        "Framework Ops",
+        "Framework Name Scope",
+        "Source code",
+        "Host Offload Ops",
+        "SparseCore Steps",
+        "Sparse Core Ops",
+    }
+)
 _GET = attrgetter("metadata_id", "offset_ps", "duration_ps")
 _ROW = np.dtype([("id", "<i8"), ("off", "<i8"), ("dur", "<i8")])
 
@@ -125,7 +135,9 @@ def _covered(starts: np.ndarray, ends: np.ndarray, spans: Sequence[tuple[int, in
         a = np.searchsorted(ends, lo, side="right")
         b = np.searchsorted(starts, hi, side="left")
         if b > a:
-            out[i] = int(np.clip(np.minimum(ends[a:b], hi) - np.maximum(starts[a:b], lo), 0, None).sum())
+            out[i] = int(
+                np.clip(np.minimum(ends[a:b], hi) - np.maximum(starts[a:b], lo), 0, None).sum()
+            )
     return out
 
 
@@ -166,7 +178,11 @@ def _device_busy(capture: Any, cycles: Sequence[tuple[int, int]]) -> tuple[np.nd
             header.ParseFromString(raw)
             headers.append((index, header.name, header.timestamp_ns))
         names = {name for _, name, _ in headers}
-        wanted = [h for h in headers if (h[1] == "XLA Ops" if "XLA Ops" in names else h[1] not in _NON_OP_LINES)]
+        wanted = [
+            h
+            for h in headers
+            if (h[1] == "XLA Ops" if "XLA Ops" in names else h[1] not in _NON_OP_LINES)
+        ]
         for index, _, stamp in wanted:
             line = xplane_pb2.XLine()
             line.ParseFromString(plane.lines[index])
@@ -233,9 +249,7 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
     with load_capture(path) as capture:
         windows, source = step_windows(capture)
         cycles = [(w.start_ns, w.end_ns) for w in step_cycles(windows)]
-        annotations = sorted(
-            (w.start_ns, w.end_ns) for w in windows if w.end_ns > w.start_ns
-        )
+        annotations = sorted((w.start_ns, w.end_ns) for w in windows if w.end_ns > w.start_ns)
         if capture.device_planes:
             facts.backend = next(
                 (p.name.split(":")[1].lower() for p in capture.device_planes), "unknown"
@@ -370,9 +384,11 @@ def _compiler(graph: FlameGraph | None) -> dict[str, Any] | None:
 def _recompilation(hosts: list[_Host]) -> dict[str, Any]:
     events = [span for h in hosts for span in h.compile_events]
     inside = [
-        (s, e) for h in hosts for s, e in h.compile_events
+        (s, e)
+        for h in hosts
+        for s, e in h.compile_events
         if any(lo <= s < hi for lo, hi in h.cycles)
-    ]  # fmt: skip
+    ]
     window = sum(hi - lo for h in hosts for lo, hi in h.cycles)
     inside_ns = sum(e - s for s, e in inside)
     return {

@@ -56,10 +56,14 @@ def _entry_row(entry: Entry, unit: str) -> list[str]:
     v = entry.values
     basis = entry.basis
     q = "-" if entry.q_value is None else f"{entry.q_value:.2g}"
-    verdict = "REGRESSION" if entry.regression and entry.delta_pts > 0 else (
-        "IMPROVEMENT" if entry.regression else ("significant" if entry.significant else "")
+    verdict = (
+        "REGRESSION"
+        if entry.regression and entry.delta_pts > 0
+        else ("IMPROVEMENT" if entry.regression else ("significant" if entry.significant else ""))
     )
-    name = entry.frame.name + (" (total)" if basis == "total" else "")
+    stack = entry.frame.stack()
+    shown = ";".join(f.name for f in stack[-2:])
+    name = ("…;" if len(stack) > 2 else "") + shown + (" (total)" if basis == "total" else "")
     return [
         name,
         f"{v[f'{basis}_base_pct']:.2f}%",
@@ -74,9 +78,13 @@ def _entry_row(entry: Entry, unit: str) -> list[str]:
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
-                       enumerate(zip(row, widths, strict=True))).rstrip()
-             for row in [header, *rows]]  # fmt: skip
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -107,11 +115,15 @@ def comparison_text(comparison: Comparison, top: int = 20) -> str:
             "(Mann-Whitney U across steps, Benjamini-Hochberg)"
         )
     else:
-        out.append(f"  no steps on both sides: a change counts beyond {noise['noise_floor_pts']:g} pts")
+        out.append(
+            f"  no steps on both sides: a change counts beyond {noise['noise_floor_pts']:g} pts"
+        )
     out.extend(f"  note: {n}" for n in data["notes"])
     header = ["frame", "base", "head", "Δ pts", f"base{per}", f"head{per}", "q", "verdict"]
-    for title, entries in (("Regressions", comparison.regressions),
-                           ("Improvements", comparison.improvements)):  # fmt: skip
+    for title, entries in (
+        ("Regressions", comparison.regressions),
+        ("Improvements", comparison.improvements),
+    ):
         shown = entries[:top]
         out.append("")
         out.append(f"{title} (share of each side's total{per}):")
@@ -132,9 +144,11 @@ def _diff_tree(comparison: Comparison, max_frames: int) -> dict[str, Any]:
         i = node.index
         out: dict[str, Any] = {
             "n": node.name,
-            "bs": round(float(bs[i]), 1), "bt": round(float(bt[i]), 1),
-            "hs": round(float(hs[i]), 1), "ht": round(float(ht[i]), 1),
-        }  # fmt: skip
+            "bs": round(float(bs[i]), 1),
+            "bt": round(float(bt[i]), 1),
+            "hs": round(float(hs[i]), 1),
+            "ht": round(float(ht[i]), 1),
+        }
         if node.file:
             out["f"] = f"{node.file}:{node.line}" if node.line else node.file
         source = node.source
@@ -204,19 +218,27 @@ def _numbers(report: Report) -> str:
         s = f.steps
         rows += [
             ("steps", f"{s['count']} ({s.get('source', '')})"),
-            ("step time", f"median {s['median_ms']:.2f} ms, mean {s['mean_ms']:.2f} ms, "
-                          f"p90 {s['p90_ms']:.2f} ms, CV {s['cv']:.2f}"),
-        ]  # fmt: skip
+            (
+                "step time",
+                f"median {s['median_ms']:.2f} ms, mean {s['mean_ms']:.2f} ms, "
+                f"p90 {s['p90_ms']:.2f} ms, CV {s['cv']:.2f}",
+            ),
+        ]
     if f.breakdown:
         b = f.breakdown
         rows += [
             ("XLA computing", f"{b['xla_pct']:.1f}% of step time"),
-            ("no XLA running (input wait)", f"{b['input_wait_pct']:.1f}% (data phase "
-             f"{b['data_phase_pct']:.1f}%, between steps {b['between_steps_pct']:.1f}%, "
-             f"other host {b['host_other_pct']:.1f}%)"),
-        ]  # fmt: skip
+            (
+                "no XLA running (input wait)",
+                f"{b['input_wait_pct']:.1f}% (data phase "
+                f"{b['data_phase_pct']:.1f}%, between steps {b['between_steps_pct']:.1f}%, "
+                f"other host {b['host_other_pct']:.1f}%)",
+            ),
+        ]
     if f.top_ops:
-        rows.append(("top ops", ", ".join(f"{o['name']} {o['share_pct']:.1f}%" for o in f.top_ops[:5])))
+        rows.append(
+            ("top ops", ", ".join(f"{o['name']} {o['share_pct']:.1f}%" for o in f.top_ops[:5]))
+        )
     if f.compiler:
         rows.append(("data formatting", f"{f.compiler['data_formatting_pct']:.1f}% of XLA time"))
     if f.recompilation:
@@ -228,8 +250,13 @@ def _numbers(report: Report) -> str:
     tools = f.xprof.get("tools") or {}
     ipa = (tools.get("input_pipeline_analyzer") or {}).get("summary") or {}
     if ipa.get("step_time_ms", {}).get("average") is not None:
-        rows.append(("XProf step time", f"{ipa['step_time_ms']['average']} ms average over "
-                     f"{ipa['steps']} steps ({ipa.get('hardware_type')})"))  # fmt: skip
+        rows.append(
+            (
+                "XProf step time",
+                f"{ipa['step_time_ms']['average']} ms average over "
+                f"{ipa['steps']} steps ({ipa.get('hardware_type')})",
+            )
+        )
     body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
     return f'<table id="numbers">{body}</table>'
 
@@ -256,7 +283,8 @@ def _findings(report: Report) -> str:
 
 
 def _frame(page: str, name: str) -> str:
-    return f'<iframe title="{_esc(name)}" data-name="{_esc(name)}" srcdoc="{html.escape(page, quote=True)}"></iframe>'
+    source = html.escape(page, quote=True)
+    return f'<iframe title="{_esc(name)}" data-name="{_esc(name)}" srcdoc="{source}"></iframe>'
 
 
 def _baseline(report: Report) -> str:
@@ -270,13 +298,20 @@ def _baseline(report: Report) -> str:
     ]
     for kind, comparison in report.comparisons.items():
         rows = "".join(
-            "<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in _entry_row(e, comparison.tree.unit)) + "</tr>"
+            "<tr>"
+            + "".join(f"<td>{_esc(c)}</td>" for c in _entry_row(e, comparison.tree.unit))
+            + "</tr>"
             for e in comparison.regressions[:5]
         )
-        header = "".join(f"<th>{h}</th>" for h in ("frame", "base", "head", "Δ pts", "base value",
-                                                   "head value", "q", "verdict"))  # fmt: skip
+        header = "".join(
+            f"<th>{h}</th>"
+            for h in ("frame", "base", "head", "Δ pts", "base value", "head value", "q", "verdict")
+        )
         out.append(f"<h3>{_esc(kind)}: top growth</h3>")
-        out.append(f'<table class="baseline-table" data-kind="{_esc(kind)}"><tr>{header}</tr>{rows}</table>')
+        kind_attr = _esc(kind)
+        out.append(
+            f'<table class="baseline-table" data-kind="{kind_attr}"><tr>{header}</tr>{rows}</table>'
+        )
         out.append(_frame(comparison_html(comparison), f"diff-{kind}"))
     return "".join(out)
 
@@ -298,7 +333,8 @@ def report_html(report: Report, title: str | None = None) -> str:
     data = report.to_json()
     title = title or f"mlprof report: {report.input.get('spec', '')}"
     counts = report.counts()
-    subtitle = f"{counts['P0']} P0 · {counts['P1']} P1 · {counts['P2']} P2 — {report.input.get('spec', '')}"
+    spec = report.input.get("spec", "")
+    subtitle = f"{counts['P0']} P0 · {counts['P1']} P1 · {counts['P2']} P2 — {spec}"
     links = "".join(
         f'<a href="{_esc(url)}" data-link="{_esc(name)}">{_esc(name)}</a> '
         for name, url in report.links.items()
@@ -320,10 +356,22 @@ def report_html(report: Report, title: str | None = None) -> str:
         "__UNAVAILABLE__": f"<ul>{unavailable}</ul>" if unavailable else "<p>Nothing.</p>",
     }
     page = template
-    for key in ("__TITLE__", "__STATUS__", "__SUBTITLE__", "__SUMMARY__", "__LINKS__",
-                "__NUMBERS__", "__FINDINGS__", "__BASELINE__", "__GRAPHS__", "__UNAVAILABLE__"):  # fmt: skip
+    for key in (
+        "__TITLE__",
+        "__STATUS__",
+        "__SUBTITLE__",
+        "__SUMMARY__",
+        "__LINKS__",
+        "__NUMBERS__",
+        "__FINDINGS__",
+        "__BASELINE__",
+        "__GRAPHS__",
+        "__UNAVAILABLE__",
+    ):
         page = page.replace(key, parts[key])
-    return page.replace("__DATA__", _payload({"status": data["status"], "findings": data["finding_counts"]}))
+    return page.replace(
+        "__DATA__", _payload({"status": data["status"], "findings": data["finding_counts"]})
+    )
 
 
 def report_text(report: Report) -> str:

@@ -90,9 +90,7 @@ def _summary(report: Report) -> str:
         )
     if f.top_ops:
         top = f.top_ops[0]
-        sentences.append(
-            f"The top op is {top['name']} with {top['share_pct']:.1f}% of XLA time."
-        )
+        sentences.append(f"The top op is {top['name']} with {top['share_pct']:.1f}% of XLA time.")
     counts = report.counts()
     if report.findings:
         urgent = [x for x in report.findings if x.priority in ("P0", "P1")]
@@ -153,9 +151,10 @@ def baseline_summary(
 ) -> dict[str, Any]:
     """The report's ``baseline``: per-kind comparisons and the top regression of all."""
     tops = [
-        (kind, c, entry) for kind, c in comparisons.items()
+        (kind, c, entry)
+        for kind, c in comparisons.items()
         if (entry := c.top_regression) is not None
-    ]  # fmt: skip
+    ]
     tops.sort(key=lambda t: -t[2].delta_pts)
     out: dict[str, Any] = {
         "spec": spec,
@@ -179,8 +178,8 @@ def baseline_summary(
     return out
 
 
-def _compare_kinds(facts: CaptureFacts, paths: Sequence[Path]) -> list[str]:
-    kinds = [k for k in ("device", "host") if k in facts.graphs]
+def _compare_kinds(facts: CaptureFacts) -> list[str]:
+    kinds: list[str] = [k for k in ("device", "host") if k in facts.graphs]
     return kinds or ["host"]
 
 
@@ -201,7 +200,7 @@ def analyze(
     comparisons: dict[str, Comparison] = {}
     summary = None
     if baseline is not None:
-        for kind in _compare_kinds(facts, paths):
+        for kind in _compare_kinds(facts):
             try:
                 base = load_side(baseline, kind, context)  # type: ignore[arg-type]
                 head = _side_from_paths(spec, paths, kind, context)

@@ -283,8 +283,11 @@ class OomRiskRule(Rule):
             f"{m['peak_pct']:.1f}% of capacity",
             f"Peak {m['peak_bytes'] / 2**30:.2f} GiB of {m['capacity_bytes'] / 2**30:.2f} GiB "
             f"(from {m['source']}).",
-            {"peak_pct": m["peak_pct"], "peak_bytes": m["peak_bytes"],
-             "capacity_bytes": m["capacity_bytes"]},  # fmt: skip
+            {
+                "peak_pct": m["peak_pct"],
+                "peak_bytes": m["peak_bytes"],
+                "capacity_bytes": m["capacity_bytes"],
+            },
             "A larger batch, a longer sequence or fragmentation can fail the run with "
             "RESOURCE_EXHAUSTED.",
             "Free headroom: rematerialise activations (jax.checkpoint), shard optimizer "
@@ -357,6 +360,7 @@ def apply_rules(
     """Every finding, P0 first; the baseline regression leads whatever its priority."""
     found = [f for rule in rules if (f := rule.apply(facts, baseline)) is not None]
     lead = [f for f in found if f.rule == BaselineRegressionRule.name]
-    rest = sorted((f for f in found if f.rule != BaselineRegressionRule.name),
-                  key=lambda f: f.priority)  # fmt: skip
+    rest = sorted(
+        (f for f in found if f.rule != BaselineRegressionRule.name), key=lambda f: f.priority
+    )
     return lead + rest

@@ -4,9 +4,10 @@ A JAX CPU capture has no device plane; XLA's CPU client runs each HLO op (a thun
 its own threads (``tf_XLAPjRtCpuClient``, ``tf_XLAEigen``), and every such event
 carries ``hlo_op`` and ``hlo_module`` stats. Work the executor hands to a thread pool
 without such an event shows as ``ThunkExecutor::Execute (wait for completion)`` on the
-client thread (with the program's ``run_id``): that is XLA time too. Those events are what a TPU's ``XLA Ops``
-line is to a TPU: they give the CPU capture a device-time flame graph (program > op,
-whichever thread ran it) and the time inside a step when XLA computes.
+client thread (with the program's ``run_id``): that is XLA time too. These events are
+to a CPU capture what a TPU's ``XLA Ops`` line is to a TPU: they give it a device-time
+flame graph (program > op, whichever thread ran it) and the time inside a step when
+XLA computes.
 
 Events that nest on one thread (a ``while`` thunk running its body) are stacked:
 each event adds its time to its own frame and takes it from its parent's, so self
@@ -102,7 +103,9 @@ def xla_host_events(capture: Capture) -> XlaEvents:
                     program_of_run[run] = program
                 if is_op or (run and event.metadata_id in waits):
                     start = base_ps + event.offset_ps
-                    found.append((start, start + event.duration_ps, event.metadata_id, program, run))
+                    found.append(
+                        (start, start + event.duration_ps, event.metadata_id, program, run)
+                    )
             capture.events_read += len(line.events)
             if found:
                 lines.append(found)
@@ -115,8 +118,8 @@ def xla_host_events(capture: Capture) -> XlaEvents:
                 meta = plane.event_metadata.get(meta_id)
                 op = (meta.name or meta.display_name) if meta is not None else f"<op {meta_id}>"
                 parent = open_events[-1][1] if open_events else -1
-                program = program or program_of_run.get(run, "") or UNKNOWN_PROGRAM
-                stack = (*path_list[path_ids[parent]], op) if parent >= 0 else (program, op)
+                named = program or program_of_run.get(run, "") or UNKNOWN_PROGRAM
+                stack = (*path_list[path_ids[parent]], op) if parent >= 0 else (named, op)
                 index = paths.get(stack, -1)
                 if index < 0:
                     index = paths[stack] = len(path_list)
@@ -136,7 +139,10 @@ def xla_host_events(capture: Capture) -> XlaEvents:
 
 
 def _overlap(events: XlaEvents, lo: int, hi: int) -> np.ndarray:
-    return np.clip(np.minimum(events.end, hi) - np.maximum(events.start, lo), 0, None)
+    overlap: np.ndarray = np.clip(
+        np.minimum(events.end, hi) - np.maximum(events.start, lo), 0, None
+    )
+    return overlap
 
 
 def graphs(

@@ -55,7 +55,7 @@ def _number(text: Any) -> float | None:
         return None
 
 
-def _summarise(tool: str, data: Any) -> dict[str, Any]:  # noqa: PLR0911 (one branch per tool)
+def _summarise(tool: str, data: Any) -> dict[str, Any]:
     if tool == "input_pipeline_analyzer":
         table = data[1] if isinstance(data, list) and len(data) > 1 else {}
         p = table.get("p", {})
@@ -63,8 +63,10 @@ def _summarise(tool: str, data: Any) -> dict[str, Any]:  # noqa: PLR0911 (one br
         return {
             "hardware_type": p.get("hardware_type"),
             "steps": len(rows),
-            "step_time_ms": {k: _number(p.get(f"steptime_ms_{k}"))
-                             for k in ("average", "minimum", "maximum", "standard_deviation")},
+            "step_time_ms": {
+                k: _number(p.get(f"steptime_ms_{k}"))
+                for k in ("average", "minimum", "maximum", "standard_deviation")
+            },
             "step_times_ms": {str(r.get("stepnum")): r.get("stepTimeMs") for r in rows},
             "infeed_ms_avg": _number(p.get("infeed_time_ms_avg")),
             "host_compute_ms_avg": _number(p.get("host_compute_time_ms_avg")),
@@ -72,12 +74,13 @@ def _summarise(tool: str, data: Any) -> dict[str, Any]:  # noqa: PLR0911 (one br
             "compile_ms_avg": _number(p.get("compile_time_ms_avg")),
             "other_ms_avg": _number(p.get("other_time_ms_avg")),
             "input_conclusion": p.get("input_conclusion"),
-        }  # fmt: skip
+        }
     if tool == "overview_page":
         tables = data if isinstance(data, list) else []
         first = tables[0].get("p", {}) if tables else {}
-        env = next((t.get("p", {}) for t in tables if "device_type" in t.get("p", {})), {})
-        advice = next((t.get("p", {}) for t in tables if "bottleneck" in t.get("p", {})), {})
+        params: list[dict[str, Any]] = [t.get("p", {}) for t in tables if isinstance(t, dict)]
+        env = next((p for p in params if "device_type" in p), {})
+        advice = next((p for p in params if "bottleneck" in p), {})
         return {
             "device_type": env.get("device_type"),
             "device_duty_cycle_pct": _number(first.get("device_duty_cycle_percent")),
@@ -90,8 +93,16 @@ def _summarise(tool: str, data: Any) -> dict[str, Any]:  # noqa: PLR0911 (one br
         tables = data if isinstance(data, list) else [data]
         rows = [r for t in tables if isinstance(t, dict) for r in _table_rows(t)]
         rows = [r for r in rows if r.get("operation") != "IDLE" and r.get("type") != "IDLE"]
-        keys = ("hlo_op_name", "operation", "category", "type", "total_self_time",
-                "total_self_time_percent", "host_or_device", "bound_by")  # fmt: skip
+        keys = (
+            "hlo_op_name",
+            "operation",
+            "category",
+            "type",
+            "total_self_time",
+            "total_self_time_percent",
+            "host_or_device",
+            "bound_by",
+        )
         top = [{k: r[k] for k in keys if k in r} for r in rows[:TOP_ROWS]]
         out: dict[str, Any] = {"rows": len(rows), "top": top}
         if tool == "roofline_model" and tables and isinstance(tables[0], dict):
@@ -124,9 +135,7 @@ def _child(paths: list[str]) -> dict[str, Any]:
         started = time.perf_counter()
         try:
             inputs = paths[:1] if tool == "memory_profile" else paths  # one host at a time
-            raw, _ = raw_to_tool_data.xspace_to_tool_data(
-                inputs, tool, {"use_saved_result": False}
-            )
+            raw, _ = raw_to_tool_data.xspace_to_tool_data(inputs, tool, {"use_saved_result": False})
             if raw is None:
                 answers[tool] = {"error": "XProf produced no data for this capture"}
                 continue
@@ -140,9 +149,7 @@ def _child(paths: list[str]) -> dict[str, Any]:
     return answers
 
 
-def run_xprof_tools(
-    paths: Sequence[Path], timeout_s: float = XPROF_TIMEOUT_S
-) -> dict[str, Any]:
+def run_xprof_tools(paths: Sequence[Path], timeout_s: float = XPROF_TIMEOUT_S) -> dict[str, Any]:
     """XProf's summaries of ``paths`` (one host's or a session's captures).
 
     Answers ``{"available": False, "reason": ...}`` when XProf is not installed, times
@@ -152,7 +159,10 @@ def run_xprof_tools(
         import importlib.util
 
         if importlib.util.find_spec("xprof") is None:
-            return {"available": False, "reason": "XProf is not installed (mlprof-exporter[capture])"}
+            return {
+                "available": False,
+                "reason": "XProf is not installed (mlprof-exporter[capture])",
+            }
     except (ImportError, ValueError):
         return {"available": False, "reason": "XProf cannot be imported"}
     with tempfile.TemporaryDirectory(prefix="mlprof-xprof-") as tmp:
@@ -165,8 +175,12 @@ def run_xprof_tools(
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "exporter.analysis.xprof_tools", *copies],
-                capture_output=True, timeout=timeout_s, env=env, cwd=tmp, check=False,
-            )  # fmt: skip
+                capture_output=True,
+                timeout=timeout_s,
+                env=env,
+                cwd=tmp,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return {"available": False, "reason": f"XProf's converters took over {timeout_s:g}s"}
     if done.returncode != 0:

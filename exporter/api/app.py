@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from exporter import __version__
 from exporter.api.alertmanager import router as alertmanager_router
+from exporter.api.analysis import router as analysis_router
 from exporter.api.auth import check_bearer
 from exporter.api.captures import router as captures_router
 from exporter.api.ui import router as ui_router
@@ -127,4 +128,5 @@ def create_app(sidecar: Sidecar) -> FastAPI:
     app.include_router(alertmanager_router)  # checks the token itself (counts refusals)
     app.include_router(captures_router)  # targets, captures, sessions, snapshots
     app.include_router(ui_router)  # the capture page Grafana links to
+    app.include_router(analysis_router)  # session reports, compare, baselines
     return app
