@@ -2,6 +2,11 @@
 
 Export writes one sample per node that has a self value (its stack leaf-first), with
 function and location tables deduplicated; import folds samples back into a tree.
+
+Functions are keyed as pprof's ``merge.go`` keys them (name, system name, file, start
+line), so two frames of the same name in different files stay two functions. A frame's
+line is the function's ``start_line`` (its definition) when the profile gives one, else
+the line of its location; export writes it as both.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
     mapping.has_filenames = True
     mapping.has_line_numbers = True
 
-    functions: dict[tuple[str, str], int] = {}
+    functions: dict[tuple[str, str, str, int], int] = {}
     locations: dict[tuple[int, int], int] = {}
     node_location: dict[int, int] = {}
 
@@ -65,7 +70,7 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
         loc_id = node_location.get(id(node))
         if loc_id is not None:
             return loc_id
-        fkey = (node.name, node.file)
+        fkey = (node.name, node.name, node.file, node.line)  # name, system name, file, start
         fn_id = functions.get(fkey)
         if fn_id is None:
             fn_id = functions[fkey] = len(functions) + 1
@@ -73,6 +78,7 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
             fn.id = fn_id
             fn.name = fn.system_name = strings(node.name)
             fn.filename = strings(node.file)
+            fn.start_line = node.line
         lkey = (fn_id, node.line)
         loc_id = locations.get(lkey)
         if loc_id is None:
@@ -138,7 +144,9 @@ def _stack_labels(
             fn = functions.get(line.function_id)
             name = table[fn.name] if fn is not None else ""
             file = table[fn.filename] if fn is not None else ""
-            out.append(FrameLabel(name or f"0x{loc.address:x}", file, line.line))
+            # Identity: the definition line where given, else the location's line.
+            start = fn.start_line if fn is not None else 0
+            out.append(FrameLabel(name or f"0x{loc.address:x}", file, start or line.line))
         return out
 
     locations = {loc.id: loc for loc in profile.location}

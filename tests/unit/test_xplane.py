@@ -74,8 +74,9 @@ def test_host_flamegraph_stacks_by_containment() -> None:
     assert graph.find(list(synthetic.expected_host_frames)) is not None
     step = graph.find(["python", "main", "train_step", "train"])
     assert step is not None
-    call = step.children["__call__"]
-    assert set(call.children) == {"cache_miss", "PjitFunction(train_step)"}
+    call = step.named("__call__")
+    assert call is not None
+    assert {c.name for c in call.children.values()} == {"cache_miss", "PjitFunction(train_step)"}
     assert call.self_value == 4 * (400_000 - 100_000 - 50_000)
     assert graph.find(["tf_XLACpuClient", "ThunkExecutor > Execute"]) is not None
     train_step = graph.find(["python", "main", "train_step"])
