@@ -89,6 +89,11 @@ class FlameGraph:
 
     ``profile_name`` becomes Pyroscope's ``__name__``; ``sample_type``/``unit`` the pprof
     sample type; ``time_nanos``/``duration_nanos`` when the data was recorded.
+
+    ``companions`` are other sample types measured on the same stacks (a memory
+    profile's ``inuse_objects`` beside its ``inuse_space``): the pprof carries them as
+    further sample types. ``copy`` and ``merge`` carry them along; the other transforms
+    (scaling, truncation, depth limit) apply to this sample type alone.
     """
 
     sample_type: str = "samples"
@@ -100,6 +105,7 @@ class FlameGraph:
     time_nanos: int = 0
     duration_nanos: int = 0
     root: Frame = field(default_factory=lambda: Frame("root"))
+    companions: list[FlameGraph] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.period_type = self.period_type or self.sample_type
@@ -151,6 +157,12 @@ class FlameGraph:
             mine.total += theirs.total
             for child in theirs.children.values():
                 stack.append((mine.child(child.name, child.file, child.line), child))
+        for extra in other.companions:
+            same = next((c for c in self.companions if c.sample_type == extra.sample_type), None)
+            if same is None:
+                self.companions.append(extra.copy())
+            else:
+                same.merge(extra)
         if other.time_nanos and (not self.time_nanos or other.time_nanos < self.time_nanos):
             end = max(
                 self.time_nanos + self.duration_nanos, other.time_nanos + other.duration_nanos
@@ -263,7 +275,7 @@ class FlameGraph:
         )
 
     def copy(self) -> FlameGraph:
-        """A deep copy."""
+        """A deep copy (companions included)."""
         out = self._like()
         out.merge(self)
         return out

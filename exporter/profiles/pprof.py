@@ -44,12 +44,18 @@ class _Strings:
 
 
 def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
-    """Build a pprof Profile: one sample per node with self value, tables deduplicated."""
+    """Build a pprof Profile: one sample per stack with a self value, tables deduplicated.
+
+    The graph's companions come first as further sample types and the graph's own
+    sample type last (pprof's default); a stack missing from one of them has 0 there.
+    """
     profile = profile_pb2.Profile()
     strings = _Strings(profile)
-    sample_type = profile.sample_type.add()
-    sample_type.type = strings(graph.sample_type)
-    sample_type.unit = strings(graph.unit)
+    parts = [*graph.companions, graph]
+    for part in parts:
+        sample_type = profile.sample_type.add()
+        sample_type.type = strings(part.sample_type)
+        sample_type.unit = strings(part.unit)
     profile.period_type.type = strings(graph.period_type)
     profile.period_type.unit = strings(graph.period_unit)
     profile.period = graph.period
@@ -92,12 +98,29 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
         node_location[id(node)] = loc_id
         return loc_id
 
-    for ancestors, node in graph.paths():
-        if not node.self_value:
-            continue
+    if not graph.companions:
+        for ancestors, node in graph.paths():
+            if node.self_value:
+                sample = profile.sample.add()
+                sample.location_id.extend(location_of(f) for f in reversed((*ancestors, node)))
+                sample.value.append(node.self_value)
+        return profile
+    # Several sample types: one sample per distinct stack (by frame identity).
+    stacks: dict[tuple[tuple[str, str, int], ...], tuple[list[int], list[int]]] = {}
+    for index, part in enumerate(parts):
+        for ancestors, node in part.paths():
+            if not node.self_value:
+                continue
+            frames = (*ancestors, node)
+            key = tuple(f.key for f in frames)
+            entry = stacks.get(key)
+            if entry is None:
+                entry = stacks[key] = ([location_of(f) for f in reversed(frames)], [0] * len(parts))
+            entry[1][index] += node.self_value
+    for locations_ids, values in stacks.values():
         sample = profile.sample.add()
-        sample.location_id.extend(location_of(f) for f in reversed((*ancestors, node)))
-        sample.value.append(node.self_value)
+        sample.location_id.extend(locations_ids)
+        sample.value.extend(values)
     return profile
 
 

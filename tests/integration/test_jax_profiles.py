@@ -119,8 +119,13 @@ def test_memory_profiles_on_request_and_periodic_are_pushed(
         assert series.labels["service_name"] == "profile-test"
         assert series.labels["run_id"] == "run-jax"
         assert series.labels["host"] == "host-a"
-        assert series.sample_types == [("inuse_space", "bytes")]
-        assert sum(series.folded().values()) == workload.live_bytes
+        assert series.sample_types == [("inuse_objects", "count"), ("inuse_space", "bytes")]
+        # Each pushed profile holds its file's live bytes and live allocations (the
+        # workload's arrays can change between periodic profiles: compare per file).
+        for result, pushed in zip(results, received, strict=True):
+            profile = decode_pprof(result.path.read_bytes())
+            assert sum(pushed.folded(1).values()) == in_use_bytes(profile)
+            assert sum(pushed.folded(0).values()) == sum(s.value[0] for s in profile.sample)
         # Each profile is converted once, also across a sidecar restart.
         again = MemoryProfileWatcher(workload.shared, sink.push, tmp_path / "state.json")
         repeated = {r.path for r in again.poll()} & {r.path for r in results}
