@@ -11,6 +11,11 @@ here (add, merge, scaling, truncation, depth limit) keeps that exact.
 >>> print(graph.to_folded(), end="")
 main;step 10
 main;step;matmul 30
+
+A frame's identity is its :attr:`Frame.key`, (name, file, line of definition), wherever
+the source gives them: ``foo`` of ``a.py:10`` and ``foo`` of ``b.py:3`` are two frames
+(siblings with the same label), as pprof's ``merge.go`` keys functions. Frames without a
+file or line (device ops, TraceMe events, folded text) are keyed by name alone.
 """
 
 from __future__ import annotations
@@ -21,13 +26,18 @@ from dataclasses import dataclass, field
 
 from exporter.profiles.frames import FrameLabel
 
-__all__ = ["OTHER", "FlameGraph", "Frame"]
+__all__ = ["OTHER", "FlameGraph", "Frame", "FrameKey"]
 
 OTHER = "other"  # the frame that holds what truncation folded away
+FrameKey = tuple[str, str, int]  # (name, file, line of definition)
 
 
 class Frame:
-    """One node: a label, where it lives, its self and total value and its children."""
+    """One node: a label, where it lives, its self and total value and its children.
+
+    ``line`` is the line where the function is defined (pprof's ``start_line``) when the
+    source gives it; ``children`` are keyed by each child's :attr:`key`.
+    """
 
     __slots__ = ("children", "file", "line", "name", "self_value", "total")
 
@@ -37,14 +47,28 @@ class Frame:
         self.line = line
         self.self_value = 0
         self.total = 0
-        self.children: dict[str, Frame] = {}
+        self.children: dict[FrameKey, Frame] = {}
+
+    @property
+    def key(self) -> FrameKey:
+        """The frame's identity among its siblings: (name, file, line of definition)."""
+        return (self.name, self.file, self.line)
 
     def child(self, name: str, file: str = "", line: int = 0) -> Frame:
-        """The child called ``name``, created when missing."""
-        node = self.children.get(name)
+        """The child with this identity, created when missing."""
+        key = (name, file, line)
+        node = self.children.get(key)
         if node is None:
-            node = self.children[name] = Frame(name, file, line)
+            node = self.children[key] = Frame(name, file, line)
         return node
+
+    def named(self, name: str) -> Frame | None:
+        """The child labelled ``name``; among same-named children, the largest total."""
+        found: Frame | None = None
+        for node in self.children.values():
+            if node.name == name and (found is None or node.total > found.total):
+                found = node
+        return found
 
     def __repr__(self) -> str:
         return f"Frame({self.name!r}, self={self.self_value}, total={self.total})"
@@ -65,6 +89,11 @@ class FlameGraph:
 
     ``profile_name`` becomes Pyroscope's ``__name__``; ``sample_type``/``unit`` the pprof
     sample type; ``time_nanos``/``duration_nanos`` when the data was recorded.
+
+    ``companions`` are other sample types measured on the same stacks (a memory
+    profile's ``inuse_objects`` beside its ``inuse_space``): the pprof carries them as
+    further sample types. ``copy`` and ``merge`` carry them along; the other transforms
+    (scaling, truncation, depth limit) apply to this sample type alone.
     """
 
     sample_type: str = "samples"
@@ -76,6 +105,7 @@ class FlameGraph:
     time_nanos: int = 0
     duration_nanos: int = 0
     root: Frame = field(default_factory=lambda: Frame("root"))
+    companions: list[FlameGraph] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.period_type = self.period_type or self.sample_type
@@ -92,11 +122,18 @@ class FlameGraph:
             node.total += value
         node.self_value += value
 
-    def find(self, stack: Sequence[str]) -> Frame | None:
-        """The node at ``stack`` (root-first), or None."""
+    def find(self, stack: Sequence[str | FrameLabel]) -> Frame | None:
+        """The node at ``stack`` (root-first), or None.
+
+        A :class:`FrameLabel` matches its exact identity; a plain name matches a child of
+        that name (the largest, when frames of several files share it).
+        """
         node = self.root
-        for name in stack:
-            found = node.children.get(name)
+        for item in stack:
+            if isinstance(item, FrameLabel):
+                found = node.children.get((item.name, item.file, item.line))
+            else:
+                found = node.named(item)
             if found is None:
                 return None
             node = found
@@ -118,8 +155,14 @@ class FlameGraph:
             mine, theirs = stack.pop()
             mine.self_value += theirs.self_value
             mine.total += theirs.total
-            for name, child in theirs.children.items():
-                stack.append((mine.child(name, child.file, child.line), child))
+            for child in theirs.children.values():
+                stack.append((mine.child(child.name, child.file, child.line), child))
+        for extra in other.companions:
+            same = next((c for c in self.companions if c.sample_type == extra.sample_type), None)
+            if same is None:
+                self.companions.append(extra.copy())
+            else:
+                same.merge(extra)
         if other.time_nanos and (not self.time_nanos or other.time_nanos < self.time_nanos):
             end = max(
                 self.time_nanos + self.duration_nanos, other.time_nanos + other.duration_nanos
@@ -169,7 +212,11 @@ class FlameGraph:
                 )
 
     def to_folded(self) -> str:
-        """Folded stacks, one ``a;b;c value`` line per node with self value."""
+        """Folded stacks, one ``a;b;c value`` line per node with self value.
+
+        Folded text carries names only: frames that differ only by file or line print
+        as separate lines with the same stack, and ``from_folded`` merges them.
+        """
         lines = [
             ";".join(_clean(f.name) for f in (*ancestors, node)) + f" {node.self_value}"
             for ancestors, node in self.paths()
@@ -192,7 +239,10 @@ class FlameGraph:
         return graph
 
     def to_dict(self) -> dict[str, object]:
-        """Nested ``{"n", "s", "t", "c"}`` dicts (name, self, total, children) for HTML/JSON."""
+        """Nested ``{"n", "s", "t", "c"}`` dicts (name, self, total, children) for HTML/JSON.
+
+        ``"f"`` is the node's ``file:line`` (or file) where known.
+        """
 
         def build(node: Frame) -> dict[str, object]:
             out: dict[str, object] = {"n": node.name, "s": node.self_value, "t": node.total}
@@ -225,7 +275,7 @@ class FlameGraph:
         )
 
     def copy(self) -> FlameGraph:
-        """A deep copy."""
+        """A deep copy (companions included)."""
         out = self._like()
         out.merge(self)
         return out

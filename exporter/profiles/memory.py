@@ -1,9 +1,15 @@
-"""Device-memory profiles -> in-use-space flame graphs.
+"""Device-memory profiles -> in-use flame graphs (bytes, and live allocations).
 
-Input is the gzip pprof that ``jax.profiler.device_memory_profile()`` returns: sample
-types ``allocations/count`` and ``space/bytes``, one sample per live buffer or loaded
-executable, its Python allocation stack as locations, labels ``kind`` and ``device``.
-The flame graph is stacked device > Python frames (outermost first), value = bytes.
+Input is a pprof (gzip or raw) of live allocations: the one
+``jax.profiler.device_memory_profile()`` returns (sample types ``allocations/count``
+and ``space/bytes``, one sample per live buffer or loaded executable, its Python
+allocation stack as locations, labels ``kind`` and ``device``), or one already in
+Pyroscope's names (``inuse_objects/count``, ``inuse_space/bytes``, e.g. converted from
+a PyTorch CUDA memory snapshot). The flame graph is stacked device > Python frames
+(outermost first): ``inuse_space`` in bytes, with ``inuse_objects`` (live allocations)
+as its companion, so "many small allocations" shows; both go into one pprof, which
+Pyroscope splits into ``memory:inuse_space:bytes:space:bytes`` and
+``memory:inuse_objects:count:space:bytes``.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from exporter.proto import profile_pb2
 __all__ = ["in_use_bytes", "load_memory_profile", "memory_flamegraph"]
 
 SPACE = "space"
+SPACE_TYPES = (SPACE, "inuse_space")  # JAX's name, Pyroscope's name
+OBJECT_TYPES = ("allocations", "inuse_objects")
 
 
 def _relabel(label: FrameLabel) -> FrameLabel:
@@ -27,14 +35,20 @@ def _relabel(label: FrameLabel) -> FrameLabel:
     return label_python(label.name, label.file, label.line)
 
 
-def _space_index(profile: profile_pb2.Profile, source: str) -> int:
+def _type_index(profile: profile_pb2.Profile, wanted: tuple[str, ...]) -> int | None:
     names = [profile.string_table[v.type] for v in profile.sample_type]
-    for wanted in (SPACE, "inuse_space"):
-        if wanted in names:
-            return names.index(wanted)
-    raise InputError(
-        f"{source}: not a device-memory profile (sample types {names}, expected 'space')"
-    )
+    return next((names.index(w) for w in wanted if w in names), None)
+
+
+def _space_index(profile: profile_pb2.Profile, source: str) -> int:
+    index = _type_index(profile, SPACE_TYPES)
+    if index is None:
+        names = [profile.string_table[v.type] for v in profile.sample_type]
+        raise InputError(
+            f"{source}: not a device-memory profile (sample types {names}, expected "
+            "'space' or 'inuse_space')"
+        )
+    return index
 
 
 def in_use_bytes(profile: profile_pb2.Profile, source: str = "profile") -> int:
@@ -44,7 +58,11 @@ def in_use_bytes(profile: profile_pb2.Profile, source: str = "profile") -> int:
 
 
 def memory_flamegraph(data: bytes, source: str = "profile") -> FlameGraph:
-    """The in-use-space flame graph (bytes) of a device-memory pprof (gzip or raw)."""
+    """The in-use-space flame graph (bytes) of a memory pprof, live allocations beside.
+
+    The ``inuse_objects`` graph (count) is the result's companion when the profile
+    counts allocations.
+    """
     try:
         profile = decode_pprof(data, source)
     except ValueError as exc:
@@ -59,22 +77,33 @@ def memory_flamegraph(data: bytes, source: str = "profile") -> FlameGraph:
                 return [table[label.str]]
         return []
 
-    try:
-        graph = from_pprof(
-            profile,
-            sample_type=profile.string_table[profile.sample_type[index].type],
-            profile_name="memory",
-            relabel=_relabel,
-            prefix=device,
-        )
-    except (IndexError, KeyError) as exc:
-        # A string or table index past its table: the file is corrupt, not our bug.
-        raise InputError(f"{source}: corrupt pprof profile ({type(exc).__name__}: {exc})") from None
-    # Pyroscope's memory profile type: memory:inuse_space:bytes:space:bytes.
-    graph.sample_type = "inuse_space"
-    graph.unit = "bytes"
-    graph.period_type, graph.period_unit = "space", "bytes"
-    return graph
+    graphs = []
+    for name, unit, index_of in (
+        ("inuse_space", "bytes", index),
+        ("inuse_objects", "count", _type_index(profile, OBJECT_TYPES)),
+    ):
+        if index_of is None:
+            continue
+        try:
+            graph = from_pprof(
+                profile,
+                sample_type=profile.string_table[profile.sample_type[index_of].type],
+                profile_name="memory",
+                relabel=_relabel,
+                prefix=device,
+            )
+        except (IndexError, KeyError) as exc:
+            # A string or table index past its table: the file is corrupt, not our bug.
+            raise InputError(
+                f"{source}: corrupt pprof profile ({type(exc).__name__}: {exc})"
+            ) from None
+        # Pyroscope's memory profile types: memory:<name>:<unit>:space:bytes.
+        graph.sample_type, graph.unit = name, unit
+        graph.period_type, graph.period_unit = "space", "bytes"
+        graphs.append(graph)
+    space, *companions = graphs
+    space.companions = companions
+    return space
 
 
 def load_memory_profile(path: Path) -> FlameGraph:

@@ -2,6 +2,11 @@
 
 Export writes one sample per node that has a self value (its stack leaf-first), with
 function and location tables deduplicated; import folds samples back into a tree.
+
+Functions are keyed as pprof's ``merge.go`` keys them (name, system name, file, start
+line), so two frames of the same name in different files stay two functions. A frame's
+line is the function's ``start_line`` (its definition) when the profile gives one, else
+the line of its location; export writes it as both.
 """
 
 from __future__ import annotations
@@ -39,12 +44,18 @@ class _Strings:
 
 
 def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
-    """Build a pprof Profile: one sample per node with self value, tables deduplicated."""
+    """Build a pprof Profile: one sample per stack with a self value, tables deduplicated.
+
+    The graph's companions come first as further sample types and the graph's own
+    sample type last (pprof's default); a stack missing from one of them has 0 there.
+    """
     profile = profile_pb2.Profile()
     strings = _Strings(profile)
-    sample_type = profile.sample_type.add()
-    sample_type.type = strings(graph.sample_type)
-    sample_type.unit = strings(graph.unit)
+    parts = [*graph.companions, graph]
+    for part in parts:
+        sample_type = profile.sample_type.add()
+        sample_type.type = strings(part.sample_type)
+        sample_type.unit = strings(part.unit)
     profile.period_type.type = strings(graph.period_type)
     profile.period_type.unit = strings(graph.period_unit)
     profile.period = graph.period
@@ -57,7 +68,7 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
     mapping.has_filenames = True
     mapping.has_line_numbers = True
 
-    functions: dict[tuple[str, str], int] = {}
+    functions: dict[tuple[str, str, str, int], int] = {}
     locations: dict[tuple[int, int], int] = {}
     node_location: dict[int, int] = {}
 
@@ -65,7 +76,7 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
         loc_id = node_location.get(id(node))
         if loc_id is not None:
             return loc_id
-        fkey = (node.name, node.file)
+        fkey = (node.name, node.name, node.file, node.line)  # name, system name, file, start
         fn_id = functions.get(fkey)
         if fn_id is None:
             fn_id = functions[fkey] = len(functions) + 1
@@ -73,6 +84,7 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
             fn.id = fn_id
             fn.name = fn.system_name = strings(node.name)
             fn.filename = strings(node.file)
+            fn.start_line = node.line
         lkey = (fn_id, node.line)
         loc_id = locations.get(lkey)
         if loc_id is None:
@@ -86,12 +98,29 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
         node_location[id(node)] = loc_id
         return loc_id
 
-    for ancestors, node in graph.paths():
-        if not node.self_value:
-            continue
+    if not graph.companions:
+        for ancestors, node in graph.paths():
+            if node.self_value:
+                sample = profile.sample.add()
+                sample.location_id.extend(location_of(f) for f in reversed((*ancestors, node)))
+                sample.value.append(node.self_value)
+        return profile
+    # Several sample types: one sample per distinct stack (by frame identity).
+    stacks: dict[tuple[tuple[str, str, int], ...], tuple[list[int], list[int]]] = {}
+    for index, part in enumerate(parts):
+        for ancestors, node in part.paths():
+            if not node.self_value:
+                continue
+            frames = (*ancestors, node)
+            key = tuple(f.key for f in frames)
+            entry = stacks.get(key)
+            if entry is None:
+                entry = stacks[key] = ([location_of(f) for f in reversed(frames)], [0] * len(parts))
+            entry[1][index] += node.self_value
+    for locations_ids, values in stacks.values():
         sample = profile.sample.add()
-        sample.location_id.extend(location_of(f) for f in reversed((*ancestors, node)))
-        sample.value.append(node.self_value)
+        sample.location_id.extend(locations_ids)
+        sample.value.extend(values)
     return profile
 
 
@@ -138,7 +167,9 @@ def _stack_labels(
             fn = functions.get(line.function_id)
             name = table[fn.name] if fn is not None else ""
             file = table[fn.filename] if fn is not None else ""
-            out.append(FrameLabel(name or f"0x{loc.address:x}", file, line.line))
+            # Identity: the definition line where given, else the location's line.
+            start = fn.start_line if fn is not None else 0
+            out.append(FrameLabel(name or f"0x{loc.address:x}", file, start or line.line))
         return out
 
     locations = {loc.id: loc for loc in profile.location}
