@@ -16,16 +16,3 @@ def _clean_mlprof_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             monkeypatch.delenv(name)
     yield
 
-
-def _install_steps_shim() -> None:
-    """THROWAWAY until the profiles branch lands ``exporter.profiles.steps``."""
-    import importlib.util
-    import sys
-
-    if importlib.util.find_spec("exporter.profiles.steps") is None:
-        from tests import steps_shim
-
-        sys.modules["exporter.profiles.steps"] = steps_shim
-
-
-_install_steps_shim()

@@ -239,21 +239,21 @@ def compare_sides(base: Side, head: Side) -> Comparison:
         i = frame.index
         before, after = (bs[i], hs[i]) if basis == "self" else (bt[i], ht[i])
         delta = d_self[i] if basis == "self" else d_total[i]
-        relative = None if before == 0 else (after - before) / before
+        relative = None if before == 0 else float((after - before) / before)
         test = tests.get((basis, i))
         if per_step:
             significant = bool(verdict and test is not None and test[1] < noise.FDR_ALPHA)
             # Large: the share, the time per step and the ranks all moved the same way
             # (a frame whose share fell only because the other side grew is no change).
             sign = 1.0 if delta > 0 else -1.0
-            large = (
+            large = bool(
                 abs(delta) >= min_pts
                 and (relative is None or sign * relative >= noise.MIN_RELATIVE_CHANGE)
                 and (test is None or sign * test[2] > 0)
             )
         else:
             assert floor is not None
-            significant = large = abs(delta) >= floor
+            significant = large = bool(abs(delta) >= floor)
         values = {
             "self_base": bs[i],
             "self_head": hs[i],

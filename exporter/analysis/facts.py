@@ -176,7 +176,7 @@ def _device_busy(capture: Any, cycles: Sequence[tuple[int, int]]) -> tuple[np.nd
         for index, raw in enumerate(plane.lines):
             header = xplane_pb2.XLineHeader()
             header.ParseFromString(raw)
-            headers.append((index, header.name, header.timestamp_ns))
+            headers.append((index, header.name, capture.line_start_ns(header.timestamp_ns)))
         names = {name for _, name, _ in headers}
         wanted = [
             h
@@ -226,11 +226,12 @@ def _host_events(capture: Any) -> tuple[list[tuple[int, int]], list[tuple[int, i
         for raw in plane.lines:
             line = xplane_pb2.XLine()
             line.ParseFromString(raw)
+            base_ns = capture.line_start_ns(line.timestamp_ns)
             for event in line.events:
                 meta_id = event.metadata_id
                 if meta_id not in is_data and meta_id not in is_compile:
                     continue
-                start = line.timestamp_ns + event.offset_ps // _PS_PER_NS
+                start = base_ns + event.offset_ps // _PS_PER_NS
                 span = (start, start + event.duration_ps // _PS_PER_NS)
                 if meta_id in is_data:
                     data.append(span)

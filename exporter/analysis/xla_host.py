@@ -84,7 +84,7 @@ def xla_host_events(capture: Capture) -> XlaEvents:
         for raw in plane.lines:
             line = xplane_pb2.XLine()
             line.ParseFromString(raw)
-            base_ps = line.timestamp_ns * _PS_PER_NS
+            base_ps = capture.line_start_ns(line.timestamp_ns) * _PS_PER_NS
             # start ps, end ps, metadata id, program, run id
             found: list[tuple[int, int, int, str, int]] = []
             for event in line.events:
