@@ -16,3 +16,6 @@ def _clean_mlprof_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             monkeypatch.delenv(name)
     yield
 
+
+# Real JAX CPU captures shared by the comparison and analysis tests (session-scoped).
+from tests.analysis_captures import analysis_captures  # noqa: E402, F401

@@ -20,6 +20,7 @@ they moved, then the other changes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -36,6 +37,8 @@ DEFAULT_TOP: Final = 20
 # A "total" entry is listed when the self entries below it explain less than this
 # fraction of its total's move.
 UNEXPLAINED_FRACTION: Final = 0.5
+# Files of installed packages and the interpreter: not a user's allocation site.
+_LIBRARY_FILE = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
 # Entries kept per list (the JSON shows ``top`` of them; the CI gate looks at all).
 MAX_ENTRIES: Final = 200
 
@@ -62,13 +65,27 @@ class Entry:
     def delta_pts(self) -> float:
         return self.delta_self_pts if self.basis == "self" else self.delta_total_pts
 
+    @property
+    def site(self) -> DiffFrame | None:
+        """The innermost frame of the user's own code (a file outside installed packages).
+
+        A memory profile's stack ends in the framework (``jnp.ones`` ... ``__call__``);
+        the allocation site a reader acts on is the last frame of their own code.
+        """
+        for frame in reversed(self.frame.stack()):
+            if frame.file and not _LIBRARY_FILE.search(frame.file):
+                return frame
+        return None
+
     def to_json(self) -> dict[str, Any]:
         stack = self.frame.stack()
+        site = self.site
         return {
             "frame": ";".join(f.name.replace(";", ":") for f in stack),
             "name": self.frame.name,
             "file": self.frame.file,
             "line": self.frame.line,
+            "site": None if site is None else f"{site.name} ({site.file}:{site.line})",
             "basis": self.basis,
             **{k: _num(v) for k, v in self.values.items()},
             "delta_self_pts": _num(self.delta_self_pts),
@@ -254,6 +271,11 @@ def compare_sides(base: Side, head: Side) -> Comparison:
         else:
             assert floor is not None
             significant = large = bool(abs(delta) >= floor)
+            if base.kind == "memory":
+                # Bytes in use compare as they are (no length to normalise away): a share
+                # that fell only because the other side allocated more is no change.
+                sign = 1.0 if delta > 0 else -1.0
+                large = large and (relative is None or sign * relative >= noise.MIN_RELATIVE_CHANGE)
         values = {
             "self_base": bs[i],
             "self_head": hs[i],

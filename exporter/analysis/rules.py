@@ -24,6 +24,7 @@ __all__ = [
     "BaselineRegressionRule",
     "CompilerInefficiencyRule",
     "Finding",
+    "HostWaitRule",
     "InputWaitRule",
     "OomRiskRule",
     "RecompilationRule",
@@ -34,13 +35,20 @@ __all__ = [
 
 Priority = Literal["P0", "P1", "P2"]
 
-# Input wait (share of step time with no XLA computation running). XProf calls a TPU
+# Input wait (share of step time loading data while no XLA computation runs). XProf calls a TPU
 # program input-bound from 10 % of step time waiting for infeed
 # (smart_suggestion/constants.h, kInfeedPercentageThreshold); a quarter of the step is a
 # large loss, and above half the accelerator idles more than it works.
 INPUT_WAIT_P2_PCT: Final = 10.0
 INPUT_WAIT_P1_PCT: Final = 25.0
 INPUT_WAIT_P0_PCT: Final = 50.0
+# Host wait: the rest of the XLA-idle time (Python, dispatch, a host starved of CPU).
+# Dispatching a step costs a few percent; above 15 % the host, not the accelerator, sets
+# the pace (XProf's host-processing threshold is 50 % of the input time,
+# kHostProcessingBoundThresholdInPercent; this one is of the whole step).
+HOST_WAIT_P2_PCT: Final = 15.0
+HOST_WAIT_P1_PCT: Final = 30.0
+HOST_WAIT_P0_PCT: Final = 50.0
 # Step-time spread: coefficient of variation of step time. Steady training steps vary by
 # a few percent; above 0.25 the mean hides slow steps (stragglers, GC, contention).
 STEP_CV_P2: Final = 0.25
@@ -106,64 +114,111 @@ class Rule:
         return self.finding(facts, baseline) if self.conditions(facts, baseline) else None
 
 
+def _wait_parts(facts: CaptureFacts) -> tuple[dict[str, Any], float, str]:
+    assert facts.breakdown is not None and facts.steps is not None
+    step_ms = facts.steps.get("cycle_mean_ms") or facts.steps["mean_ms"]
+    b = facts.breakdown
+    detail = (
+        f"Over {facts.steps['count']} steps of {step_ms:.1f} ms, XLA computed during "
+        f"{b['xla_pct']:.1f}% of the step; of the {b['input_wait_pct']:.1f}% without any, "
+        f"{b['data_phase_pct']:.1f}% was inside the annotated data phase, "
+        f"{b['between_steps_pct']:.1f}% between step annotations and "
+        f"{b['host_other_pct']:.1f}% other host work."
+    )
+    return b, step_ms, detail
+
+
+def _wait_evidence(
+    facts: CaptureFacts, b: dict[str, Any], step_ms: float
+) -> dict[str, float | int]:
+    assert facts.steps is not None
+    return {
+        "input_wait_pct": b["input_wait_pct"],
+        "data_phase_pct": b["data_phase_pct"],
+        "between_steps_pct": b["between_steps_pct"],
+        "host_other_pct": b["host_other_pct"],
+        "xla_pct": b["xla_pct"],
+        "step_time_ms": step_ms,
+        "steps": facts.steps["count"],
+    }
+
+
+def _speedup(share: float, step_ms: float) -> str:
+    return (
+        f"Removing it would make steps up to {100 / max(1e-9, 100 - share):.2f}x faster "
+        f"({step_ms * share / 100:.1f} ms of every {step_ms:.1f} ms step)."
+    )
+
+
+def _priority(value: float, p2: float, p1: float, p0: float) -> Priority:
+    return "P0" if value >= p0 else "P1" if value >= p1 else "P2"
+
+
 class InputWaitRule(Rule):
-    """Steps in which XLA computes for only part of the step: waiting for input/host."""
+    """XLA idles while the step loads data (the annotated data phase, or between steps).
+
+    Input wait is time inside a step cycle when no XLA computation runs; the part of it
+    spent in a data phase (host events named like ``data_loading``, ``input``,
+    ``prefetch``...) or between two step annotations is what input costs.
+    """
 
     name = "InputWaitRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    @staticmethod
+    def share(facts: CaptureFacts) -> float:
         b = facts.breakdown
-        return b is not None and b["input_wait_pct"] >= INPUT_WAIT_P2_PCT
+        return 0.0 if b is None else float(b["data_phase_pct"] + b["between_steps_pct"])
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        return facts.steps is not None and self.share(facts) >= INPUT_WAIT_P2_PCT
 
     def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
-        assert facts.breakdown is not None and facts.steps is not None
-        b = facts.breakdown
-        wait = b["input_wait_pct"]
-        priority: Priority = (
-            "P0" if wait >= INPUT_WAIT_P0_PCT else "P1" if wait >= INPUT_WAIT_P1_PCT else "P2"
+        b, step_ms, detail = _wait_parts(facts)
+        share = self.share(facts)
+        where = (
+            "the annotated data phase"
+            if b["data_phase_pct"] >= b["between_steps_pct"]
+            else "the gap between step annotations"
         )
-        parts = {
-            "the annotated data phase": b["data_phase_pct"],
-            "the gap between step annotations": b["between_steps_pct"],
-            "other host work (Python, dispatch)": b["host_other_pct"],
-        }
-        where, most = max(parts.items(), key=lambda kv: kv[1])
-        step_ms = facts.steps.get("cycle_mean_ms") or facts.steps["mean_ms"]
-        if where == "other host work (Python, dispatch)":
-            suggestion = (
-                "Move Python work out of the step or batch it: fuse small jitted calls into "
-                "one, avoid per-step host syncs (float(loss), .block_until_ready()) and "
-                "per-step array creation on the host."
-            )
-        else:
-            suggestion = (
-                "Overlap input with compute: prefetch the next batches to the device "
-                "(e.g. a background thread or flax.jax_utils.prefetch_to_device), use more "
-                "input workers (tf.data num_parallel_calls / grain worker_count), and cache "
-                "or pre-process data offline."
-            )
         return Finding(
-            priority,
+            _priority(share, INPUT_WAIT_P2_PCT, INPUT_WAIT_P1_PCT, INPUT_WAIT_P0_PCT),
             self.name,
-            f"Steps wait for input: {wait:.1f}% of step time has no XLA computation running",
-            f"Over {facts.steps['count']} steps of {step_ms:.1f} ms, XLA computed during "
-            f"{b['xla_pct']:.1f}% of the step; of the {wait:.1f}% without any, "
-            f"{b['data_phase_pct']:.1f}% was inside the annotated data phase, "
-            f"{b['between_steps_pct']:.1f}% between step annotations and "
-            f"{b['host_other_pct']:.1f}% other host work. Most of it is {where} "
-            f"({most:.1f}%).",
-            {
-                "input_wait_pct": wait,
-                "data_phase_pct": b["data_phase_pct"],
-                "between_steps_pct": b["between_steps_pct"],
-                "host_other_pct": b["host_other_pct"],
-                "xla_pct": b["xla_pct"],
-                "step_time_ms": step_ms,
-                "steps": facts.steps["count"],
-            },
-            f"Removing the wait would make steps up to {100 / max(1e-9, 100 - wait):.2f}x "
-            f"faster ({step_ms * wait / 100:.1f} ms of every {step_ms:.1f} ms step).",
-            suggestion,
+            f"Steps wait for input: {share:.1f}% of step time loads data while no XLA "
+            "computation runs",
+            f"{detail} The input wait is mostly {where}.",
+            _wait_evidence(facts, b, step_ms) | {"input_pct": round(share, 2)},
+            _speedup(share, step_ms),
+            "Overlap input with compute: prefetch the next batches to the device (a "
+            "background thread, flax.jax_utils.prefetch_to_device), use more input workers "
+            "(tf.data num_parallel_calls, grain worker_count), and cache or pre-process data "
+            "offline.",
+        )
+
+
+class HostWaitRule(Rule):
+    """XLA idles inside the step while the host does other work (Python, dispatch)."""
+
+    name = "HostWaitRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        b = facts.breakdown
+        return facts.steps is not None and b is not None and b["host_other_pct"] >= HOST_WAIT_P2_PCT
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        b, step_ms, detail = _wait_parts(facts)
+        share = float(b["host_other_pct"])
+        return Finding(
+            _priority(share, HOST_WAIT_P2_PCT, HOST_WAIT_P1_PCT, HOST_WAIT_P0_PCT),
+            self.name,
+            f"Steps wait for the host: {share:.1f}% of step time runs neither XLA nor an "
+            "annotated data phase",
+            f"{detail} If the input pipeline runs there without a TraceMe annotation, wrap "
+            "it in jax.profiler.TraceAnnotation('data_loading') to tell the two apart.",
+            _wait_evidence(facts, b, step_ms),
+            _speedup(share, step_ms),
+            "Move Python work out of the step or batch it: fuse small jitted calls into one, "
+            "avoid per-step host syncs (float(loss), .block_until_ready()) and per-step array "
+            "creation on the host; check that nothing else competes for the host's CPUs.",
         )
 
 
@@ -347,6 +402,7 @@ class BaselineRegressionRule(Rule):
 RULES: Sequence[Rule] = (
     BaselineRegressionRule(),
     InputWaitRule(),
+    HostWaitRule(),
     OomRiskRule(),
     RecompilationRule(),
     CompilerInefficiencyRule(),

@@ -14,13 +14,23 @@ from exporter.capture.store import SessionStore
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
-def record(session_id: str, minutes: int, trigger: str = "manual", status: str = "done",
-           workload: str = "trainer", run_id: str = "r1") -> SessionRecord:  # fmt: skip
+def record(
+    session_id: str,
+    minutes: int,
+    trigger: str = "manual",
+    status: str = "done",
+    workload: str = "trainer",
+    run_id: str = "r1",
+) -> SessionRecord:
     return SessionRecord(
-        id=session_id, status=status, trigger=trigger, workload=workload, run_id=run_id,  # type: ignore[arg-type]
+        id=session_id,
+        status=status,
+        trigger=trigger,
+        workload=workload,
+        run_id=run_id,  # type: ignore[arg-type]
         created=T0 + timedelta(minutes=minutes),
         targets=[TargetResult(address="h:9999", host="h", status="ok", files=["h.xplane.pb"])],
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture

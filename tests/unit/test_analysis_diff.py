@@ -58,7 +58,9 @@ def test_truncation_folds_both_sides_together_ranked_by_the_larger_side() -> Non
     # "big_in_head" is tiny in the base: truncating the base alone would fold it there
     # and make it look added. Together, it is kept on both sides.
     base = graph((["m", "a"], 500), (["m", "b"], 400), (["m", "big_in_head"], 1), (["m", "c"], 99))
-    head = graph((["m", "a"], 100), (["m", "b"], 100), (["m", "big_in_head"], 700), (["m", "c"], 100))
+    head = graph(
+        (["m", "a"], 100), (["m", "b"], 100), (["m", "big_in_head"], 700), (["m", "c"], 100)
+    )
     tree = align([base], [head]).truncated(4)
     names = [f.name for f in tree.walk()]
     assert len(names) <= 4
