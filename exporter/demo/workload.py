@@ -136,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: run {run.run_id} on {run.host}, step log in {shared}", flush=True)
         step = 0
         while not stop and (args.steps == 0 or step < args.steps):
-            x, y = pipeline.next()
+            # A named phase, as tf.data and grain trace theirs: captures show the input
+            # pipeline as a frame, and reports tell its wait from other host work.
+            with jax.profiler.TraceAnnotation("input_pipeline"):
+                x, y = pipeline.next()
             with (
                 run.step(tokens=args.batch),
                 jax.profiler.StepTraceAnnotation("train", step_num=step),
