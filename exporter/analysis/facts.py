@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -462,7 +463,9 @@ def gather_facts(
     facts.top_ops = _top_ops(device)
     facts.compiler = _compiler(device)
     facts.recompilation = _recompilation(hosts)
+    started = time.perf_counter()
     facts.xprof = run_tools(paths) if xprof else {"available": False, "reason": "not asked"}
+    facts.xprof["seconds"] = round(time.perf_counter() - started, 3)
     _memory(facts, memory_samples)
     return facts
 

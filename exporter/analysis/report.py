@@ -40,6 +40,7 @@ class Report:
     findings: list[Finding]
     baseline: dict[str, Any] | None = None
     comparisons: dict[str, Comparison] = field(default_factory=dict)  # for the HTML page
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per part
     links: dict[str, str] = field(default_factory=dict)
     generated: float = field(default_factory=time.time)
 
@@ -66,6 +67,7 @@ class Report:
             "finding_counts": self.counts(),
             "baseline": self.baseline,
             "links": self.links,
+            "timings": self.timings,
             "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.generated)),
         }
 
@@ -196,7 +198,11 @@ def analyze(
     """Analyse what ``spec`` names; compare against ``baseline`` when one is given."""
     context = context or SideContext()
     paths, described = capture_paths(spec, context)
+    started = time.perf_counter()
     facts = gather_facts(paths, xprof=xprof, memory_samples=memory_samples)
+    xprof_s = float(facts.xprof.get("seconds", 0.0))
+    timings = {"facts_s": round(time.perf_counter() - started - xprof_s, 3), "xprof_s": xprof_s}
+    started = time.perf_counter()
     comparisons: dict[str, Comparison] = {}
     summary = None
     if baseline is not None:
@@ -209,7 +215,8 @@ def analyze(
                 facts.unavailable[f"baseline_{kind}"] = str(exc)
         summary = baseline_summary(comparisons, baseline, baseline_session, baseline_reason)
     findings = apply_rules(facts, summary)
-    return Report(described, facts, findings, summary, comparisons)
+    timings["compare_s"] = round(time.perf_counter() - started, 3)
+    return Report(described, facts, findings, summary, comparisons, timings=timings)
 
 
 def _side_from_paths(spec: str, paths: Sequence[Path], kind: str, context: SideContext) -> Side:
