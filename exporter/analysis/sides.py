@@ -55,6 +55,7 @@ PYROSCOPE_PREFIX = "pyroscope:"
 # resolves a fraction of a point of share; a fast workload's capture can hold thousands
 # of steps, and each sample is a flame graph to build. More are spread evenly.
 MAX_STEP_SAMPLES = 200
+_FAR_FUTURE_NS = 1 << 62
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 # pprof sample types -> the kind of flame graph they are.
 _SAMPLE_KINDS: dict[str, Kind] = {
@@ -191,9 +192,24 @@ def capture_side(
         if kind == "device":
             flamegraph_from_capture(capture, "device")  # raises the reader's own error
     chosen: Literal["device", "host"] = kind or ("device" if capture.device_planes else "host")
-    whole = flamegraph_from_capture(capture, chosen)
     if not cycles:
-        return chosen, whole, [], [], "none"
+        return chosen, flamegraph_from_capture(capture, chosen), [], [], "none"
+    if len(cycles) == len(step_cycles(windows)):
+        # One pass over the capture: the cycles plus what lies before the first and after
+        # the last; their sum is the whole graph.
+        from exporter.profiles.steps import StepWindow
+
+        edges = [StepWindow(0, cycles[0].start_ns, None), *cycles,
+                 StepWindow(cycles[-1].end_ns, _FAR_FUTURE_NS, None)]  # fmt: skip
+        graphs = list(windowed_flamegraphs(capture, chosen, edges))
+        if not graphs or graphs[0].root.total + sum(g.root.total for g in graphs) == 0:
+            flamegraph_from_capture(capture, chosen)  # raises the reader's own error
+        whole = graphs[0].copy()
+        for graph in graphs[1:]:
+            whole.merge(graph)
+        whole.time_nanos, whole.duration_nanos = capture.time_range()
+        return chosen, whole, graphs[1:-1], lengths, source
+    whole = flamegraph_from_capture(capture, chosen)
     graphs = windowed_flamegraphs(capture, chosen, cycles)
     return chosen, whole, list(graphs), lengths, source
 
