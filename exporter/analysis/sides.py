@@ -343,17 +343,28 @@ def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -
     if not records:
         raise InputError(f"{spec}: no finished capture session of run {run_id!r} in {store.url}")
     side: Side | None = None
+    merged: list[str] = []
+    skipped: list[str] = []
     for record in records:
         for target in record.targets:
             for name in target.files:
                 if not name.endswith(CAPTURE_SUFFIX):
                     continue
-                with store.local_file(record.id, name) as path:
-                    side = _read_capture(path, kind, side)
+                try:
+                    with store.local_file(record.id, name) as path:
+                        side = _read_capture(path, kind, side)
+                except (InputError, ValueError, OSError) as exc:
+                    # One unreadable capture must not hide the rest of the run.
+                    skipped.append(f"{record.id}/{name} ({str(exc)[:120]})")
+                    continue
+                if record.id not in merged:
+                    merged.append(record.id)
     if side is None:
-        raise InputError(f"{spec}: the run's sessions hold no XProf capture files")
+        detail = f": {'; '.join(skipped)}" if skipped else ""
+        raise InputError(f"{spec}: the run's sessions hold no readable XProf capture{detail}")
     side.spec, side.source = spec, "run"
-    side.notes.append(f"{len(records)} sessions merged: {', '.join(r.id for r in records)}")
+    side.notes.append(f"{len(merged)} sessions merged: {', '.join(merged)}")
+    side.notes.extend(f"skipped {s}" for s in skipped)
     return side
 
 

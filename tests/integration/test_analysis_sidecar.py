@@ -232,3 +232,26 @@ def test_analysis_is_bounded_in_time_and_memory(
     record = json.loads(Path(store.session_dir("s1"), "analysis-error.json").read_text())
     assert record["status"] == "error"
     assert "analysis.json" not in store.files("s1")
+
+
+def test_run_side_and_baseline_cli(sidecar: tuple[str, SessionStore]) -> None:
+    from click.testing import CliRunner
+
+    from exporter.analysis.sides import SideContext, load_side
+    from exporter.cli import main
+
+    _, store = sidecar
+    run = load_side(f"run:{RUN}", "host", SideContext(store=store.url))
+    assert run.source == "run" and len(run.files) == 2  # good and slow
+    assert run.notes[0] == "2 sessions merged: good, slow"
+    assert any(n.startswith("skipped broken/") for n in run.notes)
+    assert len(run.steps) > 20  # both sessions' steps are samples
+
+    done = CliRunner().invoke(main, ["baseline", "set", "slow", "--store", store.url])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["session_id"] == "slow"
+    assert (
+        json.loads((Path(store.root) / "baselines" / "trainer.json").read_text())["set_by"] == "cli"
+    )
+    escape = CliRunner().invoke(main, ["baseline", "set", "../good", "--store", store.url])
+    assert escape.exit_code == 2 and "expected 1-128 characters" in escape.output
