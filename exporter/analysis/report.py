@@ -93,6 +93,8 @@ def _summary(report: Report) -> str:
     if f.top_ops:
         top = f.top_ops[0]
         sentences.append(f"The top op is {top['name']} with {top['share_pct']:.1f}% of XLA time.")
+    else:
+        sentences.append("No XLA computation was found, so device time and top ops are unknown.")
     counts = report.counts()
     if report.findings:
         urgent = [x for x in report.findings if x.priority in ("P0", "P1")]
