@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
@@ -21,7 +22,7 @@ from exporter.profiles.flamegraph import FlameGraph, Frame
 from exporter.profiles.frames import FrameLabel
 from exporter.proto import profile_pb2
 
-__all__ = ["decode_pprof", "encode_pprof", "from_pprof", "to_pprof"]
+__all__ = ["InflateLimits", "decode_pprof", "encode_pprof", "from_pprof", "inflate", "to_pprof"]
 
 Profile = profile_pb2.Profile
 LabelFn = Callable[[profile_pb2.Sample, list[str]], list[FrameLabel]]
@@ -129,14 +130,72 @@ def encode_pprof(graph: FlameGraph, level: int = 6) -> bytes:
     return gzip.compress(to_pprof(graph).SerializeToString(), compresslevel=level, mtime=0)
 
 
-def decode_pprof(data: bytes, what: str = "profile") -> profile_pb2.Profile:
-    """Parse pprof bytes (gzip or not); ValueError naming ``what`` when it is not pprof."""
+@dataclass(frozen=True, slots=True)
+class InflateLimits:
+    """How far a compressed profile may inflate (``MLPROF_MAX_PROFILE_BYTES``/``_RATIO``).
+
+    A profile larger than ``max_bytes`` uncompressed, or inflating more than
+    ``max_ratio`` times its compressed size (beyond ``RATIO_FLOOR`` bytes), is refused:
+    a 1 MB gzip of zeros must not become gigabytes in the sidecar.
+    """
+
+    max_bytes: int = 64 * 1024 * 1024  # Pyroscope itself takes 4 MiB; JAX's are KBs
+    max_ratio: float = 200.0  # pprof compresses 5-30x; zero-filled bombs 1000x
+
+
+RATIO_FLOOR = 1 << 20  # below 1 MiB out, any ratio is fine (tiny gzip headers dominate)
+_CHUNK = 1 << 20
+
+
+def inflate(data: bytes, what: str, limits: InflateLimits | None = None) -> bytes:
+    """Gunzip ``data`` in bounded chunks; ValueError (one line) past the limits."""
+    limits = limits or InflateLimits()
+    cap = min(limits.max_bytes, max(RATIO_FLOOR, int(len(data) * limits.max_ratio)))
+    out = bytearray()
+    rest = data
+    try:
+        while rest:  # a gzip file may hold several members, one after the other
+            stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            pending = rest
+            while pending and not stream.eof:
+                out += stream.decompress(pending, _CHUNK)
+                pending = stream.unconsumed_tail
+                if len(out) > cap:
+                    raise ValueError(_too_big(what, len(data), cap, limits))
+            if not stream.eof:
+                raise ValueError(f"{what}: truncated or corrupt gzip data (ends early)")
+            rest = stream.unused_data
+            if rest[:2] != b"\x1f\x8b":
+                break  # trailing padding after the last member, as gzip tolerates
+    except zlib.error as exc:
+        raise ValueError(f"{what}: truncated or corrupt gzip data ({exc})") from None
+    return bytes(out)
+
+
+def _too_big(what: str, size: int, cap: int, limits: InflateLimits) -> str:
+    if cap == limits.max_bytes:
+        why = f"over MLPROF_MAX_PROFILE_BYTES={limits.max_bytes}"
+    else:
+        why = f"over {limits.max_ratio:g}x its size (MLPROF_MAX_PROFILE_RATIO)"
+    return f"{what}: refused, its {size} gzip bytes inflate to more than {cap} bytes ({why})"
+
+
+def decode_pprof(
+    data: bytes, what: str = "profile", limits: InflateLimits | None = None
+) -> profile_pb2.Profile:
+    """Parse pprof bytes (gzip or not); ValueError naming ``what`` when it is not pprof.
+
+    Compressed input inflates in bounded chunks (``limits``); raw input larger than
+    ``limits.max_bytes`` is refused before parsing.
+    """
     raw = data
     if data[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise ValueError(f"{what}: truncated or corrupt gzip data ({exc})") from None
+        raw = inflate(data, what, limits)
+    elif len(data) > (limits or InflateLimits()).max_bytes:
+        raise ValueError(
+            f"{what}: refused, {len(data)} bytes is over MLPROF_MAX_PROFILE_BYTES="
+            f"{(limits or InflateLimits()).max_bytes}"
+        )
     profile = profile_pb2.Profile()
     try:
         profile.ParseFromString(raw)
