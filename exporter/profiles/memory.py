@@ -21,7 +21,7 @@ from pathlib import Path
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, label_python
-from exporter.profiles.pprof import InflateLimits, decode_pprof, from_pprof
+from exporter.profiles.pprof import InflateLimits, decode_pprof, graphs_from_pprof
 from exporter.proto import profile_pb2
 
 __all__ = ["in_use_bytes", "load_memory_profile", "memory_flamegraph"]
@@ -81,30 +81,25 @@ def memory_flamegraph(
                 return [table[label.str]]
         return []
 
-    graphs = []
-    for name, unit, index_of in (
-        ("inuse_space", "bytes", index),
-        ("inuse_objects", "count", _type_index(profile, OBJECT_TYPES)),
+    objects = _type_index(profile, OBJECT_TYPES)
+    wanted = [index] if objects is None else [index, objects]
+    try:
+        graphs = graphs_from_pprof(
+            profile,
+            [profile.string_table[profile.sample_type[i].type] for i in wanted],
+            profile_name="memory",
+            relabel=_relabel,
+            prefix=device,
+        )
+    except (IndexError, KeyError) as exc:
+        # A string or table index past its table: the file is corrupt, not our bug.
+        raise InputError(f"{source}: corrupt pprof profile ({type(exc).__name__}: {exc})") from None
+    # Pyroscope's memory profile types: memory:<name>:<unit>:space:bytes.
+    for graph, (name, unit) in zip(
+        graphs, (("inuse_space", "bytes"), ("inuse_objects", "count")), strict=False
     ):
-        if index_of is None:
-            continue
-        try:
-            graph = from_pprof(
-                profile,
-                sample_type=profile.string_table[profile.sample_type[index_of].type],
-                profile_name="memory",
-                relabel=_relabel,
-                prefix=device,
-            )
-        except (IndexError, KeyError) as exc:
-            # A string or table index past its table: the file is corrupt, not our bug.
-            raise InputError(
-                f"{source}: corrupt pprof profile ({type(exc).__name__}: {exc})"
-            ) from None
-        # Pyroscope's memory profile types: memory:<name>:<unit>:space:bytes.
         graph.sample_type, graph.unit = name, unit
         graph.period_type, graph.period_unit = "space", "bytes"
-        graphs.append(graph)
     space, *companions = graphs
     space.companions = companions
     return space
