@@ -280,9 +280,12 @@ def flamegraph(
 ) -> None:
     """Flame graph (self/total) of an .xplane.pb, a memory pprof or a session (dir or id)."""
     from exporter.profiles.convert import flamegraph_from_path, render, resolve_input
+    from exporter.profiles.pprof import InflateLimits
 
-    input_path = resolve_input(input_text, _settings(None, store=store).store)
-    graph = flamegraph_from_path(input_path, kind, per_step)  # type: ignore[arg-type]
+    settings = _settings(None, store=store)
+    input_path = resolve_input(input_text, settings.store)
+    limits = InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio)
+    graph = flamegraph_from_path(input_path, kind, per_step, limits)  # type: ignore[arg-type]
     if max_nodes is not None:
         graph = graph.truncated(max_nodes)
     title = f"{input_path.name} ({graph.sample_type}, {graph.unit})"

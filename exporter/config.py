@@ -117,6 +117,20 @@ class Settings(BaseSettings):
         description="Seconds between device-memory profiles taken by the SDK (0 = off); "
         "read by the workload's SDK from the same MLPROF_ variable.",
     )
+    max_profile_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1 << 20,
+        le=1 << 34,
+        description="Largest memory profile (pprof) read, uncompressed; a larger one, or a "
+        "gzip inflating past it, is refused with one line (decompression bombs).",
+    )
+    max_profile_ratio: float = Field(
+        200.0,
+        ge=10,
+        le=100_000,
+        description="A gzip profile inflating more than this many times its size (past "
+        "1 MiB) is refused.",
+    )
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint for metrics push.")
     otlp_headers: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,

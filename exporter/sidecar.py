@@ -23,6 +23,7 @@ from exporter.metrics.steplog import StepLogTailer
 from exporter.metrics.telemetry import Telemetry, build_telemetry
 from exporter.metrics.training import TrainingMetrics
 from exporter.profiles.memory_watcher import MemoryProfileWatcher
+from exporter.profiles.pprof import InflateLimits
 from exporter.sinks.pyroscope import sink_from_settings
 
 __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
@@ -119,7 +120,9 @@ class Sidecar:
         # device-memory profiles the SDK writes into the shared dir.
         self.pyroscope = sink_from_settings(settings, meter)
         self.memory_profiles = MemoryProfileWatcher(
-            settings.shared_dir, self.pyroscope.push if self.pyroscope else None
+            settings.shared_dir,
+            self.pyroscope.push if self.pyroscope else None,
+            limits=InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio),
         )
         self.tasks.append(
             PeriodicTask(

@@ -26,9 +26,16 @@ from dataclasses import dataclass, field
 
 from exporter.profiles.frames import FrameLabel
 
-__all__ = ["OTHER", "FlameGraph", "Frame", "FrameKey"]
+__all__ = ["OTHER", "FlameGraph", "Frame", "FrameKey", "cut_name"]
 
 OTHER = "other"  # the frame that holds what truncation folded away
+
+
+def cut_name(kept: int) -> str:
+    """The frame holding what a depth limit cut below ``kept`` frames."""
+    return f"<frames below depth {kept}>"
+
+
 FrameKey = tuple[str, str, int]  # (name, file, line of definition)
 
 
@@ -217,11 +224,15 @@ class FlameGraph:
         Folded text carries names only: frames that differ only by file or line print
         as separate lines with the same stack, and ``from_folded`` merges them.
         """
-        lines = [
-            ";".join(_clean(f.name) for f in (*ancestors, node)) + f" {node.self_value}"
-            for ancestors, node in self.paths()
-            if node.self_value
-        ]
+        lines: list[str] = []
+        # Each node's text is its parent's plus its own name: one pass, no re-joining.
+        stack = [(c, _clean(c.name)) for c in reversed(list(self.root.children.values()))]
+        while stack:
+            node, text = stack.pop()
+            if node.self_value:
+                lines.append(f"{text} {node.self_value}")
+            children = list(node.children.values())
+            stack.extend((c, f"{text};{_clean(c.name)}") for c in reversed(children))
         return "\n".join(lines) + ("\n" if lines else "")
 
     @classmethod
@@ -260,6 +271,31 @@ class FlameGraph:
                 out["c"] = built
             stack.extend(zip(kids, built, strict=True))
         return top
+
+    def to_flat(self) -> dict[str, list[object]]:
+        """The tree as flat columns in pre-order (no nesting, so no recursion anywhere).
+
+        ``parent`` is each node's parent index (-1 for the root, node 0); children come
+        in order of decreasing total. ``name``, ``file`` (``file:line`` or ``""``),
+        ``self`` and ``total`` are per node. Used by the HTML page.
+        """
+        names: list[object] = []
+        files: list[object] = []
+        parents: list[object] = []
+        selfs: list[object] = []
+        totals: list[object] = []
+        stack: list[tuple[Frame, int]] = [(self.root, -1)]
+        while stack:
+            node, parent = stack.pop()
+            index = len(names)
+            names.append(node.name)
+            files.append(f"{node.file}:{node.line}" if node.file and node.line else node.file)
+            parents.append(parent)
+            selfs.append(node.self_value)
+            totals.append(node.total)
+            kids = sorted(node.children.values(), key=lambda c: -c.total)
+            stack.extend((c, index) for c in reversed(kids))
+        return {"name": names, "file": files, "parent": parents, "self": selfs, "total": totals}
 
     # -- transforming (each returns a new graph) ------------------------------------
     def _like(self) -> FlameGraph:
@@ -360,16 +396,26 @@ class FlameGraph:
         return out
 
     def depth_limited(self, max_depth: int) -> FlameGraph:
-        """Stacks cut at ``max_depth`` frames; a cut frame's self absorbs what was below."""
+        """Stacks at most ``max_depth`` frames deep; what is deeper folds into one frame.
+
+        Where a stack goes deeper, its frame at ``max_depth`` and everything below it
+        become one frame named :func:`cut_name` (self = the total cut), so totals stay
+        exact and the cut is visible; stacks that end at ``max_depth`` are kept.
+        """
+        if max_depth < 1:
+            raise ValueError("max_depth must be at least 1")
         out = self._like()
+        cut = cut_name(max_depth - 1)
         pending: list[tuple[int, Frame, Frame]] = [(0, self.root, out.root)]
         while pending:
             depth, src, dst = pending.pop()
-            if depth >= max_depth:
-                dst.self_value += src.total
-                continue
             dst.self_value += src.self_value
             for child in src.children.values():
-                pending.append((depth + 1, child, dst.child(child.name, child.file, child.line)))
+                if depth + 1 == max_depth and child.children:
+                    dst.child(cut).self_value += child.total
+                else:
+                    pending.append(
+                        (depth + 1, child, dst.child(child.name, child.file, child.line))
+                    )
         out.recompute_totals()
         return out

@@ -22,6 +22,7 @@ from exporter import schema
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.memory import load_memory_profile
+from exporter.profiles.pprof import InflateLimits
 
 __all__ = [
     "MEMORY_REQUEST_ID",
@@ -95,7 +96,8 @@ class MemoryProfileWatcher:
     """Converts each new device-memory profile in the shared dir once and publishes it.
 
     ``poll()`` is what the sidecar calls periodically; ``keep`` bounds how many
-    converted profiles stay on disk (the oldest are deleted).
+    converted profiles stay on disk (the oldest are deleted); ``limits`` bound how far
+    a workload-written profile may inflate (``MLPROF_MAX_PROFILE_BYTES``/``_RATIO``).
     """
 
     def __init__(
@@ -104,8 +106,10 @@ class MemoryProfileWatcher:
         publish: Publish | None = None,
         state_path: Path | None = None,
         keep: int = 100,
+        limits: InflateLimits | None = None,
     ) -> None:
         self.shared_dir = shared_dir
+        self.limits = limits or InflateLimits()
         self.directory = shared_dir / schema.MEMORY_DIR
         self.publish = publish
         self.state_path = state_path or shared_dir / schema.SIDECAR_DIR / "memory-profiles.json"
@@ -179,7 +183,7 @@ class MemoryProfileWatcher:
         meta = _meta(path)
         labels = self.labels_for(meta, path)
         try:
-            graph = load_memory_profile(path)
+            graph = load_memory_profile(path, self.limits)
             if meta.get("time"):
                 graph.time_nanos = int(float(meta["time"]) * 1e9)
         except InputError as exc:

@@ -176,7 +176,7 @@ def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not len(values):
         return values[:0], np.zeros(0, np.int64)
     low, high = int(values.min()), int(values.max())
-    if low >= 0 and high <= 4 * len(values) + (1 << 20):
+    if low >= 0 and high <= 4 * len(values) + 1024:
         present = np.zeros(high + 1, bool)
         present[values] = True
         uniq = np.flatnonzero(present)

@@ -52,8 +52,9 @@ def main() -> None:
         for number in (1, 2):
             step(x, number)
         workers = [threading.Thread(target=step, args=(x, 10 + i), name="python") for i in range(2)]
-        for worker in workers:  # one after the other: two threads of one name
+        for worker in workers:  # alive together: distinct thread ids, one name
             worker.start()
+        for worker in workers:
             worker.join()
     kept = [alloc_a.make(256), alloc_b.make(128), alloc_b.make(64)]
     jax.profiler.save_device_memory_profile(str(out / "memory.prof"))

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from exporter.profiles.flamegraph import OTHER, FlameGraph
+from exporter.profiles.flamegraph import OTHER, FlameGraph, cut_name
 from exporter.profiles.frames import FrameLabel
+from exporter.profiles.html import render_html
 from exporter.profiles.pprof import decode_pprof, encode_pprof, from_pprof, to_pprof
 
 
@@ -117,15 +118,31 @@ def test_truncated_keeps_the_biggest_frames() -> None:
     }
 
 
-def test_depth_limited() -> None:
+def test_depth_limited_folds_what_is_deeper_into_one_named_frame() -> None:
     graph = FlameGraph()
     graph.add([f"f{i}" for i in range(50)], 10)
     graph.add(["f0", "g"], 5)
+    graph.add([f"f{i}" for i in range(10)], 3)  # ends exactly at the limit: kept
     cut = graph.depth_limited(10)
     cut.check()
     assert cut.max_depth == 10
-    assert cut.root.total == 15
-    assert cut.find([f"f{i}" for i in range(10)]).self_value == 10  # type: ignore[union-attr]
+    assert cut.root.total == 18
+    kept = cut.find([f"f{i}" for i in range(9)])
+    assert kept is not None
+    assert {c.name: c.total for c in kept.children.values()} == {cut_name(9): 13}
+    assert kept.named(cut_name(9)).self_value == 13  # type: ignore[union-attr]
+    assert graph.depth_limited(60).find([f"f{i}" for i in range(50)]) is not None
+
+
+def test_deep_graphs_flatten_and_render_without_recursion() -> None:
+    graph = FlameGraph(sample_type="wall", unit="nanoseconds")
+    graph.add([f"f{i}" for i in range(5000)], 7)
+    flat = graph.to_flat()
+    assert len(flat["name"]) == 5001 and flat["parent"][:3] == [-1, 0, 1]
+    assert flat["total"][-1] == 7
+    page = render_html(graph, "deep")  # json.dumps of nested dicts used to recurse
+    assert "f4999" in page
+    assert graph.depth_limited(1000).max_depth == 1000
 
 
 def test_pprof_round_trip_and_tables() -> None:

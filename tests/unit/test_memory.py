@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import gzip
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from exporter.errors import InputError
-from exporter.profiles.memory import memory_flamegraph
-from exporter.profiles.pprof import decode_pprof, encode_pprof
+from exporter.profiles.memory import load_memory_profile, memory_flamegraph
+from exporter.profiles.pprof import decode_pprof, encode_pprof, inflate
 from exporter.proto import profile_pb2
 from exporter.sinks.pyroscope import PyroscopeLimits, PyroscopeSink, decode_push, fit_to_limits
 
@@ -131,3 +136,53 @@ def test_not_a_memory_profile() -> None:
     data = _profile(("samples", "cpu"), [([("f", "m.py", 1)], 1, 1)])
     with pytest.raises(InputError, match="expected 'space' or 'inuse_space'"):
         memory_flamegraph(data, "x.pprof")
+
+
+def _zeros_gzip(size: int) -> bytes:
+    """``size`` bytes of zeros as gzip: one 1 MiB member repeated (about 1 KB each)."""
+    return gzip.compress(bytes(1 << 20), 9) * (size >> 20)
+
+
+def test_a_decompression_bomb_is_refused_in_bounded_memory(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.pprof.gz"
+    bomb.write_bytes(_zeros_gzip(1 << 30))  # 1 GiB of zeros in about 1 MB
+    assert bomb.stat().st_size < 2 << 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(InputError, match=r"refused.*MLPROF_MAX_PROFILE_BYTES") as info:
+        load_memory_profile(bomb)
+    assert "\n" not in str(info.value)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 100  # it used to inflate all of it (1 GiB)
+    # Within the byte cap, the ratio stops it.
+    small = tmp_path / "small.pprof.gz"
+    small.write_bytes(_zeros_gzip(16 << 20))
+    with pytest.raises(InputError, match=r"more than 3\d{6} bytes.*MAX_PROFILE_RATIO"):
+        load_memory_profile(small)
+
+
+def test_the_cli_refuses_a_bomb_with_one_line(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.pprof.gz"
+    bomb.write_bytes(_zeros_gzip(64 << 20))
+    env = {**os.environ, "MLPROF_MAX_PROFILE_BYTES": str(4 << 20)}
+    done = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", "flamegraph", str(bomb)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "MLPROF_MAX_PROFILE_BYTES=4194304" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_fifo_is_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "x.pprof.gz"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        load_memory_profile(fifo)  # used to block forever
+
+
+def test_normal_profiles_inflate_as_before() -> None:
+    data = _profile(("allocations", "space"), [([("f", "m.py", 1)], 1, 10)])
+    assert inflate(data, "x") == gzip.decompress(data)
+    assert inflate(data + data, "x") == gzip.decompress(data) * 2  # two gzip members
+    with pytest.raises(ValueError, match="corrupt gzip"):
+        inflate(data[:-9], "x")

@@ -298,3 +298,26 @@ def test_a_traceme_inside_one_of_the_same_name_folds() -> None:
     assert pjit is not None and pjit.total == 90
     assert {c.name for c in pjit.children.values()} == {"Execute", "f"}
     assert graph.find(["python", "update", "PjitFunction(update)", "f", "f"]) is not None
+
+
+def test_gpu_kernels_stack_program_scope_op_kernel() -> None:
+    space = xplane_pb2.XSpace()
+    gpu = PlaneBuilder(space, "/device:GPU:0")
+    stream = gpu.line("Stream #14(Compute)")
+    other = gpu.line("Stream #15(MemcpyH2D)")
+    dot = {"hlo_module": "jit_train_step(123)", "hlo_op": "dot.7"}
+    dot["tf_op"] = "jit(train_step)/mlp/dot_general"
+    add = {"hlo_module": "jit_train_step(123)", "hlo_op": "fusion.2"}
+    add["tf_op"] = "jit(train_step)/mlp/add"
+    gpu.event(stream, "sm90_gemm_bf16_kernel", 0, 50, **dot)
+    gpu.event(stream, "sm90_gemm_bf16_kernel", 100, 30, **dot)
+    gpu.event(stream, "loop_add_fusion", 200, 10, **add)
+    gpu.event(other, "MemcpyH2D", 0, 5)  # no HLO stats: kept under the unknown program
+    graph = device_flamegraph(Capture.from_space(space))
+    assert graph is not None
+    program = ("jit_train_step", "jit(train_step)", "mlp")
+    assert _leaves(graph) == {
+        (*program, "dot_general", "dot.7", "sm90_gemm_bf16_kernel"): 80,
+        (*program, "add", "fusion.2", "loop_add_fusion"): 10,
+        ("<unknown program>", "MemcpyH2D"): 5,
+    }
