@@ -59,6 +59,7 @@ def main() -> None:
             sides = [load_side(str(p), kind) for p in paths]  # type: ignore[arg-type]
             flagged = 0
             smallest_q, largest_sig = 1.0, 0.0
+            largest_at = {0.01: 0.0, 0.001: 0.0}  # largest move with q below each level
             share_max = (0.0, "")
             for a, b in itertools.combinations(sides, 2):
                 per_step = compare_sides(a, b)
@@ -67,6 +68,9 @@ def main() -> None:
                         flagged += 1
                     if entry.q_value is not None:
                         smallest_q = min(smallest_q, entry.q_value)
+                        for level, seen in largest_at.items():
+                            if entry.q_value < level:
+                                largest_at[level] = max(seen, abs(entry.delta_pts))
                     if entry.significant:
                         largest_sig = max(largest_sig, abs(entry.delta_pts))
                 whole_a = Side(a.spec, a.source, a.kind, a.whole)
@@ -79,7 +83,11 @@ def main() -> None:
             pairs = n * (n - 1) // 2
             print(
                 f"{kind:6s} per-step: {flagged} regressions flagged in {pairs} pairs "
-                f"(smallest q {smallest_q:.3g}; largest significant move {largest_sig:.2f} pts)"
+                f"(smallest q {smallest_q:.3g}; largest significant move {largest_sig:.2f} pts; "
+                + ", ".join(
+                    f"largest move with q < {k:g}: {v:.2f} pts" for k, v in largest_at.items()
+                )
+                + ")"
             )
             print(
                 f"{kind:6s} share:    largest self-share move of one frame "
