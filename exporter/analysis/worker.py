@@ -15,14 +15,16 @@ that is the one place to hang "report written" notifications (e.g. an event sink
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
+import queue
 import tempfile
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -108,7 +110,13 @@ class ReportWorker:
         self.workload_of = workload_of or (lambda record: record.workload)
         self.baselines = BaselineStore(store, self.workload_of)
         self.on_report: list[Callable[[ReportEvent], object]] = []
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="mlprof-reports")
+        # One worker thread; alert and snapshot sessions go first (someone was paged),
+        # then the others in arrival order.
+        self._queue: queue.PriorityQueue[tuple[int, int, str, Future[ReportEvent | None]]] = (
+            queue.PriorityQueue()
+        )
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._seen: set[str] = set()
         self._findings: OrderedDict[tuple[str, str], dict[str, int]] = OrderedDict()
@@ -138,7 +146,24 @@ class ReportWorker:
             if record.id in self._seen:
                 return None
             self._seen.add(record.id)
-        return self._pool.submit(self._process_logged, record.id)
+        future: Future[ReportEvent | None] = Future()
+        urgent = 0 if record.trigger in COMPARED_TRIGGERS else 1
+        self._queue.put((urgent, next(self._order), record.id, future))
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="mlprof-reports", daemon=True
+                )
+                self._thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            _, _, session_id, future = self._queue.get()
+            if not session_id:  # close()
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_result(self._process_logged(session_id))
 
     def _process_logged(self, session_id: str) -> ReportEvent | None:
         try:
@@ -367,7 +392,14 @@ class ReportWorker:
         return links
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop after the report in progress; queued sessions are dropped (and cancelled)."""
+        while True:
+            try:
+                _, _, _, future = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            future.cancel()
+        self._queue.put((-1, -1, "", Future()))
 
 
 def workload_from_shared_dir(shared_dir: Path) -> Callable[[SessionRecord], str | None]:

@@ -255,3 +255,23 @@ def test_run_side_and_baseline_cli(sidecar: tuple[str, SessionStore]) -> None:
     )
     escape = CliRunner().invoke(main, ["baseline", "set", "../good", "--store", store.url])
     assert escape.exit_code == 2 and "expected 1-128 characters" in escape.output
+
+
+def test_alert_sessions_are_analysed_first(
+    analysis_captures: AnalysisCaptures, tmp_path: Path
+) -> None:
+    store = SessionStore(tmp_path / "store")
+    for index, (session, trigger) in enumerate(
+        [("m1", "manual"), ("m2", "manual"), ("a1", "alert"), ("m3", "manual")]
+    ):
+        add_session(store, session, analysis_captures.compute, index, trigger=trigger)
+    worker = ReportWorker(store, ReportSettings(xprof=False))
+    order: list[str] = []
+    worker.on_report.append(lambda event: order.append(event.session_id))
+    futures = [worker(store.read_record(s)) for s in ("m1", "m2", "a1", "m3")]  # type: ignore[arg-type]
+    assert worker(store.read_record("m1")) is None  # type: ignore[arg-type]  # once per session
+    for future in futures:
+        assert future is not None and future.result(timeout=600) is not None
+    worker.close()
+    # m1 was already running when the others arrived; then the alert jumps the queue.
+    assert order.index("a1") <= 1 and order[-2:] == ["m2", "m3"], order
