@@ -24,7 +24,7 @@ import numpy as np
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import Capture
 
-__all__ = ["XlaEvents", "busy_ns", "graphs", "xla_host_events"]
+__all__ = ["XlaEvents", "graphs", "xla_host_events"]
 
 HLO_OP_STAT = "hlo_op"
 HLO_MODULE_STAT = "hlo_module"
@@ -81,6 +81,7 @@ def xla_host_events(capture: Capture) -> XlaEvents:
         }
         lines: list[list[tuple[int, int, int, str, int]]] = []
         program_of_run: dict[int, str] = {}
+        skip: dict[int, bool] = {}
         for raw in plane.lines:
             line = xplane_pb2.XLine()
             line.ParseFromString(raw)
@@ -88,7 +89,10 @@ def xla_host_events(capture: Capture) -> XlaEvents:
             # start ps, end ps, metadata id, program, run id
             found: list[tuple[int, int, int, str, int]] = []
             for event in line.events:
-                if event.duration_ps <= 0:
+                meta_id = event.metadata_id
+                # Most host events (Python, TraceMe) are not XLA: each metadata id is
+                # classified on its first event and skipped from then on.
+                if event.duration_ps <= 0 or skip.get(meta_id):
                     continue
                 program, run, is_op = "", 0, False
                 for stat in event.stats:
@@ -101,7 +105,9 @@ def xla_host_events(capture: Capture) -> XlaEvents:
                         run = stat.int64_value or stat.uint64_value
                 if is_op and program and run:
                     program_of_run[run] = program
-                if is_op or (run and event.metadata_id in waits):
+                if meta_id not in skip:
+                    skip[meta_id] = not is_op and meta_id not in waits
+                if is_op or (run and meta_id in waits):
                     start = base_ps + event.offset_ps
                     found.append(
                         (start, start + event.duration_ps, event.metadata_id, program, run)
@@ -138,59 +144,58 @@ def xla_host_events(capture: Capture) -> XlaEvents:
     )
 
 
-def _overlap(events: XlaEvents, lo: int, hi: int) -> np.ndarray:
-    overlap: np.ndarray = np.clip(
-        np.minimum(events.end, hi) - np.maximum(events.start, lo), 0, None
-    )
-    return overlap
-
-
 def graphs(
     events: XlaEvents, windows: Sequence[tuple[int, int]] | None, time_nanos: int = 0
 ) -> list[FlameGraph]:
-    """Device-time graphs (program > op, ns): one per window, or one of all time."""
+    """Device-time graphs (program > op, ns): one per window, or one of all time.
+
+    ``windows`` are disjoint and sorted. Each event adds its overlap with a window to
+    its own frame there and takes it from its parent's; events are placed in windows by
+    binary search, so the cost is O(events log windows), not events x windows.
+    """
     spans = list(windows) if windows is not None else [(-(1 << 62), 1 << 62)]
+    n_paths, n_windows = len(events.paths), len(spans)
+    lows = np.asarray([lo for lo, _ in spans], np.int64)
+    highs = np.asarray([hi for _, hi in spans], np.int64)
+    first = np.searchsorted(highs, events.start, side="right")  # first window ending after
+    last = np.searchsorted(lows, events.end, side="left") - 1  # last window starting before
+    keys: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
+    parent_path = np.where(events.parent >= 0, events.path_index[events.parent], -1)
+
+    def add(index: np.ndarray, window: np.ndarray) -> None:
+        part = np.minimum(events.end[index], highs[window]) - np.maximum(
+            events.start[index], lows[window]
+        )
+        keep = part > 0
+        index, window, part = index[keep], window[keep], part[keep]
+        keys.append(window * n_paths + events.path_index[index])
+        weights.append(part)
+        nested = parent_path[index] >= 0
+        keys.append(window[nested] * n_paths + parent_path[index][nested])
+        weights.append(-part[nested])
+
+    single = np.flatnonzero((first == last) & (first < n_windows) & (last >= 0))
+    add(single, first[single])
+    for i in np.flatnonzero(last > first).tolist():  # events spanning window edges: few
+        span = np.arange(first[i], last[i] + 1)
+        add(np.full(len(span), i), span)
+    total: np.ndarray = np.zeros(n_windows * n_paths)
+    if keys:
+        total = np.bincount(
+            np.concatenate(keys), weights=np.concatenate(weights), minlength=n_windows * n_paths
+        )
+    per_window = total.reshape(n_windows, n_paths)
     out = []
-    has_parent = events.parent >= 0
-    for lo, hi in spans:
+    for w, (lo, _) in enumerate(spans):
         graph = FlameGraph(
             sample_type="device_time",
             unit="nanoseconds",
             profile_name="device",
             time_nanos=max(lo, time_nanos) if windows is not None else time_nanos,
         )
-        part = _overlap(events, lo, hi)
-        # Own time minus what nested ops took inside the window.
-        self_ns = np.bincount(events.path_index, weights=part, minlength=len(events.paths))
-        if has_parent.any():
-            parent_paths = events.path_index[events.parent[has_parent]]
-            self_ns -= np.bincount(
-                parent_paths, weights=part[has_parent], minlength=len(events.paths)
-            )
-        for index in np.flatnonzero(self_ns > 0).tolist():
-            graph.add(events.paths[index], round(float(self_ns[index])))
+        row = per_window[w]
+        for index in np.flatnonzero(row > 0).tolist():
+            graph.add(events.paths[index], round(float(row[index])))
         out.append(graph)
-    return out
-
-
-def busy_ns(events: XlaEvents, windows: Sequence[tuple[int, int]]) -> np.ndarray:
-    """Per window: nanoseconds during which at least one XLA computation ran."""
-    if not len(events):
-        return np.zeros(len(windows), np.int64)
-    order = np.argsort(events.start, kind="stable")
-    starts, ends = events.start[order], events.end[order]
-    # Merge into disjoint busy intervals: a new interval starts where an event begins
-    # after every earlier event has ended.
-    reach = np.maximum.accumulate(ends)
-    fresh = np.ones(len(starts), bool)
-    fresh[1:] = starts[1:] > reach[:-1]
-    group = np.cumsum(fresh) - 1
-    merged_start = starts[fresh]
-    merged_end = np.zeros(int(group[-1]) + 1, np.int64)
-    np.maximum.at(merged_end, group, ends)
-    out = np.zeros(len(windows), np.int64)
-    for i, (lo, hi) in enumerate(windows):
-        out[i] = int(
-            np.clip(np.minimum(merged_end, hi) - np.maximum(merged_start, lo), 0, None).sum()
-        )
     return out

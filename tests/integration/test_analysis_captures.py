@@ -227,3 +227,38 @@ def test_pages_in_headless_chromium(
             page.screenshot(path=str(tmp_path / "report.png"))
         finally:
             browser.close()
+
+
+def test_cpu_device_view_splits_time_across_windows_exactly(
+    analysis_captures: AnalysisCaptures,
+) -> None:
+    """XLA ops of the client threads per window, against a brute-force overlap sweep."""
+    import numpy as np
+
+    from exporter.analysis import xla_host
+    from exporter.analysis.sides import step_cycles
+    from exporter.profiles.steps import step_windows
+    from exporter.profiles.xplane import load_capture
+
+    with load_capture(analysis_captures.heavy) as capture:
+        events = xla_host.xla_host_events(capture)
+        cycles = step_cycles(step_windows(capture)[0])
+    assert len(events) and {p[0] for p in events.paths} >= {"jit_update", "jit_heavy_extra"}
+    # Shifted windows: events straddle their edges.
+    spans = [(w.start_ns + 777, w.end_ns + 777) for w in cycles]
+    for (lo, hi), graph in zip(spans, xla_host.graphs(events, spans), strict=True):
+        part = np.clip(np.minimum(events.end, hi) - np.maximum(events.start, lo), 0, None)
+        expected: dict[tuple[str, ...], float] = {}
+        for i, ns in enumerate(part.tolist()):
+            expected[events.paths[events.path_index[i]]] = (
+                expected.get(events.paths[events.path_index[i]], 0) + ns
+            )
+            if events.parent[i] >= 0:
+                outer = events.paths[events.path_index[events.parent[i]]]
+                expected[outer] = expected.get(outer, 0) - ns
+        got = {tuple(f.name for f in (*a, n)): n.self_value for a, n in graph.paths()}
+        assert {k: v for k, v in got.items() if v} == {
+            k: round(v) for k, v in expected.items() if round(v) > 0
+        }
+    [whole] = xla_host.graphs(events, None)
+    assert whole.root.total == int((events.end - events.start)[events.parent < 0].sum())
