@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -34,6 +35,7 @@ RUN_ID_STAT = "run_id"
 EXECUTOR_WAIT_PREFIX = "ThunkExecutor::Execute"
 UNKNOWN_PROGRAM = "<unknown program>"
 _PS_PER_NS = 1000
+_META_ID = attrgetter("metadata_id")
 
 
 @dataclass
@@ -81,18 +83,25 @@ def xla_host_events(capture: Capture) -> XlaEvents:
         }
         lines: list[list[tuple[int, int, int, str, int]]] = []
         program_of_run: dict[int, str] = {}
-        skip: dict[int, bool] = {}
         for raw in plane.lines:
             line = xplane_pb2.XLine()
             line.ParseFromString(raw)
             base_ps = capture.line_start_ns(line.timestamp_ns) * _PS_PER_NS
+            events = line.events
+            # Most host events (Python, TraceMe) are not XLA. Read the metadata ids in one
+            # pass, classify each id on its first event, then visit only XLA events.
+            ids = np.fromiter(map(_META_ID, events), np.int64, len(events))
+            unique, first = np.unique(ids, return_index=True)
+            xla_ids = [
+                m
+                for m, i in zip(unique.tolist(), first.tolist(), strict=True)
+                if m in waits or any(st.metadata_id == op_id for st in events[i].stats)
+            ]
             # start ps, end ps, metadata id, program, run id
             found: list[tuple[int, int, int, str, int]] = []
-            for event in line.events:
-                meta_id = event.metadata_id
-                # Most host events (Python, TraceMe) are not XLA: each metadata id is
-                # classified on its first event and skipped from then on.
-                if event.duration_ps <= 0 or skip.get(meta_id):
+            for index in np.flatnonzero(np.isin(ids, xla_ids)).tolist():
+                event = events[index]
+                if event.duration_ps <= 0:
                     continue
                 program, run, is_op = "", 0, False
                 for stat in event.stats:
@@ -105,9 +114,7 @@ def xla_host_events(capture: Capture) -> XlaEvents:
                         run = stat.int64_value or stat.uint64_value
                 if is_op and program and run:
                     program_of_run[run] = program
-                if meta_id not in skip:
-                    skip[meta_id] = not is_op and meta_id not in waits
-                if is_op or (run and meta_id in waits):
+                if is_op or (run and event.metadata_id in waits):
                     start = base_ps + event.offset_ps
                     found.append(
                         (start, start + event.duration_ps, event.metadata_id, program, run)
