@@ -19,7 +19,7 @@ from typing import Any, Final
 from exporter.analysis.compare import Comparison, compare_sides
 from exporter.analysis.facts import CaptureFacts, gather_facts
 from exporter.analysis.rules import Finding, apply_rules
-from exporter.analysis.sides import Side, SideContext, load_side
+from exporter.analysis.sides import Kind, Side, SideContext, load_side, load_sides
 from exporter.errors import InputError
 
 __all__ = ["REPORT_VERSION", "Report", "analyze", "baseline_summary", "capture_paths"]
@@ -182,8 +182,8 @@ def baseline_summary(
     return out
 
 
-def _compare_kinds(facts: CaptureFacts) -> list[str]:
-    kinds: list[str] = [k for k in ("device", "host") if k in facts.graphs]
+def _compare_kinds(facts: CaptureFacts) -> list[Kind]:
+    kinds: list[Kind] = [k for k in ("device", "host") if k in facts.graphs]
     return kinds or ["host"]
 
 
@@ -208,12 +208,14 @@ def analyze(
     comparisons: dict[str, Comparison] = {}
     summary = None
     if baseline is not None:
-        for kind in _compare_kinds(facts):
+        kinds: list[Kind] = _compare_kinds(facts)
+        head_spec = str(paths[0]) if len(paths) == 1 else spec
+        bases = _load_kinds(baseline, kinds, context, facts)
+        heads = _load_kinds(head_spec, [k for k in kinds if k in bases], context, facts)
+        for kind, head in heads.items():
             try:
-                base = load_side(baseline, kind, context)  # type: ignore[arg-type]
-                head = _side_from_paths(spec, paths, kind, context)
-                comparisons[kind] = compare_sides(base, head)
-            except InputError as exc:
+                comparisons[kind] = compare_sides(bases[kind], head)
+            except ValueError as exc:
                 facts.unavailable[f"baseline_{kind}"] = str(exc)
         summary = baseline_summary(comparisons, baseline, baseline_session, baseline_reason)
     findings = apply_rules(facts, summary)
@@ -221,7 +223,17 @@ def analyze(
     return Report(described, facts, findings, summary, comparisons, timings=timings)
 
 
-def _side_from_paths(spec: str, paths: Sequence[Path], kind: str, context: SideContext) -> Side:
-    if len(paths) == 1:
-        return load_side(str(paths[0]), kind, context)  # type: ignore[arg-type]
-    return load_side(spec, kind, context)  # type: ignore[arg-type]
+def _load_kinds(
+    spec: str, kinds: list[Kind], context: SideContext, facts: CaptureFacts
+) -> dict[Kind, Side]:
+    """Every kind of ``spec`` that can be read (each capture once); the rest noted."""
+    try:
+        return load_sides(spec, kinds, context)
+    except InputError:
+        found: dict[Kind, Side] = {}
+        for kind in kinds:  # one kind missing must not lose the others
+            try:
+                found[kind] = load_side(spec, kind, context)
+            except InputError as exc:
+                facts.unavailable[f"baseline_{kind}"] = str(exc)
+        return found

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from exporter.errors import ConfigError, InputError
 from exporter.profiles.flamegraph import FlameGraph
@@ -42,6 +42,7 @@ __all__ = [
     "SideContext",
     "capture_side",
     "load_side",
+    "load_sides",
     "sample_cycles",
     "step_cycles",
 ]
@@ -158,7 +159,7 @@ def sample_cycles(cycles: list[StepWindow], limit: int = MAX_STEP_SAMPLES) -> li
 
 
 def capture_side(
-    capture: Capture, kind: Kind | None = None
+    capture: Capture, kind: Kind | None = None, cache: dict[str, Any] | None = None
 ) -> tuple[Literal["device", "host"], FlameGraph, list[FlameGraph], list[int], str]:
     """One capture's kind, whole graph, per-cycle graphs, cycle lengths and step source.
 
@@ -166,6 +167,7 @@ def capture_side(
     that ran on its host threads (:mod:`exporter.analysis.xla_host`); it is also the
     default there when such computations exist, as the steadiest view to compare (the
     host view attributes waiting time to different frames from one process to the next).
+    ``cache`` keeps the step windows and XLA events between calls for several kinds.
     """
     from exporter.profiles.convert import flamegraph_from_capture
     from exporter.profiles.steps import step_windows, windowed_flamegraphs
@@ -175,14 +177,19 @@ def capture_side(
             f"{capture.source}: is an XProf capture; --kind memory needs device-memory "
             "profiles (from jax.profiler.device_memory_profile())"
         )
-    windows, source = step_windows(capture)
+    cache = {} if cache is None else cache
+    if "windows" not in cache:
+        cache["windows"] = step_windows(capture)
+    windows, source = cache["windows"]
     cycles = sample_cycles(step_cycles(windows))
     spans = [(w.start_ns, w.end_ns) for w in cycles]
     lengths = [hi - lo for lo, hi in spans]
     if kind != "host" and not capture.device_planes:
         from exporter.analysis import xla_host
 
-        events = xla_host.xla_host_events(capture)
+        if "events" not in cache:
+            cache["events"] = xla_host.xla_host_events(capture)
+        events = cache["events"]
         if len(events):
             start, duration = capture.time_range()
             [whole] = xla_host.graphs(events, None, start)
@@ -215,12 +222,35 @@ def capture_side(
 
 
 def _read_capture(path: Path, kind: Kind | None, side: Side | None) -> Side:
+    return _read_capture_kinds(path, [kind], [side])[0]
+
+
+def _read_capture_kinds(
+    path: Path, kinds: Sequence[Kind | None], sides: Sequence[Side | None]
+) -> list[Side]:
+    """One capture read once into a side per kind (each new, or merged into ``sides``)."""
     from exporter.profiles.xplane import load_capture
 
+    out = []
+    cache: dict[str, Any] = {}
     with load_capture(path) as capture:
-        chosen, whole, steps, step_ns, source = capture_side(
-            capture, side.kind if side is not None else kind
-        )
+        for kind, side in zip(kinds, sides, strict=True):
+            chosen, whole, steps, step_ns, source = capture_side(
+                capture, side.kind if side is not None else kind, cache
+            )
+            out.append(_merge_capture(path, side, chosen, whole, steps, step_ns, source))
+    return out
+
+
+def _merge_capture(
+    path: Path,
+    side: Side | None,
+    chosen: Kind,
+    whole: FlameGraph,
+    steps: list[FlameGraph],
+    step_ns: list[int],
+    source: str,
+) -> Side:
     if side is None:
         return Side(str(path), "capture", chosen, whole, steps, step_ns, source, [str(path)])
     side.whole.merge(whole)
@@ -232,6 +262,36 @@ def _read_capture(path: Path, kind: Kind | None, side: Side | None) -> Side:
     elif source == "none" and side.step_source != "none":
         side.notes.append(f"{path.name}: no step markers; its time is not in the steps")
     return side
+
+
+def load_sides(
+    spec: str, kinds: Sequence[Kind], context: SideContext | None = None
+) -> dict[Kind, Side]:
+    """``load_side`` for several kinds; a capture file or directory is read once."""
+    from exporter.profiles.convert import resolve_input
+
+    context = context or SideContext()
+    path = resolve_input(spec, context.store)
+    plain = not spec.startswith((RUN_PREFIX, PYROSCOPE_PREFIX)) and path.exists()
+    captures = (
+        sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+        if plain and path.is_dir()
+        else [path]
+        if plain and not _is_pprof(path)
+        else []
+    )
+    if not captures or "memory" in kinds:
+        return {kind: load_side(spec, kind, context) for kind in kinds}
+    sides: list[Side | None] = [None] * len(kinds)
+    for capture in captures:
+        sides = list(_read_capture_kinds(capture, kinds, sides))
+    out: dict[Kind, Side] = {}
+    for kind, side in zip(kinds, sides, strict=True):
+        assert side is not None
+        if path.is_dir():
+            side.spec, side.source = spec, "session"
+        out[kind] = side
+    return out
 
 
 def _pprof_kind(graph: FlameGraph) -> Kind:
