@@ -90,6 +90,7 @@ class ReportEvent:
     error: str = ""
     seconds: float = 0.0
     written_at: float = field(default_factory=time.time)
+    session_created: float = 0.0  # when the session was created (Unix seconds)
 
 
 class ReportWorker:
@@ -119,7 +120,9 @@ class ReportWorker:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._seen: set[str] = set()
-        self._findings: OrderedDict[tuple[str, str], dict[str, int]] = OrderedDict()
+        # (run_id, workload) -> (session created, findings per priority) of its newest
+        # session's report: reports may finish out of order (alerts go first).
+        self._findings: OrderedDict[tuple[str, str], tuple[float, dict[str, int]]] = OrderedDict()
         self.written = 0
         self._counter = None
         if meter is not None:
@@ -245,6 +248,7 @@ class ReportWorker:
             baseline.session_id if baseline else None,
             top.get("frame"),
             seconds=seconds,
+            session_created=record.created.timestamp(),
         )
         self._count(event)
         return event
@@ -272,6 +276,7 @@ class ReportWorker:
             None,
             error=error,
             seconds=seconds,
+            session_created=record.created.timestamp(),
         )
         self._count(event)
         return event
@@ -282,9 +287,12 @@ class ReportWorker:
             self._counter.add(1, {"status": event.status})
         if event.status != "error":
             key = (event.run_id or "", event.workload or "")
+            counts = {p: int(event.findings.get(p, 0)) for p in ("P0", "P1", "P2")}
             with self._lock:
-                self._findings.pop(key, None)
-                self._findings[key] = {p: int(event.findings.get(p, 0)) for p in ("P0", "P1", "P2")}
+                known = self._findings.get(key)
+                if known is None or event.session_created >= known[0]:
+                    self._findings.pop(key, None)
+                    self._findings[key] = (event.session_created, counts)
                 while len(self._findings) > MAX_RUNS_EXPORTED:
                     self._findings.popitem(last=False)
         for callback in list(self.on_report):
@@ -298,7 +306,7 @@ class ReportWorker:
 
         with self._lock:
             items = list(self._findings.items())
-        for (run_id, workload), counts in items:
+        for (run_id, workload), (_, counts) in items:
             for priority, count in counts.items():
                 yield Observation(
                     count, {"run_id": run_id, "workload": workload, "priority": priority}

@@ -174,7 +174,9 @@ def test_metrics_count_reports_and_findings(sidecar: tuple[str, SessionStore]) -
     assert found[("mlprof_reports_total", (("status", "NEEDS_ATTENTION"),))] >= 1
     assert ("mlprof_reports_total", (("status", "OPTIMAL"),)) in found  # exported from 0
     key = ("mlprof_report_findings", (("priority", "P0"), ("run_id", RUN), ("workload", "trainer")))
-    assert found[key] >= 1  # the run's newest report has P0 findings
+    # The run's newest session is "broken" (its analysis failed: no findings to export);
+    # the newest with a report is the alert session "slow", whatever order they finished.
+    assert found[key] >= 1
 
 
 def test_compare_and_baseline_api(sidecar: tuple[str, SessionStore]) -> None:
