@@ -319,9 +319,12 @@ def flamegraph(
 ) -> None:
     """Flame graph (self/total) of an .xplane.pb, a memory pprof or a session (dir or id)."""
     from exporter.profiles.convert import flamegraph_from_path, render, resolve_input
+    from exporter.profiles.pprof import InflateLimits
 
-    input_path = resolve_input(input_text, _settings(None, store=store).store)
-    graph = flamegraph_from_path(input_path, kind, per_step)  # type: ignore[arg-type]
+    settings = _settings(None, store=store)
+    input_path = resolve_input(input_text, settings.store)
+    limits = InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio)
+    graph = flamegraph_from_path(input_path, kind, per_step, limits)  # type: ignore[arg-type]
     if max_nodes is not None:
         graph = graph.truncated(max_nodes)
     title = f"{input_path.name} ({graph.sample_type}, {graph.unit})"
@@ -419,6 +422,11 @@ def fake_tpu(chips: int | None, listen: str, script_file: Path | None, basic: bo
 from exporter.cli_capture import COMMANDS as _CAPTURE_COMMANDS  # noqa: E402
 
 for _command in _CAPTURE_COMMANDS:
+    main.add_command(_command)
+
+from exporter.cli_analysis import COMMANDS as _ANALYSIS_COMMANDS  # noqa: E402  compare, analyze, baseline
+
+for _command in _ANALYSIS_COMMANDS:
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -141,6 +141,20 @@ class Settings(BaseSettings):
         description="Seconds between device-memory profiles taken by the SDK (0 = off); "
         "read by the workload's SDK from the same MLPROF_ variable.",
     )
+    max_profile_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1 << 20,
+        le=1 << 34,
+        description="Largest memory profile (pprof) read, uncompressed; a larger one, or a "
+        "gzip inflating past it, is refused with one line (decompression bombs).",
+    )
+    max_profile_ratio: float = Field(
+        200.0,
+        ge=10,
+        le=100_000,
+        description="A gzip profile inflating more than this many times its size (past "
+        "1 MiB) is refused.",
+    )
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint for metrics push.")
     otlp_headers: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
@@ -250,6 +264,21 @@ class Settings(BaseSettings):
     )
     snapshot_max_bytes: int = Field(
         1 << 30, ge=1 << 20, description="Ring mode: bytes kept over all targets."
+    )
+    reports: bool = Field(
+        True, description="Write analysis.json and summary.html into every finished session."
+    )
+    report_timeout_s: float = Field(
+        300.0, gt=0, le=3600, description="Longest one session's analysis may run."
+    )
+    report_max_memory_mb: int = Field(
+        4096, ge=256, le=1 << 20, description="Address-space limit of one analysis (MiB)."
+    )
+    report_xprof: bool = Field(
+        True, description="Cross-check reports with XProf's converters when installed."
+    )
+    grafana_url: str | None = Field(
+        None, description="Grafana base URL that reports link to (dashboard, Pyroscope)."
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
     ingest_max_body_bytes: int = Field(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import schema
+from exporter.analysis.worker import ReportEvent, report_worker_from_settings
 from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
 from exporter.capture.client import ProfilerClient
 from exporter.capture.events import capture_finished, capture_requested
@@ -29,7 +30,8 @@ from exporter.metrics.steplog import StepLogTailer
 from exporter.metrics.telemetry import Telemetry, build_telemetry
 from exporter.metrics.training import TrainingMetrics
 from exporter.profiles.memory_watcher import MemoryProfileWatcher
-from exporter.sinks.events import EventSink, events_from_settings
+from exporter.profiles.pprof import InflateLimits
+from exporter.sinks.events import Emit, EventSink, events_from_settings, report_written
 from exporter.sinks.pyroscope import sink_from_settings
 
 __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
@@ -44,6 +46,19 @@ STALLED_MIN_S = 30.0
 # States in which a component does not hold readiness back: "waiting" means it works
 # and has no data yet (no workload has written a step log, JAX on CPU has no memory).
 READY_STATES = frozenset({"ok", "off", "waiting"})
+
+
+def _report_written(emit: Emit, event: ReportEvent) -> None:
+    """A finished (or failed) analysis report as a ``report_written`` run event."""
+    report_written(
+        emit,
+        session_id=event.session_id,
+        status=event.status,
+        findings=event.findings,
+        run_id=event.run_id,
+        workload=event.workload,
+        files=[] if event.status == "error" else ["analysis.json", "summary.html"],
+    )
 
 
 @dataclass
@@ -165,7 +180,9 @@ class Sidecar:
         # device-memory profiles the SDK writes into the shared dir.
         self.pyroscope = sink_from_settings(settings, meter)
         self.memory_profiles = MemoryProfileWatcher(
-            settings.shared_dir, self.pyroscope.push if self.pyroscope else None
+            settings.shared_dir,
+            self.pyroscope.push if self.pyroscope else None,
+            limits=InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio),
         )
         # State files found bad at start were moved aside (see exporter/state_files.py).
         discarded = meter.create_counter(
@@ -203,6 +220,9 @@ class Sidecar:
         self.targets = self.capture.targets
         self.captures = self.capture.engine
         self.snapshots = self.capture.snapshots
+        # Reports: analysis.json + summary.html per finished session, in child processes.
+        self.reports = report_worker_from_settings(settings, self.captures.store, meter)
+        self.capture.hooks.add(self.reports)
         # Alertmanager webhook policy: dedup, per-run cooldown, global limit, targets.
         self.alerts = AlertPolicy(
             self.targets, self.captures, AlertPolicyConfig.from_settings(settings), meter=meter
@@ -235,6 +255,7 @@ class Sidecar:
 
     def _wire_events(self) -> None:
         emit = self.events.emit
+        self.reports.on_report.append(functools.partial(_report_written, emit))
         if self.pyroscope is not None:
             self.pyroscope.emit = emit
         self.captures.on_submit.append(functools.partial(capture_requested, emit))
@@ -306,6 +327,7 @@ class Sidecar:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*pending), STOP_TIMEOUT_S)
         self.capture.close()
+        self.reports.close()
         self.accelerators.close()
         self.exposition.close()
         if self.pyroscope is not None:

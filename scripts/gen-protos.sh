@@ -8,3 +8,4 @@ PY="${PYTHON:-.venv/bin/python}"
 "$PY" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. exporter/proto/pyroscope_types.proto
 "$PY" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. exporter/proto/pyroscope_push.proto
 "$PY" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. exporter/proto/tpu_metrics.proto
+"$PY" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. exporter/proto/pyroscope_querier.proto

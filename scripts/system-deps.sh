@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages the tests use for real: promtool/Prometheus, amtool/Alertmanager, Chromium,
-# npm (Grafana's published dashboard schema for the dashboard tests).
+# npm and Node.js (Grafana's published dashboard schema for the dashboard tests; npm's
+# pprof-format decoder, an independent reference for our pprof).
 set -euo pipefail
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v amtool >/dev/null || need+=(prometheus-alertmanager)
 command -v chromium >/dev/null || need+=(chromium)
+command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then

@@ -15,3 +15,7 @@ def _clean_mlprof_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith("MLPROF_"):
             monkeypatch.delenv(name)
     yield
+
+
+# Real JAX CPU captures shared by the comparison and analysis tests (session-scoped).
+from tests.analysis_captures import analysis_captures  # noqa: E402, F401

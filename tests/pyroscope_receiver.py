@@ -25,14 +25,16 @@ import zlib
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from exporter.proto import profile_pb2, pyroscope_push_pb2
 
-__all__ = ["PUSH_PATH", "PyroscopeReceiver", "ReceivedSeries", "RejectedPush"]
+__all__ = ["PUSH_PATH", "QUERY_PATH", "PyroscopeReceiver", "ReceivedSeries", "RejectedPush"]
 
 PUSH_PATH = "/push.v1.PusherService/Push"
+QUERY_PATH = "/querier.v1.QuerierService/SelectMergeProfile"
 _LEGACY_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _LEGACY_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 MAX_LABELS = 30
@@ -209,6 +211,7 @@ class PyroscopeReceiver:
         self.received: list[ReceivedSeries] = []
         self.rejected: list[RejectedPush] = []
         self.requests = 0
+        self.queries: list[Any] = []  # SelectMergeProfileRequests answered
         self._fail: list[int] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -279,6 +282,9 @@ class PyroscopeReceiver:
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length)
+        if handler.path == QUERY_PATH:
+            self._select_merge_profile(handler, body)
+            return
         with self._lock:
             self.requests += 1
             forced = self._fail.pop(0) if self._fail else None
@@ -330,3 +336,100 @@ class PyroscopeReceiver:
         self._reply(
             handler, 200, pyroscope_push_pb2.PushResponse().SerializeToString(), "application/proto"
         )
+
+    def _select_merge_profile(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        """Answer ``SelectMergeProfile`` by merging the accepted series that match."""
+        from exporter.proto import pyroscope_querier_pb2
+
+        request = pyroscope_querier_pb2.SelectMergeProfileRequest()
+        try:
+            ctype = (handler.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype != "application/proto":
+                raise _InvalidPushError(415, "unknown", f"unsupported content type {ctype!r}")
+            try:
+                request.ParseFromString(body)
+            except DecodeError as exc:
+                raise _InvalidPushError(
+                    400, "invalid_argument", f"cannot decode SelectMergeProfileRequest: {exc}"
+                ) from None
+            profile = _select(self, request)
+        except _InvalidPushError as exc:
+            payload = json.dumps({"code": exc.code, "message": exc.message}).encode()
+            self._reply(handler, exc.status, payload, "application/json")
+            return
+        with self._lock:
+            self.queries.append(request)
+        self._reply(handler, 200, profile.SerializeToString(), "application/proto")
+
+
+# -- query: SelectMergeProfile answered from what was received -------------------------
+_MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def _parse_selector(text: str) -> list[tuple[str, str, str]]:
+    """``{a="x",b=~"y.*"}`` -> [(name, op, value)]; ValueError when malformed."""
+    body = text.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        raise ValueError(f'selector {text!r}: expected {{name="value",...}}')
+    inner, pos, out = body[1:-1], 0, []
+    while pos < len(inner):
+        match = _MATCHER.match(inner, pos)
+        if match is None:
+            if inner[pos:].strip():
+                raise ValueError(f"selector {text!r}: cannot parse at {inner[pos:]!r}")
+            break
+        out.append((match.group(1), match.group(2), match.group(3).replace('\\"', '"')))
+        pos = match.end()
+    return out
+
+
+def _selected(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bool:
+    for name, op, value in matchers:
+        have = labels.get(name, "")
+        if op == "=" and have != value:
+            return False
+        if op == "!=" and have == value:
+            return False
+        if op == "=~" and not re.fullmatch(value, have):
+            return False
+        if op == "!~" and re.fullmatch(value, have):
+            return False
+    return True
+
+
+def _merge_series(series: list[ReceivedSeries], sample_type: str, unit: str) -> profile_pb2.Profile:
+    """Merge the matching series' samples of one sample type into one pprof, by stack."""
+    from exporter.profiles.flamegraph import FlameGraph
+    from exporter.profiles.pprof import from_pprof, to_pprof
+
+    merged = FlameGraph(sample_type=sample_type, unit=unit)
+    for one in series:
+        graph = from_pprof(one.profile, sample_type=sample_type)
+        graph.unit = unit
+        merged.merge(graph)
+    return to_pprof(merged)
+
+
+def _select(receiver: PyroscopeReceiver, request: object) -> profile_pb2.Profile:
+    parts = request.profile_typeID.split(":")  # type: ignore[attr-defined]
+    if len(parts) != 5:
+        raise _InvalidPushError(400, "invalid_argument", "profile_typeID: expected 5 parts")
+    name, sample_type, unit = parts[0], parts[1], parts[2]
+    try:
+        matchers = _parse_selector(request.label_selector)  # type: ignore[attr-defined]
+    except ValueError as exc:
+        raise _InvalidPushError(400, "invalid_argument", str(exc)) from None
+    start_ns = request.start * 1_000_000  # type: ignore[attr-defined]
+    end_ns = request.end * 1_000_000  # type: ignore[attr-defined]
+    with receiver._lock:
+        received = list(receiver.received)
+    chosen = [
+        s for s in received
+        if s.labels.get("__name__") == name
+        and (sample_type, unit) in s.sample_types
+        and _selected(s.labels, matchers)
+        and (not s.profile.time_nanos or start_ns <= s.profile.time_nanos <= end_ns)
+    ]  # fmt: skip
+    if not chosen:
+        return profile_pb2.Profile()  # Pyroscope answers an empty profile
+    return _merge_series(chosen, sample_type, unit)

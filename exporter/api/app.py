@@ -16,6 +16,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from exporter import __version__
 from exporter.api.alertmanager import router as alertmanager_router
+from exporter.api.analysis import router as analysis_router
 from exporter.api.auth import check_bearer
 from exporter.api.captures import router as captures_router
 from exporter.api.ingest import router as ingest_router
@@ -144,4 +145,5 @@ def create_app(sidecar: Sidecar) -> FastAPI:
     app.include_router(captures_router)  # targets, captures, sessions, snapshots
     app.include_router(ui_router)  # the capture page Grafana links to
     app.include_router(ingest_router)  # Pyroscope ingest for the workload's host profiler
+    app.include_router(analysis_router)  # session reports, compare, baselines
     return app

@@ -138,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: run {run.run_id} on {run.host}, step log in {shared}", flush=True)
         step = 0
         while not stop and (args.steps == 0 or step < args.steps):
-            with run.phase("data"):  # host-profile samples of the input pipeline
+            # A named phase, as tf.data and grain trace theirs: captures show the input
+            # pipeline as a frame, reports tell its wait from other host work, and the
+            # host profiler tags its samples phase="data".
+            with run.phase("data"), jax.profiler.TraceAnnotation("input_pipeline"):
                 x, y = pipeline.next()
             with (
                 run.step(tokens=args.batch),

@@ -18,7 +18,7 @@ from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.html import render_html
 from exporter.profiles.memory import load_memory_profile
-from exporter.profiles.pprof import encode_pprof
+from exporter.profiles.pprof import InflateLimits, encode_pprof
 from exporter.profiles.torch_memory import (
     SNAPSHOT_SUFFIXES,
     is_torch_snapshot,
@@ -128,15 +128,21 @@ def _session_files(directory: Path, kind: Kind | None) -> list[Path]:
 
 
 def flamegraph_from_path(
-    path: Path, kind: Kind | None = None, per_step: bool = False
+    path: Path,
+    kind: Kind | None = None,
+    per_step: bool = False,
+    limits: InflateLimits | None = None,
 ) -> FlameGraph:
-    """Build the flame graph of a capture, memory profile or session directory."""
+    """Build the flame graph of a capture, memory profile or session directory.
+
+    ``limits`` bound how far a compressed memory profile may inflate.
+    """
     if not path.exists():
         raise InputError(f"{path}: no such file, directory or session in the store")
     try:
         if path.is_dir():
             files = _session_files(path, kind)
-            graphs = [flamegraph_from_path(p, kind, per_step) for p in files]
+            graphs = [flamegraph_from_path(p, kind, per_step, limits) for p in files]
             merged = graphs[0]
             for other in graphs[1:]:
                 merged.merge(other)
@@ -150,7 +156,7 @@ def flamegraph_from_path(
                 )
             if is_torch_snapshot(path):
                 return load_torch_memory_profile(path)
-            return load_memory_profile(path)
+            return load_memory_profile(path, limits)
         with load_capture(path) as capture:
             return flamegraph_from_capture(capture, kind, per_step)
     except (DecodeError, ValueError, IndexError, KeyError, UnicodeDecodeError) as exc:

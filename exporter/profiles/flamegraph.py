@@ -11,6 +11,11 @@ here (add, merge, scaling, truncation, depth limit) keeps that exact.
 >>> print(graph.to_folded(), end="")
 main;step 10
 main;step;matmul 30
+
+A frame's identity is its :attr:`Frame.key`, (name, file, line of definition), wherever
+the source gives them: ``foo`` of ``a.py:10`` and ``foo`` of ``b.py:3`` are two frames
+(siblings with the same label), as pprof's ``merge.go`` keys functions. Frames without a
+file or line (device ops, TraceMe events, folded text) are keyed by name alone.
 """
 
 from __future__ import annotations
@@ -21,13 +26,25 @@ from dataclasses import dataclass, field
 
 from exporter.profiles.frames import FrameLabel
 
-__all__ = ["OTHER", "FlameGraph", "Frame"]
+__all__ = ["OTHER", "FlameGraph", "Frame", "FrameKey", "cut_name"]
 
 OTHER = "other"  # the frame that holds what truncation folded away
 
 
+def cut_name(kept: int) -> str:
+    """The frame holding what a depth limit cut below ``kept`` frames."""
+    return f"<frames below depth {kept}>"
+
+
+FrameKey = tuple[str, str, int]  # (name, file, line of definition)
+
+
 class Frame:
-    """One node: a label, where it lives, its self and total value and its children."""
+    """One node: a label, where it lives, its self and total value and its children.
+
+    ``line`` is the line where the function is defined (pprof's ``start_line``) when the
+    source gives it; ``children`` are keyed by each child's :attr:`key`.
+    """
 
     __slots__ = ("children", "file", "line", "name", "self_value", "total")
 
@@ -37,14 +54,28 @@ class Frame:
         self.line = line
         self.self_value = 0
         self.total = 0
-        self.children: dict[str, Frame] = {}
+        self.children: dict[FrameKey, Frame] = {}
+
+    @property
+    def key(self) -> FrameKey:
+        """The frame's identity among its siblings: (name, file, line of definition)."""
+        return (self.name, self.file, self.line)
 
     def child(self, name: str, file: str = "", line: int = 0) -> Frame:
-        """The child called ``name``, created when missing."""
-        node = self.children.get(name)
+        """The child with this identity, created when missing."""
+        key = (name, file, line)
+        node = self.children.get(key)
         if node is None:
-            node = self.children[name] = Frame(name, file, line)
+            node = self.children[key] = Frame(name, file, line)
         return node
+
+    def named(self, name: str) -> Frame | None:
+        """The child labelled ``name``; among same-named children, the largest total."""
+        found: Frame | None = None
+        for node in self.children.values():
+            if node.name == name and (found is None or node.total > found.total):
+                found = node
+        return found
 
     def __repr__(self) -> str:
         return f"Frame({self.name!r}, self={self.self_value}, total={self.total})"
@@ -65,6 +96,11 @@ class FlameGraph:
 
     ``profile_name`` becomes Pyroscope's ``__name__``; ``sample_type``/``unit`` the pprof
     sample type; ``time_nanos``/``duration_nanos`` when the data was recorded.
+
+    ``companions`` are other sample types measured on the same stacks (a memory
+    profile's ``inuse_objects`` beside its ``inuse_space``): the pprof carries them as
+    further sample types. ``copy`` and ``merge`` carry them along; the other transforms
+    (scaling, truncation, depth limit) apply to this sample type alone.
     """
 
     sample_type: str = "samples"
@@ -76,6 +112,7 @@ class FlameGraph:
     time_nanos: int = 0
     duration_nanos: int = 0
     root: Frame = field(default_factory=lambda: Frame("root"))
+    companions: list[FlameGraph] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.period_type = self.period_type or self.sample_type
@@ -92,11 +129,18 @@ class FlameGraph:
             node.total += value
         node.self_value += value
 
-    def find(self, stack: Sequence[str]) -> Frame | None:
-        """The node at ``stack`` (root-first), or None."""
+    def find(self, stack: Sequence[str | FrameLabel]) -> Frame | None:
+        """The node at ``stack`` (root-first), or None.
+
+        A :class:`FrameLabel` matches its exact identity; a plain name matches a child of
+        that name (the largest, when frames of several files share it).
+        """
         node = self.root
-        for name in stack:
-            found = node.children.get(name)
+        for item in stack:
+            if isinstance(item, FrameLabel):
+                found = node.children.get((item.name, item.file, item.line))
+            else:
+                found = node.named(item)
             if found is None:
                 return None
             node = found
@@ -118,8 +162,14 @@ class FlameGraph:
             mine, theirs = stack.pop()
             mine.self_value += theirs.self_value
             mine.total += theirs.total
-            for name, child in theirs.children.items():
-                stack.append((mine.child(name, child.file, child.line), child))
+            for child in theirs.children.values():
+                stack.append((mine.child(child.name, child.file, child.line), child))
+        for extra in other.companions:
+            same = next((c for c in self.companions if c.sample_type == extra.sample_type), None)
+            if same is None:
+                self.companions.append(extra.copy())
+            else:
+                same.merge(extra)
         if other.time_nanos and (not self.time_nanos or other.time_nanos < self.time_nanos):
             end = max(
                 self.time_nanos + self.duration_nanos, other.time_nanos + other.duration_nanos
@@ -169,12 +219,20 @@ class FlameGraph:
                 )
 
     def to_folded(self) -> str:
-        """Folded stacks, one ``a;b;c value`` line per node with self value."""
-        lines = [
-            ";".join(_clean(f.name) for f in (*ancestors, node)) + f" {node.self_value}"
-            for ancestors, node in self.paths()
-            if node.self_value
-        ]
+        """Folded stacks, one ``a;b;c value`` line per node with self value.
+
+        Folded text carries names only: frames that differ only by file or line print
+        as separate lines with the same stack, and ``from_folded`` merges them.
+        """
+        lines: list[str] = []
+        # Each node's text is its parent's plus its own name: one pass, no re-joining.
+        stack = [(c, _clean(c.name)) for c in reversed(list(self.root.children.values()))]
+        while stack:
+            node, text = stack.pop()
+            if node.self_value:
+                lines.append(f"{text} {node.self_value}")
+            children = list(node.children.values())
+            stack.extend((c, f"{text};{_clean(c.name)}") for c in reversed(children))
         return "\n".join(lines) + ("\n" if lines else "")
 
     @classmethod
@@ -192,7 +250,10 @@ class FlameGraph:
         return graph
 
     def to_dict(self) -> dict[str, object]:
-        """Nested ``{"n", "s", "t", "c"}`` dicts (name, self, total, children) for HTML/JSON."""
+        """Nested ``{"n", "s", "t", "c"}`` dicts (name, self, total, children) for HTML/JSON.
+
+        ``"f"`` is the node's ``file:line`` (or file) where known.
+        """
 
         def build(node: Frame) -> dict[str, object]:
             out: dict[str, object] = {"n": node.name, "s": node.self_value, "t": node.total}
@@ -211,6 +272,31 @@ class FlameGraph:
             stack.extend(zip(kids, built, strict=True))
         return top
 
+    def to_flat(self) -> dict[str, list[object]]:
+        """The tree as flat columns in pre-order (no nesting, so no recursion anywhere).
+
+        ``parent`` is each node's parent index (-1 for the root, node 0); children come
+        in order of decreasing total. ``name``, ``file`` (``file:line`` or ``""``),
+        ``self`` and ``total`` are per node. Used by the HTML page.
+        """
+        names: list[object] = []
+        files: list[object] = []
+        parents: list[object] = []
+        selfs: list[object] = []
+        totals: list[object] = []
+        stack: list[tuple[Frame, int]] = [(self.root, -1)]
+        while stack:
+            node, parent = stack.pop()
+            index = len(names)
+            names.append(node.name)
+            files.append(f"{node.file}:{node.line}" if node.file and node.line else node.file)
+            parents.append(parent)
+            selfs.append(node.self_value)
+            totals.append(node.total)
+            kids = sorted(node.children.values(), key=lambda c: -c.total)
+            stack.extend((c, index) for c in reversed(kids))
+        return {"name": names, "file": files, "parent": parents, "self": selfs, "total": totals}
+
     # -- transforming (each returns a new graph) ------------------------------------
     def _like(self) -> FlameGraph:
         return FlameGraph(
@@ -225,7 +311,7 @@ class FlameGraph:
         )
 
     def copy(self) -> FlameGraph:
-        """A deep copy."""
+        """A deep copy (companions included)."""
         out = self._like()
         out.merge(self)
         return out
@@ -310,16 +396,26 @@ class FlameGraph:
         return out
 
     def depth_limited(self, max_depth: int) -> FlameGraph:
-        """Stacks cut at ``max_depth`` frames; a cut frame's self absorbs what was below."""
+        """Stacks at most ``max_depth`` frames deep; what is deeper folds into one frame.
+
+        Where a stack goes deeper, its frame at ``max_depth`` and everything below it
+        become one frame named :func:`cut_name` (self = the total cut), so totals stay
+        exact and the cut is visible; stacks that end at ``max_depth`` are kept.
+        """
+        if max_depth < 1:
+            raise ValueError("max_depth must be at least 1")
         out = self._like()
+        cut = cut_name(max_depth - 1)
         pending: list[tuple[int, Frame, Frame]] = [(0, self.root, out.root)]
         while pending:
             depth, src, dst = pending.pop()
-            if depth >= max_depth:
-                dst.self_value += src.total
-                continue
             dst.self_value += src.self_value
             for child in src.children.values():
-                pending.append((depth + 1, child, dst.child(child.name, child.file, child.line)))
+                if depth + 1 == max_depth and child.children:
+                    dst.child(cut).self_value += child.total
+                else:
+                    pending.append(
+                        (depth + 1, child, dst.child(child.name, child.file, child.line))
+                    )
         out.recompute_totals()
         return out

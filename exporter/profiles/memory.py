@@ -1,24 +1,34 @@
-"""Device-memory profiles -> in-use-space flame graphs.
+"""Device-memory profiles -> in-use flame graphs (bytes, and live allocations).
 
-Input is the gzip pprof that ``jax.profiler.device_memory_profile()`` returns: sample
-types ``allocations/count`` and ``space/bytes``, one sample per live buffer or loaded
-executable, its Python allocation stack as locations, labels ``kind`` and ``device``.
-The flame graph is stacked device > Python frames (outermost first), value = bytes.
+Input is a pprof (gzip or raw) of live allocations: the one
+``jax.profiler.device_memory_profile()`` returns (sample types ``allocations/count``
+and ``space/bytes``, one sample per live buffer or loaded executable, its Python
+allocation stack as locations, labels ``kind`` and ``device``), or one already in
+Pyroscope's names (``inuse_objects/count``, ``inuse_space/bytes``, e.g. converted from
+a PyTorch CUDA memory snapshot). The flame graph is stacked device > Python frames
+(outermost first): ``inuse_space`` in bytes, with ``inuse_objects`` (live allocations)
+as its companion, so "many small allocations" shows; both go into one pprof, which
+Pyroscope splits into ``memory:inuse_space:bytes:space:bytes`` and
+``memory:inuse_objects:count:space:bytes``.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, label_python
-from exporter.profiles.pprof import decode_pprof, from_pprof
+from exporter.profiles.pprof import InflateLimits, decode_pprof, graphs_from_pprof
 from exporter.proto import profile_pb2
 
 __all__ = ["in_use_bytes", "load_memory_profile", "memory_flamegraph"]
 
 SPACE = "space"
+SPACE_TYPES = (SPACE, "inuse_space")  # JAX's name, Pyroscope's name
+OBJECT_TYPES = ("allocations", "inuse_objects")
 
 
 def _relabel(label: FrameLabel) -> FrameLabel:
@@ -27,14 +37,20 @@ def _relabel(label: FrameLabel) -> FrameLabel:
     return label_python(label.name, label.file, label.line)
 
 
-def _space_index(profile: profile_pb2.Profile, source: str) -> int:
+def _type_index(profile: profile_pb2.Profile, wanted: tuple[str, ...]) -> int | None:
     names = [profile.string_table[v.type] for v in profile.sample_type]
-    for wanted in (SPACE, "inuse_space"):
-        if wanted in names:
-            return names.index(wanted)
-    raise InputError(
-        f"{source}: not a device-memory profile (sample types {names}, expected 'space')"
-    )
+    return next((names.index(w) for w in wanted if w in names), None)
+
+
+def _space_index(profile: profile_pb2.Profile, source: str) -> int:
+    index = _type_index(profile, SPACE_TYPES)
+    if index is None:
+        names = [profile.string_table[v.type] for v in profile.sample_type]
+        raise InputError(
+            f"{source}: not a device-memory profile (sample types {names}, expected "
+            "'space' or 'inuse_space')"
+        )
+    return index
 
 
 def in_use_bytes(profile: profile_pb2.Profile, source: str = "profile") -> int:
@@ -43,10 +59,16 @@ def in_use_bytes(profile: profile_pb2.Profile, source: str = "profile") -> int:
     return sum(s.value[index] for s in profile.sample if len(s.value) > index)
 
 
-def memory_flamegraph(data: bytes, source: str = "profile") -> FlameGraph:
-    """The in-use-space flame graph (bytes) of a device-memory pprof (gzip or raw)."""
+def memory_flamegraph(
+    data: bytes, source: str = "profile", limits: InflateLimits | None = None
+) -> FlameGraph:
+    """The in-use-space flame graph (bytes) of a memory pprof, live allocations beside.
+
+    The ``inuse_objects`` graph (count) is the result's companion when the profile
+    counts allocations.
+    """
     try:
-        profile = decode_pprof(data, source)
+        profile = decode_pprof(data, source, limits)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     index = _space_index(profile, source)
@@ -59,10 +81,12 @@ def memory_flamegraph(data: bytes, source: str = "profile") -> FlameGraph:
                 return [table[label.str]]
         return []
 
+    objects = _type_index(profile, OBJECT_TYPES)
+    wanted = [index] if objects is None else [index, objects]
     try:
-        graph = from_pprof(
+        graphs = graphs_from_pprof(
             profile,
-            sample_type=profile.string_table[profile.sample_type[index].type],
+            [profile.string_table[profile.sample_type[i].type] for i in wanted],
             profile_name="memory",
             relabel=_relabel,
             prefix=device,
@@ -70,19 +94,43 @@ def memory_flamegraph(data: bytes, source: str = "profile") -> FlameGraph:
     except (IndexError, KeyError) as exc:
         # A string or table index past its table: the file is corrupt, not our bug.
         raise InputError(f"{source}: corrupt pprof profile ({type(exc).__name__}: {exc})") from None
-    # Pyroscope's memory profile type: memory:inuse_space:bytes:space:bytes.
-    graph.sample_type = "inuse_space"
-    graph.unit = "bytes"
-    graph.period_type, graph.period_unit = "space", "bytes"
-    return graph
+    # Pyroscope's memory profile types: memory:<name>:<unit>:space:bytes.
+    for graph, (name, unit) in zip(
+        graphs, (("inuse_space", "bytes"), ("inuse_objects", "count")), strict=False
+    ):
+        graph.sample_type, graph.unit = name, unit
+        graph.period_type, graph.period_unit = "space", "bytes"
+    space, *companions = graphs
+    space.companions = companions
+    return space
 
 
-def load_memory_profile(path: Path) -> FlameGraph:
-    """Read a device-memory pprof file and build its flame graph."""
+def load_memory_profile(path: Path, limits: InflateLimits | None = None) -> FlameGraph:
+    """Read a memory pprof file and build its flame graph.
+
+    Only a regular file is read (a FIFO or device in the shared directory would block
+    or never end), and none larger than ``limits.max_bytes``.
+    """
+    limits = limits or InflateLimits()
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise InputError(f"{path}: cannot read memory profile ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path}: not a regular file, expected a memory pprof")
+        if info.st_size > limits.max_bytes:
+            raise InputError(
+                f"{path}: refused, {info.st_size} bytes is over MLPROF_MAX_PROFILE_BYTES="
+                f"{limits.max_bytes}"
+            )
+        try:
+            data = handle.read(limits.max_bytes + 1)
+        except OSError as exc:
+            raise InputError(
+                f"{path}: cannot read memory profile ({exc.strerror or exc})"
+            ) from None
     if not data:
         raise InputError(f"{path}: empty file, expected a device-memory pprof")
-    return memory_flamegraph(data, str(path))
+    return memory_flamegraph(data, str(path), limits)

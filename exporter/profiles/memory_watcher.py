@@ -25,6 +25,7 @@ from exporter import schema
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.memory import load_memory_profile
+from exporter.profiles.pprof import InflateLimits
 from exporter.profiles.torch_memory import load_torch_memory_profile
 from exporter.regular_files import is_regular, read_regular
 from exporter.state_files import BadStateError, load_state, save_state, set_aside
@@ -112,7 +113,8 @@ class MemoryProfileWatcher:
     """Converts each new device-memory profile in the shared dir once and publishes it.
 
     ``poll()`` is what the sidecar calls periodically; ``keep`` bounds how many
-    converted profiles stay on disk (the oldest are deleted).
+    converted profiles stay on disk (the oldest are deleted); ``limits`` bound how far
+    a workload-written profile may inflate (``MLPROF_MAX_PROFILE_BYTES``/``_RATIO``).
     """
 
     def __init__(
@@ -121,8 +123,10 @@ class MemoryProfileWatcher:
         publish: Publish | None = None,
         state_path: Path | None = None,
         keep: int = 100,
+        limits: InflateLimits | None = None,
     ) -> None:
         self.shared_dir = shared_dir
+        self.limits = limits or InflateLimits()
         self.directory = shared_dir / schema.MEMORY_DIR
         self.publish = publish
         self.state_path = state_path or shared_dir / schema.SIDECAR_DIR / "memory-profiles.json"
@@ -201,7 +205,7 @@ class MemoryProfileWatcher:
             if path.name.endswith(schema.MEMORY_SNAPSHOT_SUFFIX):
                 graph = load_torch_memory_profile(path)
             else:
-                graph = load_memory_profile(path)
+                graph = load_memory_profile(path, self.limits)
             if meta.get("time"):
                 graph.time_nanos = int(float(meta["time"]) * 1e9)
         except InputError as exc:

@@ -1,13 +1,20 @@
 """Synthetic TPU-shaped XProf captures (XSpace) for tests and benchmarks.
 
-Planes, lines and stat names follow what real TPU captures carry: ``/device:TPU:N``
-planes with ``Steps``, ``XLA Modules`` and ``XLA Ops`` lines, HLO op metadata with
-``hlo_category``, ``tf_op`` (framework name scope), ``program_id``, ``flops`` and
-``bytes_accessed`` stats, a ``/host:CPU`` plane with a Python-tracer thread, and a
-``Task Environment`` plane with the profile start and stop times.
+Planes, lines and stat names follow what real TPU captures carry, so XProf's own tools
+(``op_profile``, ``hlo_stats``, ``framework_op_stats``) read them: ``/device:TPU:N``
+planes with ``Steps`` (events with ``group_id``, the step number XProf reads),
+``XLA Modules`` (``name(program_id)``) and ``XLA Ops`` lines; HLO op metadata with
+``program_id`` and ``symbol_id`` (XProf attributes an op only when both are there),
+``hlo_category``, ``tf_op`` (framework name scope), ``long_name``, ``hlo_module``,
+``flops`` and ``bytes_accessed``; a ``/host:CPU`` plane with a Python-tracer thread;
+a ``Task Environment`` plane with the profile start and stop times.
+
+With ``while_every=k``, every k-th op of a step is a ``while`` whose body (the next
+``while_body`` ops) runs inside it on the ``XLA Ops`` line, as XLA control flow does.
 
 Every duration is a whole number of nanoseconds, so the expected flame-graph values
-(:attr:`SyntheticCapture.expected_device_ns`) are exact.
+(:attr:`SyntheticCapture.expected_device_ns`, per leaf path, and
+:attr:`SyntheticCapture.expected_self_ns`, per op) are exact.
 """
 
 from __future__ import annotations
@@ -50,8 +57,10 @@ class SyntheticCapture:
     space: xplane_pb2.XSpace
     program: str
     event_count: int = 0
-    # Device-time flame-graph leaf path (program, *scope, category, op) -> nanoseconds.
+    # Device-time flame-graph leaf path (program, *scope, category, op) -> self ns; a
+    # while body's op sits below its while: (*while path, *rest of its scope, cat, op).
     expected_device_ns: dict[tuple[str, ...], int] = field(default_factory=dict)
+    expected_self_ns: dict[str, int] = field(default_factory=dict)  # op name -> self ns
     expected_host_frames: tuple[str, ...] = ()
 
 
@@ -83,18 +92,38 @@ def _add_stat(container: object, stat_id: int, value: object) -> None:
         stat.int64_value = int(value)  # type: ignore[call-overload]
 
 
+@dataclass(frozen=True)
+class _Op:
+    name: str
+    category: str
+    scope: str
+
+
+def _op_path(program: str, op: _Op, outer: _Op | None) -> tuple[str, ...]:
+    scope = [p for p in op.scope.split("/") if p]
+    if outer is None:
+        return (program, *scope, op.category, op.name)
+    theirs = [p for p in outer.scope.split("/") if p]
+    shared = 0
+    while shared < min(len(scope), len(theirs)) and scope[shared] == theirs[shared]:
+        shared += 1
+    return (*_op_path(program, outer, None), *scope[shared:], op.category, op.name)
+
+
 def _device_plane(
     space: xplane_pb2.XSpace,
     index: int,
     program: str,
     program_id: int,
-    ops: list[tuple[str, str, str]],
+    ops: list[_Op],
     durations_ns: list[int],
     steps: int,
     ops_per_step: int,
     start_ns: int,
     rng: random.Random,
-    expected: dict[tuple[str, ...], int],
+    capture: SyntheticCapture,
+    while_every: int,
+    while_body: int,
 ) -> int:
     plane = space.planes.add()
     plane.id = index + 1
@@ -109,17 +138,23 @@ def _device_plane(
     module_meta.name = f"{program}({program_id})"
     _add_stat(module_meta, stat("program_id"), program_id)
     first_op_id = 1000
-    for j, (op, category, scope) in enumerate(ops):
+    loop = _Op("while.loop", "control flow", "jit(train_step)/jit(main)/while")
+    loop_id = first_op_id + len(ops)
+    for j, op in enumerate([*ops, loop]):
         meta = plane.event_metadata[first_op_id + j]
         meta.id = first_op_id + j
-        meta.name = op
-        meta.display_name = op
-        _add_stat(meta, stat("hlo_category"), category)
-        _add_stat(meta, stat("tf_op"), scope)
+        meta.name = op.name
+        meta.display_name = op.name
         _add_stat(meta, stat("program_id"), program_id)
+        _add_stat(meta, stat("symbol_id"), j + 1)  # 0 is XProf's root symbol: never used
+        _add_stat(meta, stat("hlo_module"), program)
+        _add_stat(meta, stat("hlo_category"), op.category)
+        _add_stat(meta, stat("tf_op"), op.scope)
         _add_stat(meta, stat("flops"), rng.randrange(1, 1 << 30))
         _add_stat(meta, stat("bytes_accessed"), rng.randrange(1, 1 << 26))
-        _add_stat(meta, stat("long_name"), f"%{op} = bf16[8,1024] {op.split('.')[0]}(...)")
+        _add_stat(
+            meta, stat("long_name"), f"%{op.name} = bf16[8,1024] {op.name.split('.')[0]}(...)"
+        )
 
     steps_line = plane.lines.add()
     steps_line.id, steps_line.name, steps_line.timestamp_ns = 1, "Steps", start_ns
@@ -128,24 +163,51 @@ def _device_plane(
     ops_line = plane.lines.add()
     ops_line.id, ops_line.name, ops_line.timestamp_ns = 3, "XLA Ops", start_ns
     add_op = ops_line.events.add
-    step_id = stat("step_num")
+    step_id, group_id = stat("step_num"), stat("group_id")
     n_ops = len(ops)
     cursor_ps = 0
     count = 0
-    totals = [0] * n_ops
+    self_ns = [0] * n_ops
+    loop_self = 0
+    nested_ns: dict[int, int] = {}  # op index -> ns spent inside a while
     for step in range(steps):
         step_start = cursor_ps
         cursor_ps += 5_000 * _PS_PER_NS  # host-side launch gap before the module runs
         module_start = cursor_ps
         base = rng.randrange(n_ops)
-        for k in range(ops_per_step):
+        k = 0
+        while k < ops_per_step:
+            if while_every and k % while_every == 0 and k + while_body <= ops_per_step:
+                # A while op holding the next `while_body` ops, with a gap before each.
+                loop_start = cursor_ps
+                body_ns = 0
+                events = []
+                for b in range(while_body):
+                    j = (base + (k + b) * 7) % n_ops
+                    cursor_ps += 100 * _PS_PER_NS
+                    events.append((first_op_id + j, cursor_ps, durations_ns[j]))
+                    cursor_ps += durations_ns[j] * _PS_PER_NS
+                    nested_ns[j] = nested_ns.get(j, 0) + durations_ns[j]
+                    body_ns += durations_ns[j]
+                cursor_ps += 100 * _PS_PER_NS
+                loop_ns = (cursor_ps - loop_start) // _PS_PER_NS
+                add_op(metadata_id=loop_id, offset_ps=loop_start, duration_ps=loop_ns * _PS_PER_NS)
+                for meta_id, offset, dur_ns in events:
+                    add_op(metadata_id=meta_id, offset_ps=offset, duration_ps=dur_ns * _PS_PER_NS)
+                loop_self += loop_ns - body_ns
+                cursor_ps += 50 * _PS_PER_NS
+                count += while_body + 1
+                k += while_body
+                continue
             j = (base + k * 7) % n_ops
             dur_ns = durations_ns[j]
             add_op(
                 metadata_id=first_op_id + j, offset_ps=cursor_ps, duration_ps=dur_ns * _PS_PER_NS
             )
-            totals[j] += dur_ns
+            self_ns[j] += dur_ns
             cursor_ps += (dur_ns + 50) * _PS_PER_NS  # ops leave small gaps
+            count += 1
+            k += 1
         modules_line.events.add(
             metadata_id=1, offset_ps=module_start, duration_ps=cursor_ps - module_start
         )
@@ -157,12 +219,21 @@ def _device_plane(
             metadata_id=meta_id, offset_ps=step_start, duration_ps=cursor_ps - step_start
         )
         _add_stat(event, step_id, step)
-        count += ops_per_step + 2
+        _add_stat(event, group_id, step)
+        count += 2
         cursor_ps += 20_000 * _PS_PER_NS
-    for j, (op, category, scope) in enumerate(ops):
-        if totals[j]:
-            path = (program, *scope.split("/"), category, op)
-            expected[path] = expected.get(path, 0) + totals[j]
+    expected = capture.expected_device_ns
+    by_op = capture.expected_self_ns
+    for j, op in enumerate(ops):
+        for path, ns in ((_op_path(program, op, None), self_ns[j]),
+                         (_op_path(program, op, loop), nested_ns.get(j, 0))):  # fmt: skip
+            if ns:
+                expected[path] = expected.get(path, 0) + ns
+                by_op[op.name] = by_op.get(op.name, 0) + ns
+    if loop_self:
+        path = _op_path(program, loop, None)
+        expected[path] = expected.get(path, 0) + loop_self
+        by_op[loop.name] = by_op.get(loop.name, 0) + loop_self
     return count
 
 
@@ -219,14 +290,20 @@ def tpu_capture(
     seed: int = 0,
     program: str = "jit_train_step",
     host: bool = True,
+    while_every: int = 0,
+    while_body: int = 4,
 ) -> SyntheticCapture:
-    """Build a TPU-shaped XSpace with ``devices * steps * ops_per_step`` op events."""
+    """Build a TPU-shaped XSpace with ``devices * steps * ops_per_step`` op events.
+
+    ``while_every=k`` makes every k-th op of a step a ``while`` holding the next
+    ``while_body`` ops (those ops count towards ``ops_per_step``; the while adds one).
+    """
     rng = random.Random(seed)
-    ops: list[tuple[str, str, str]] = []
+    ops: list[_Op] = []
     for j in range(distinct_ops):
         category, stem, fw_op = _OP_KINDS[j % len(_OP_KINDS)]
         scope = _SCOPES[(j // len(_OP_KINDS)) % len(_SCOPES)].format(i=j % layers)
-        ops.append((f"{stem}.{j}", category, f"jit(train_step)/jit(main)/{scope}/{fw_op}"))
+        ops.append(_Op(f"{stem}.{j}", category, f"jit(train_step)/jit(main)/{scope}/{fw_op}"))
     durations_ns = [rng.randrange(200, 40_000) for _ in ops]
     space = xplane_pb2.XSpace()
     space.hostnames.append("tpu-vm-0")
@@ -248,7 +325,9 @@ def tpu_capture(
             ops_per_step,
             start_ns,
             rng,
-            capture.expected_device_ns,
+            capture,
+            while_every,
+            while_body,
         )
     env = space.planes.add()
     env.id, env.name = devices + 1, "Task Environment"

@@ -1,12 +1,30 @@
 """XProf captures (``*.xplane.pb``) -> device-time and host-time flame graphs.
 
-Reads the XSpace with the project's own schema (no JAX, no xprof). Device time stacks
-program > framework name scope > op category > HLO op from the ``XLA Ops`` line of each
-``/device:TPU:N`` / ``/device:GPU:N`` plane; host time stacks ``/host:CPU`` events by
-time containment per thread, Python-tracer events becoming Python frames.
+Reads the XSpace with the project's own schema (no JAX, no xprof).
 
-Speed: events are touched once each, reading three integer fields into lists; grouping
-and containment then run in numpy, and labels are computed once per event metadata id.
+Device time stacks program > framework name scope > op category > HLO op from the
+``XLA Ops`` line of each ``/device:TPU:N`` / ``/device:GPU:N`` plane. Ops nest by time
+containment on that line (a ``while`` holds its body's ops): a nested op sits below the
+op that contains it, and an op's self time is its duration minus its nested ops', as
+XProf's ``op_profile`` computes it. GPU stream lines (no ``XLA Ops`` line) whose kernels
+carry ``hlo_module``/``hlo_op``/``tf_op`` stats stack program > name scope > op > kernel.
+
+Host time stacks ``/host:CPU`` events per thread by time; Python-tracer events become
+Python frames. Threads are told apart by thread id (the line id): two threads of one
+name show as ``python (tid 4242)``; thread-pool lines fold into one frame per pool.
+Events that overlap without nesting follow the ``split`` rule of
+:mod:`exporter.profiles.nesting`: at every instant the stack is the events open then,
+in start order, so an event that begins inside another and outlives it has its head
+under that event and its tail beside it, and every event's time stays under its own
+name. A TraceMe nested in a TraceMe of the same name folds into one frame.
+
+Events nested deeper than ``MAX_EVENT_DEPTH`` fold into one frame named ``CUT_FRAME``
+(totals stay exact). Each graph comes from :class:`_Frames`, which also splits self time
+across time windows for :mod:`exporter.profiles.steps`.
+
+Speed: events are touched once each, reading three integer fields into numpy arrays;
+nesting, grouping and windows run in numpy (a Python loop only for lines whose events
+overlap without nesting), and labels are computed once per distinct event kind.
 """
 
 from __future__ import annotations
@@ -14,7 +32,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -26,17 +44,22 @@ from google.protobuf.internal.decoder import _DecodeVarint as _decode_varint
 from google.protobuf.message import DecodeError
 
 from exporter.errors import InputError
-from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.flamegraph import FlameGraph, Frame
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
+from exporter.profiles.nesting import FAR, Nested, aggregate, dense_index, nest, window_self
 from exporter.proto import xplane_pb2
 
 __all__ = [
+    "CUT_FRAME",
     "DEVICE_PLANE_RE",
     "HOST_PLANE",
+    "MAX_EVENT_DEPTH",
     "Capture",
     "PlaneRef",
     "device_flamegraph",
+    "device_graphs",
     "host_flamegraph",
+    "host_graphs",
     "load_capture",
     "parse_xspace",
 ]
@@ -54,6 +77,13 @@ _PS_PER_NS = 1000
 _THREAD_ID_SUFFIX = re.compile(r"/-?\d+$")
 _PROGRAM_ID_SUFFIX = re.compile(r"\(-?\d+\)$")
 UNKNOWN_PROGRAM = "<unknown program>"
+# Pyroscope's default stack-depth limit: deeper events fold into one frame, which also
+# bounds the cost of pathological nesting (a 20,000-deep line) to O(events * 1).
+MAX_EVENT_DEPTH = 1000
+CUT_FRAME = f"<events nested deeper than {MAX_EVENT_DEPTH}>"
+# Line timestamps below this (1973) are relative to the profile start (XProf normalises
+# them so in CPU captures), not nanoseconds since the epoch.
+_RELATIVE_BELOW_NS = 10**17
 
 
 Plane = xplane_pb2.XPlaneByLine
@@ -120,6 +150,7 @@ class Capture:
     events_read: int = 0
     steps: int = 0  # events on a device plane's Steps line (set by device_flamegraph)
     handle: BinaryIO | None = None  # the open file planes are read from, if any
+    _start_ns: int | None = None  # profile_start_time, read when first needed
 
     def close(self) -> None:
         """Close the file (a capture from bytes has none)."""
@@ -160,6 +191,24 @@ class Capture:
                 f"{self.source}: corrupt XProf capture (plane {ref.name!r} does not parse)"
             ) from None
         return plane
+
+    def _profile_start_ns(self) -> int:
+        for ref in self.planes:
+            if ref.name == "Task Environment":
+                plane = self.plane(ref)
+                names = {m.id: m.name for m in plane.stat_metadata.values()}
+                for stat in plane.stats:
+                    if names.get(stat.metadata_id) == "profile_start_time":
+                        return _stat_int(stat)
+        return 0
+
+    def line_start_ns(self, timestamp_ns: int) -> int:
+        """A line's start in ns since the epoch (relative line times are made absolute)."""
+        if timestamp_ns >= _RELATIVE_BELOW_NS:
+            return timestamp_ns
+        if self._start_ns is None:
+            self._start_ns = self._profile_start_ns()
+        return self._start_ns + timestamp_ns
 
     def time_range(self) -> tuple[int, int]:
         """(start ns since epoch, duration ns) from ``Task Environment``, else the lines.
@@ -222,6 +271,7 @@ class _LineHeader:
     id: int
     name: str
     display_name: str
+    timestamp_ns: int
 
 
 def _headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
@@ -235,7 +285,9 @@ def _headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
                 f"{capture.source}: corrupt XProf capture (line {index} of plane "
                 f"{plane.name!r} does not parse)"
             ) from None
-        out.append(_LineHeader(index, header.id, header.name, header.display_name))
+        out.append(
+            _LineHeader(index, header.id, header.name, header.display_name, header.timestamp_ns)
+        )
     return out
 
 
@@ -317,45 +369,241 @@ def _stat_values(plane: Plane, stats: Iterable[xplane_pb2.XStat]) -> dict[str, s
     return out
 
 
-_ID_DUR = np.dtype([("id", "<i8"), ("dur", "<i8")])
 _ID_DUR_OFF = np.dtype([("id", "<i8"), ("dur", "<i8"), ("off", "<i8")])
-_GET_ID_DUR = attrgetter("metadata_id", "duration_ps")
 _GET_ID_DUR_OFF = attrgetter("metadata_id", "duration_ps", "offset_ps")
 
 
-def _columns(events: Sequence[xplane_pb2.XEvent], offsets: bool) -> tuple[np.ndarray, ...]:
-    """metadata ids, durations (ps) [, offsets (ps)] as int64 arrays.
+def _columns(events: Sequence[xplane_pb2.XEvent]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """metadata ids, starts (ps), ends (ps) of the events that last, as int64 arrays.
 
     One pass: ``attrgetter`` reads the fields in C and ``np.fromiter`` packs them into a
     structured array, so no list of Python ints is ever built (24 bytes per event).
+    Instant events (markers, zero duration) carry no time and are left out.
     """
-    n = len(events)
-    if not offsets:
-        pairs = np.fromiter(map(_GET_ID_DUR, events), _ID_DUR, n)
-        return pairs["id"], pairs["dur"]
-    rows = np.fromiter(map(_GET_ID_DUR_OFF, events), _ID_DUR_OFF, n)
-    return rows["id"], rows["dur"], rows["off"]
+    rows = np.fromiter(map(_GET_ID_DUR_OFF, events), _ID_DUR_OFF, len(events))
+    return _lasting(rows["id"], rows["off"], rows["dur"])
+
+
+def _line_columns(
+    capture: Capture, plane: Plane, index: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_columns` of line ``index``; the parsed line is freed on return."""
+    return _columns(_line(capture, plane, index).events)
+
+
+def _lasting(
+    ids: np.ndarray, offs: np.ndarray, durs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keep = durs > 0
+    if not keep.all():
+        ids, durs, offs = ids[keep], durs[keep], offs[keep]
+    return ids, offs, offs + durs
+
+
+# -- frames and their time ------------------------------------------------------------
+Labels = tuple[FrameLabel, ...]
+FOLD = -1  # a segment whose frames are its parent's (adjacent identical frames)
+
+
+class _Frames:
+    """The frame tree shared by the lines of one conversion, and self time per window.
+
+    Nodes are interned as (parent node, frame-tuple id); a frame tuple is the labels one
+    event adds below its parent (device ops add name scopes, category and op). Node 0 is
+    the graph's root. Events nested deeper than ``MAX_EVENT_DEPTH`` fold into one frame.
+    """
+
+    def __init__(self, windows_ns: np.ndarray | None) -> None:
+        self.windows_ns = windows_ns  # (n, 2) absolute ns, or None: one unbounded window
+        self.parent: list[int] = [-1]
+        self.tuple_of: list[int] = [-1]
+        self._nodes: dict[tuple[int, int], int] = {}
+        self.tuples: list[Labels] = []
+        self._tuple_ids: dict[Labels, int] = {}
+        self.cut = self.tuple_id((FrameLabel(CUT_FRAME),))
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def tuple_id(self, labels: Labels) -> int:
+        found = self._tuple_ids.get(labels)
+        if found is None:
+            found = self._tuple_ids[labels] = len(self.tuples)
+            self.tuples.append(labels)
+        return found
+
+    def node(self, parent: int, tuple_id: int) -> int:
+        key = (parent, tuple_id)
+        found = self._nodes.get(key)
+        if found is None:
+            found = self._nodes[key] = len(self.parent)
+            self.parent.append(parent)
+            self.tuple_of.append(tuple_id)
+        return found
+
+    def _level(self, parents: np.ndarray, tuple_ids: np.ndarray) -> np.ndarray:
+        """Nodes of (parent node, tuple id) pairs, interning each distinct pair once."""
+        out = parents.copy()
+        real = tuple_ids != FOLD
+        if not real.any():
+            return out
+        width = max(len(self.tuples), 1)
+        pairs, inverse = dense_index(parents[real] * width + tuple_ids[real])
+        made = np.fromiter(
+            (self.node(int(k) // width, int(k) % width) for k in pairs.tolist()),
+            np.int64,
+            len(pairs),
+        )
+        out[real] = made[inverse]
+        return out
+
+    def assign(self, nested: Nested, tuple_ids: np.ndarray, root: int) -> np.ndarray:
+        """The node of each segment, level by level (a parent's node before its child's)."""
+        n = len(nested)
+        node = np.zeros(n, np.int64)
+        depth = nested.depth
+        top = int(depth.max()) if n else 0
+        order = np.argsort(depth, kind="stable")
+        bounds = np.searchsorted(depth[order], np.arange(min(top, MAX_EVENT_DEPTH) + 2))
+        for level in range(min(top, MAX_EVENT_DEPTH) + 1):
+            idx = order[bounds[level] : bounds[level + 1]]
+            parents = np.full(len(idx), root, np.int64) if level == 0 else node[nested.parent[idx]]
+            ids = tuple_ids[idx] if level < MAX_EVENT_DEPTH else np.full(len(idx), self.cut)
+            node[idx] = self._level(parents, ids)
+        if top > MAX_EVENT_DEPTH:
+            # Deeper segments share the cut frame of their ancestor at the cap: in start
+            # order, that ancestor is the latest segment at the cap before them.
+            at_cap = np.where(depth == MAX_EVENT_DEPTH, np.arange(n), -1)
+            ancestor = np.maximum.accumulate(at_cap)
+            deep = depth > MAX_EVENT_DEPTH
+            node[deep] = node[ancestor[deep]]
+        return node
+
+    def add_line(self, base_ns: int, nested: Nested, tuple_ids: np.ndarray, root: int) -> None:
+        """Add one line's segments (times in ps after ``base_ns``) below node ``root``."""
+        if not len(nested):
+            return
+        node = self.assign(nested, tuple_ids, root)
+        if self.windows_ns is None:
+            windows = np.array([[-FAR, FAR]], np.int64)
+        else:
+            rel = np.clip(self.windows_ns - base_ns, -FAR // _PS_PER_NS, FAR // _PS_PER_NS)
+            windows = rel * _PS_PER_NS
+        self._parts.append(window_self(nested, node, windows))
+
+    def self_ns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(node, window, ns) over all lines; ns per node sums exactly across windows.
+
+        Each node's picoseconds are accumulated over the windows and rounded as running
+        sums, so the windows of one node add up to its rounded total.
+        """
+        count = 1 if self.windows_ns is None else len(self.windows_ns)
+        if not self._parts:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        nodes = np.concatenate([p[0] for p in self._parts])
+        wins = np.concatenate([p[1] for p in self._parts])
+        ps = np.concatenate([p[2] for p in self._parts])
+        keys, sums = aggregate(nodes * count + wins, ps)
+        nodes, wins = keys // count, keys % count
+        running = np.cumsum(sums)
+        first = np.r_[True, nodes[1:] != nodes[:-1]]
+        group_start = np.maximum.accumulate(np.where(first, np.arange(len(nodes)), 0))
+        before = running[group_start] - sums[group_start]
+        rounded = (running - before + _PS_PER_NS // 2) // _PS_PER_NS
+        previous = np.where(first, 0, np.r_[0, rounded[:-1]])
+        ns = np.maximum(rounded - previous, 0)  # < 0 only where XProf's rule double counts
+        return nodes, wins, ns
+
+    def graphs(self, template: FlameGraph) -> list[FlameGraph]:
+        """One graph per window (one in all without windows), shaped like ``template``."""
+        count = 1 if self.windows_ns is None else len(self.windows_ns)
+        nodes, wins, ns = self.self_ns()
+        out = [template.copy() for _ in range(count)]
+        keep = ns > 0
+        order = np.lexsort((nodes[keep], wins[keep]))
+        w_sorted, n_sorted, v_sorted = wins[keep][order], nodes[keep][order], ns[keep][order]
+        bounds = np.searchsorted(w_sorted, np.arange(count + 1))
+        for window, graph in enumerate(out):
+            lo, hi = int(bounds[window]), int(bounds[window + 1])
+            self._fill(graph, n_sorted[lo:hi].tolist(), v_sorted[lo:hi].tolist())
+        return out
+
+    def _fill(self, graph: FlameGraph, nodes: list[int], values: list[int]) -> None:
+        frames: dict[int, Frame] = {0: graph.root}
+
+        def frame_of(node: int) -> Frame:
+            chain = []
+            while node not in frames:  # walk up to a node already built
+                chain.append(node)
+                node = self.parent[node]
+            frame = frames[node]
+            for below in reversed(chain):
+                for label in self.tuples[self.tuple_of[below]]:
+                    frame = frame.child(label.name, label.file, label.line)
+                frames[below] = frame
+            return frame
+
+        for node, value in zip(nodes, values, strict=True):
+            frame_of(node).self_value += value
+        graph.recompute_totals()
+
+
+def _template(capture: Capture, kind: str) -> FlameGraph:
+    start, duration = capture.time_range()
+    if kind == "device":
+        return FlameGraph(
+            sample_type="device_time",
+            unit="nanoseconds",
+            profile_name="device",
+            time_nanos=start,
+            duration_nanos=duration,
+        )
+    return FlameGraph(
+        sample_type="wall",
+        unit="nanoseconds",
+        profile_name="wall",
+        time_nanos=start,
+        duration_nanos=duration,
+    )
 
 
 # -- device time ---------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class _OpInfo:
-    path: tuple[str, ...]  # framework name scope, op category, HLO op
     program_id: int | None
+    scope: tuple[str, ...]  # framework name scope, outermost first
+    category: str
+    name: str
 
 
 def _op_info(plane: Plane, meta_id: int) -> _OpInfo:
     meta = plane.event_metadata.get(meta_id)
     if meta is None:
-        return _OpInfo((f"<op {meta_id}>",), None)
+        return _OpInfo(None, (), "uncategorized", f"<op {meta_id}>")
     stats = _stat_values(plane, meta.stats)
     op = meta.name or meta.display_name or f"<op {meta_id}>"
     category = str(stats.get("hlo_category") or "uncategorized")
     scope = str(stats.get("tf_op") or stats.get("name_scope") or "")
-    scope_frames = tuple(part for part in scope.split("/") if part)
     program = stats.get("program_id")
     program_id = int(program) if isinstance(program, int | float) else None
-    return _OpInfo((*scope_frames, category, op), program_id)
+    return _OpInfo(program_id, tuple(p for p in scope.split("/") if p), category, op)
+
+
+def _op_labels(info: _OpInfo, program: str | None, outer: _OpInfo | None) -> Labels:
+    """The frames an op adds: program (at the top), name scope, category, op.
+
+    A nested op (a ``while`` body's fusion) sits below its enclosing op with only the
+    part of its name scope that extends the enclosing op's.
+    """
+    scope = info.scope
+    if outer is not None:
+        shared = 0
+        for mine, theirs in zip(scope, outer.scope, strict=False):
+            if mine != theirs:
+                break
+            shared += 1
+        scope = scope[shared:]
+    head = (program,) if program is not None else ()
+    return tuple(FrameLabel(x) for x in (*head, *scope, info.category, info.name))
 
 
 def _program_name(name: str) -> str:
@@ -363,103 +611,216 @@ def _program_name(name: str) -> str:
     return _PROGRAM_ID_SUFFIX.sub("", name) or name
 
 
-def _device_plane_graph(capture: Capture, ref: PlaneRef, graph: FlameGraph) -> None:
-    """Add one device plane's op time to ``graph``."""
+@dataclass
+class _Programs:
+    """Program names of a device plane, from its ``XLA Modules`` line."""
+
+    by_id: dict[int, str] = field(default_factory=dict)  # program_id -> name
+    by_meta: dict[int, str] = field(default_factory=dict)  # module metadata id -> name
+    spans: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # starts, ends, meta ids
+    base_ns: int = 0  # the modules line's start: spans are ps after it
+
+    def module_of(self, starts: np.ndarray, base_ns: int) -> np.ndarray:
+        """Per start (ps after ``base_ns``), the module metadata id around it, else -1."""
+        if self.spans is None:
+            return np.full(len(starts), -1, np.int64)
+        m_starts, m_ends, m_ids = self.spans
+        starts = starts + (base_ns - self.base_ns) * _PS_PER_NS
+        slot = np.searchsorted(m_starts, starts, side="right") - 1
+        inside = (slot >= 0) & (starts < m_ends[np.maximum(slot, 0)])
+        return np.where(inside, m_ids[np.maximum(slot, 0)], -1)
+
+    def names_of(self, modules: np.ndarray, name_index: dict[str, int]) -> np.ndarray:
+        """Per module metadata id, the index of its program name (0, unknown, if none)."""
+        if not self.by_meta:
+            return np.zeros(len(modules), np.int64)
+        keys = np.array(sorted(self.by_meta), np.int64)
+        values = np.array([name_index[self.by_meta[k]] for k in keys.tolist()], np.int64)
+        pos = np.minimum(np.searchsorted(keys, modules), len(keys) - 1)
+        return np.where(keys[pos] == modules, values[pos], 0)
+
+
+def _programs(capture: Capture, plane: Plane, modules_index: int | None) -> _Programs:
+    out = _Programs()
+    if modules_index is None:
+        return out
+    modules = _line(capture, plane, modules_index)
+    out.base_ns = capture.line_start_ns(modules.timestamp_ns)
+    m_ids, m_starts, m_ends = _columns(modules.events)
+    for meta_id in set(m_ids.tolist()):
+        meta = plane.event_metadata.get(meta_id)
+        if meta is None:
+            continue
+        name = _program_name(meta.name or meta.display_name)
+        out.by_meta[meta_id] = name
+        pid = _stat_values(plane, meta.stats).get("program_id")
+        if pid is None:
+            match = re.search(r"\((-?\d+)\)$", meta.name)
+            pid = int(match.group(1)) if match else None
+        if isinstance(pid, int | float):
+            out.by_id[int(pid)] = name
+    order = np.argsort(m_starts, kind="stable")
+    out.spans = (m_starts[order], m_ends[order], m_ids[order])
+    return out
+
+
+def _gpu_stat_ids(plane: Plane) -> dict[str, int]:
+    wanted = {"hlo_op", "hlo_module", "tf_op", "name_scope"}
+    return {m.name: m.id for m in plane.stat_metadata.values() if m.name in wanted}
+
+
+def _gpu_tuple_ids(
+    plane: Plane, line: xplane_pb2.XLine, frames: _Frames, stat_ids: dict[str, int]
+) -> np.ndarray:
+    """Per lasting event of a GPU stream line: program > name scope > op > kernel.
+
+    On GPU the HLO op, module and framework op are stats of each kernel event.
+    """
+    names = {m.id: m.name for m in plane.stat_metadata.values()}
+    module_id, op_id = stat_ids.get("hlo_module", -1), stat_ids.get("hlo_op", -1)
+    scope_ids = {stat_ids.get("tf_op", -1), stat_ids.get("name_scope", -1)} - {-1}
+    wanted = scope_ids | {module_id, op_id}
+    cache: dict[tuple[int, str, str, str], int] = {}
+    out = []
+    for event in line.events:
+        if event.duration_ps <= 0:
+            continue
+        module = op = scope = ""
+        for stat in event.stats:
+            sid = stat.metadata_id
+            if sid in wanted:
+                text = names.get(stat.ref_value, "") if stat.ref_value else stat.str_value
+                if sid == module_id:
+                    module = _program_name(text)
+                elif sid == op_id:
+                    op = text
+                else:
+                    scope = text
+        key = (event.metadata_id, module, op, scope)
+        found = cache.get(key)
+        if found is None:
+            meta = plane.event_metadata.get(event.metadata_id)
+            kernel = (meta.name or meta.display_name) if meta else f"<kernel {key[0]}>"
+            parts = (
+                module or UNKNOWN_PROGRAM,
+                *(p for p in scope.split("/") if p),
+                *((op,) if op and op != kernel else ()),
+                kernel,
+            )
+            found = cache[key] = frames.tuple_id(tuple(FrameLabel(p) for p in parts))
+        out.append(found)
+    return np.asarray(out, np.int64)
+
+
+def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
+    """Add one device plane's op time to ``frames``."""
     plane = capture.plane(ref)
     headers = _headers(capture, plane)
     by_name = {h.name: h.index for h in headers}
+    gpu_stats: dict[str, int] = {}
     if XLA_OPS in by_name:
         op_lines = [by_name[XLA_OPS]]
     else:  # e.g. GPU captures without derived lines: every stream line holds kernels
         op_lines = [h.index for h in headers if h.name not in _NON_OP_LINES]
+        gpu_stats = _gpu_stat_ids(plane)
     if STEPS in by_name:
         steps = _line(capture, plane, by_name[STEPS])
         capture.steps = max(capture.steps, sum(1 for e in steps.events if e.duration_ps > 0))
         del steps
-    modules = _line(capture, plane, by_name[XLA_MODULES]) if XLA_MODULES in by_name else None
-    module_names: dict[int, str] = {}  # program_id -> program name
-    module_meta_names: dict[int, str] = {}  # module event metadata id -> program name
-    if modules is not None:
-        for meta_id in {e.metadata_id for e in modules.events}:
-            meta = plane.event_metadata.get(meta_id)
-            if meta is None:
-                continue
-            name = _program_name(meta.name or meta.display_name)
-            module_meta_names[meta_id] = name
-            pid = _stat_values(plane, meta.stats).get("program_id")
-            if pid is None:
-                match = re.search(r"\((-?\d+)\)$", meta.name)
-                pid = int(match.group(1)) if match else None
-            if isinstance(pid, int | float):
-                module_names[int(pid)] = name
-
+    programs = _programs(capture, plane, by_name.get(XLA_MODULES))
     infos: dict[int, _OpInfo] = {}
     for line_index in op_lines:
-        line = _line(capture, plane, line_index)
-        ids, durs = _columns(line.events, offsets=False)
+        base_ns = capture.line_start_ns(headers[line_index].timestamp_ns)
+        if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
+            line = _line(capture, plane, line_index)
+            kernel_ids = _gpu_tuple_ids(plane, line, frames, gpu_stats)
+            _, starts, ends = _columns(line.events)
+            del line
+            nested = nest(starts, ends, kernel_ids, "contain")
+            tuple_ids = nested.label.copy()
+            inner = np.flatnonzero(nested.parent >= 0)  # a kernel inside a kernel: itself
+            for i in inner.tolist():
+                tuple_ids[i] = frames.tuple_id(frames.tuples[int(nested.label[i])][-1:])
+            frames.add_line(base_ns, nested, tuple_ids, 0)
+            continue
+        ids, starts, ends = _line_columns(capture, plane, line_index)
         if not len(ids):
             continue
-        uniq_ops = np.unique(ids)
-        for meta_id in uniq_ops.tolist():
+        metas, meta_index = dense_index(ids)
+        for meta_id in metas.tolist():
             if meta_id not in infos:
                 infos[meta_id] = _op_info(plane, meta_id)
-        # Ops whose metadata names their program need no time containment; the others
-        # are placed in the XLA Modules event that contains their start.
-        need_offsets = modules is not None and any(
-            infos[m].program_id not in module_names for m in uniq_ops.tolist()
+        line_infos = [infos[m] for m in metas.tolist()]
+        # Each event's program: its metadata's program_id, else the module run around it.
+        names = [
+            UNKNOWN_PROGRAM,
+            *sorted(set(programs.by_id.values()) | set(programs.by_meta.values())),
+        ]
+        name_index = {n: i for i, n in enumerate(names)}
+        by_meta_program = np.array(
+            [
+                name_index[programs.by_id[x.program_id]] if x.program_id in programs.by_id else -1
+                for x in line_infos
+            ],
+            np.int64,
         )
-        offsets = (
-            np.fromiter((e.offset_ps for e in line.events), np.int64, len(ids))
-            if need_offsets
-            else None
+        program = by_meta_program[meta_index]
+        unnamed = program < 0
+        if unnamed.any():
+            module = programs.module_of(starts[unnamed], base_ns)
+            program[unnamed] = programs.names_of(module, name_index)
+        classes, label = dense_index(program * len(metas) + meta_index)
+        del ids, meta_index, program
+        nested = nest(starts, ends, label, "contain")
+        del starts, ends, label
+        class_program = (classes // len(metas)).tolist()
+        class_info = [line_infos[int(c)] for c in (classes % len(metas)).tolist()]
+        tuple_ids = np.empty(len(nested), np.int64)
+        top = nested.parent < 0
+        root_ids = np.array(
+            [
+                frames.tuple_id(_op_labels(info, names[p], None))
+                for p, info in zip(class_program, class_info, strict=True)
+            ],
+            np.int64,
         )
-        del line  # hold one parsed line at a time, and not while aggregating
-        if offsets is not None and modules is not None:
-            m_ids, m_durs, m_offs = _columns(modules.events, offsets=True)
-            order = np.argsort(m_offs, kind="stable")
-            m_starts, m_ends, m_ids = m_offs[order], (m_offs + m_durs)[order], m_ids[order]
-            slot = np.searchsorted(m_starts, offsets, side="right") - 1
-            inside = (slot >= 0) & (offsets < m_ends[np.maximum(slot, 0)])
-            program_meta = np.where(inside, m_ids[np.maximum(slot, 0)], -1)
-            del offsets, slot, inside
-        else:
-            program_meta = np.full(len(ids), -1, np.int64)
-        # Group by (program module metadata id, op metadata id) and sum durations.
-        op_index = np.searchsorted(uniq_ops, ids)
-        uniq_prog, prog_index = np.unique(program_meta, return_inverse=True)
-        key = prog_index.astype(np.int64) * len(uniq_ops) + op_index
-        sums = np.bincount(key, weights=durs, minlength=len(uniq_prog) * len(uniq_ops))
-        # bincount sums in float64: exact below 2**53 ps (~104 days of device time).
-        for flat in np.flatnonzero(sums):
-            prog_meta = int(uniq_prog[flat // len(uniq_ops)])
-            meta_id = int(uniq_ops[flat % len(uniq_ops)])
-            info = infos.get(meta_id) or _op_info(plane, meta_id)
-            if prog_meta >= 0:
-                program = module_meta_names.get(prog_meta, UNKNOWN_PROGRAM)
-            elif info.program_id is not None and info.program_id in module_names:
-                program = module_names[info.program_id]
-            else:
-                program = UNKNOWN_PROGRAM
-            graph.add((program, *info.path), round(float(sums[flat]) / _PS_PER_NS))
-        del ids, durs, program_meta
+        tuple_ids[top] = root_ids[nested.label[top]]
+        if not top.all():
+            nested_in = ~top
+            width = len(classes)
+            pairs, pair_index = dense_index(
+                nested.label[nested.parent[nested_in]] * width + nested.label[nested_in]
+            )
+            pair_ids = np.array(
+                [
+                    frames.tuple_id(_op_labels(class_info[k % width], None, class_info[k // width]))
+                    for k in pairs.tolist()
+                ],
+                np.int64,
+            )
+            tuple_ids[nested_in] = pair_ids[pair_index]
+        frames.add_line(base_ns, nested, tuple_ids, 0)
 
 
 def device_flamegraph(capture: Capture) -> FlameGraph | None:
-    """Device time (ns) over all device planes; None when the capture has none."""
+    """Device time (ns) over all device planes; None when the capture has none.
+
+    An op's self time is its duration minus the ops nested in it on its line (a
+    ``while`` and its body), as XProf's ``op_profile`` computes it.
+    """
+    graphs = device_graphs(capture, None)
+    return graphs[0] if graphs is not None else None
+
+
+def device_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGraph] | None:
+    """Device-time graphs, one per window (``None``: one graph of all the time)."""
     planes = capture.device_planes
     if not planes:
         return None
-    start, duration = capture.time_range()
-    graph = FlameGraph(
-        sample_type="device_time",
-        unit="nanoseconds",
-        profile_name="device",
-        time_nanos=start,
-        duration_nanos=duration,
-    )
+    frames = _Frames(windows_ns)
     for ref in planes:
-        _device_plane_graph(capture, ref, graph)
-    return graph
+        _device_plane(capture, ref, frames)
+    return frames.graphs(_template(capture, "device"))
 
 
 # -- host time -----------------------------------------------------------------------
@@ -474,99 +835,79 @@ def _host_label(plane: Plane, meta_id: int) -> FrameLabel:
     return label_native(name) if name else FrameLabel(f"<event {meta_id}>")
 
 
-def _thread_name(line: xplane_pb2.XLine) -> str:
-    # Pool threads are "tf_XLAEigen/-2284334949033183961": one frame per pool, not thread.
-    name = line.display_name or line.name or f"thread {line.id}"
-    return _THREAD_ID_SUFFIX.sub("", name) or name
+def _thread_names(headers: Sequence[_LineHeader]) -> list[str]:
+    """The frame of each line: its thread name, with the id where two threads share it.
+
+    Thread-pool lines (``tf_XLAEigen/-2284334949033183961``) fold into one frame per
+    pool on purpose: the pool's work matters, not which of its threads did it.
+    """
+    names = []
+    pools = []
+    for header in headers:
+        name = header.display_name or header.name or f"thread {header.id}"
+        pooled = _THREAD_ID_SUFFIX.sub("", name)
+        pools.append(bool(pooled) and pooled != name)
+        names.append(pooled or name)
+    threads: dict[str, set[int]] = {}
+    for header, name, pool in zip(headers, names, pools, strict=True):
+        if not pool:
+            threads.setdefault(name, set()).add(header.id)
+    return [
+        f"{name} (tid {header.id})" if not pool and len(threads[name]) > 1 else name
+        for header, name, pool in zip(headers, names, pools, strict=True)
+    ]
 
 
-def _chunked(*columns: np.ndarray, size: int = 1 << 16) -> Iterator[tuple[int, ...]]:
-    """Rows of int64 columns as Python ints, converted a chunk at a time (bounded memory)."""
-    for begin in range(0, len(columns[0]), size):
-        yield from zip(*(c[begin : begin + size].tolist() for c in columns), strict=True)
-
-
-def _host_line(
-    plane: Plane,
-    line: xplane_pb2.XLine,
-    graph: FlameGraph,
-    labels: dict[int, FrameLabel],
-) -> None:
-    ids, durs, offs = _columns(line.events, offsets=True)
-    keep = durs > 0  # instant markers carry no time
-    ids, durs, offs = ids[keep], durs[keep], offs[keep]
-    if not len(ids):
-        return
-    order = np.lexsort((-durs, offs))  # by start; on ties the longer (outer) event first
-    sorted_starts = offs[order]
-    sorted_ends = (offs + durs)[order]
-    sorted_metas = ids[order]
-    stride = int(ids.max()) + 1
-    del ids, durs, offs, order
-    # A trie keyed by parent node * stride + metadata id; node 0 is the thread.
-    parent_of: list[int] = [-1]
-    meta_of: list[int] = [-1]
-    self_ps: list[int] = [0]
-    index: dict[int, int] = {}
-    # Open events, innermost last: their end, trie node, and the end of their latest
-    # child (children are kept disjoint so that no self value goes negative).
-    open_ends: list[int] = [1 << 62]
-    open_nodes: list[int] = [0]
-    child_cursor: list[int] = [-(1 << 62)]
-    for event_start, end, meta in _chunked(sorted_starts, sorted_ends, sorted_metas):
-        start = event_start
-        # Close what ended, and what does not contain this event (overlap, not nesting).
-        while len(open_ends) > 1 and (open_ends[-1] <= start or open_ends[-1] < end):
-            open_ends.pop()
-            open_nodes.pop()
-            child_cursor.pop()
-        parent = open_nodes[-1]
-        if child_cursor[-1] > start:
-            start = child_cursor[-1]  # clip the part a sibling already covers
-            if end <= start:
-                continue
-        child_cursor[-1] = end
-        key = parent * stride + meta
-        node = index.get(key)
-        if node is None:
-            node = index[key] = len(parent_of)
-            parent_of.append(parent)
-            meta_of.append(meta)
-            self_ps.append(0)
-        self_ps[node] += end - start
-        self_ps[parent] -= end - start
-        open_ends.append(end)
-        open_nodes.append(node)
-        child_cursor.append(start)
-    thread = graph.root.child(_thread_name(line))
-    frames = [thread]
-    for node in range(1, len(parent_of)):
-        meta_id = meta_of[node]
-        label = labels.get(meta_id)
-        if label is None:
-            label = labels[meta_id] = _host_label(plane, meta_id)
-        frame = frames[parent_of[node]].child(label.name, label.file, label.line)
-        frames.append(frame)
-        frame.self_value += round(self_ps[node] / _PS_PER_NS)
+def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
+    plane = capture.plane(ref)
+    headers = _headers(capture, plane)
+    labels: dict[int, FrameLabel] = {}
+    for header, thread in zip(headers, _thread_names(headers), strict=True):
+        base_ns = capture.line_start_ns(header.timestamp_ns)
+        ids, starts, ends = _line_columns(capture, plane, header.index)
+        if not len(ids):
+            continue
+        nested = nest(starts, ends, ids, "split")
+        del ids, starts, ends
+        metas, index = dense_index(nested.label)
+        line_labels = []
+        for meta_id in metas.tolist():
+            label = labels.get(meta_id)
+            if label is None:
+                label = labels[meta_id] = _host_label(plane, meta_id)
+            line_labels.append(label)
+        own = np.array([frames.tuple_id((x,)) for x in line_labels], np.int64)
+        tuple_ids = own[index]
+        # Adjacent identical frames fold into one (a TraceMe inside a TraceMe of the same
+        # name, e.g. PjitFunction(update) twice); Python frames keep their recursion.
+        inner = np.flatnonzero(nested.parent >= 0)
+        same = tuple_ids[inner] == tuple_ids[nested.parent[inner]]
+        if same.any():
+            fold = np.array([not x.file for x in line_labels], bool)[index[inner]]
+            tuple_ids[inner[same & fold]] = FOLD
+        frames.add_line(
+            base_ns, nested, tuple_ids, frames.node(0, frames.tuple_id((FrameLabel(thread),)))
+        )
 
 
 def host_flamegraph(capture: Capture) -> FlameGraph | None:
-    """Host wall time (ns) stacked per thread; None when there are no host events."""
+    """Host wall time (ns) stacked per thread; None when there are no host events.
+
+    Events nest by time on each thread; overlapping events follow the ``split`` rule of
+    :mod:`exporter.profiles.nesting` (every event's time stays under its own name).
+    """
+    graphs = host_graphs(capture, None)
+    if graphs is None or graphs[0].root.total <= 0:
+        return None
+    return graphs[0]
+
+
+def host_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGraph] | None:
+    """Host-time graphs, one per window (``None``: one graph of all the time)."""
     planes = capture.host_planes
     if not planes:
         return None
-    start, duration = capture.time_range()
-    graph = FlameGraph(
-        sample_type="wall",
-        unit="nanoseconds",
-        profile_name="wall",
-        time_nanos=start,
-        duration_nanos=duration,
-    )
+    frames = _Frames(windows_ns)
     for ref in planes:
-        plane = capture.plane(ref)
-        labels: dict[int, FrameLabel] = {}
-        for index in range(len(plane.lines)):
-            _host_line(plane, _line(capture, plane, index), graph, labels)
-    graph.recompute_totals()
-    return graph if graph.root.total > 0 else None
+        _host_plane(capture, ref, frames)
+    return frames.graphs(_template(capture, "host"))

@@ -17,6 +17,7 @@ PushResult(status='ok', ...)
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gzip
 import json
 import logging
@@ -159,26 +160,43 @@ def _sample_count(graph: FlameGraph) -> int:
     return sum(1 for _, node in graph.paths() if node.self_value)
 
 
-def fit_to_limits(graph: FlameGraph, limits: PyroscopeLimits) -> tuple[bytes, FlameGraph]:
-    """Serialized (uncompressed) pprof of ``graph`` within ``limits``, and the graph used.
-
-    Deep stacks are cut at ``max_depth``; too many samples or bytes fold the smallest
-    subtrees into ``other`` nodes (totals unchanged).
-    """
+def _fit_one(graph: FlameGraph, limits: PyroscopeLimits) -> FlameGraph:
     fitted = graph
     if fitted.max_depth > limits.max_depth:
         fitted = fitted.depth_limited(limits.max_depth)
     if _sample_count(fitted) > limits.max_samples:
         fitted = fitted.truncated(limits.max_samples)
-    raw = to_pprof(fitted).SerializeToString()
     budget = fitted.node_count
-    while len(raw) > limits.max_profile_bytes and budget > 1:
-        budget = max(1, int(budget * min(0.9, limits.max_profile_bytes / len(raw))))
+    size = len(to_pprof(fitted).SerializeToString())
+    while size > limits.max_profile_bytes and budget > 1:
+        budget = max(1, int(budget * min(0.9, limits.max_profile_bytes / size)))
         fitted = graph.truncated(budget)
         if fitted.max_depth > limits.max_depth:
             fitted = fitted.depth_limited(limits.max_depth)
-        raw = to_pprof(fitted).SerializeToString()
-    return raw, fitted
+        size = len(to_pprof(fitted).SerializeToString())
+    return fitted
+
+
+def fit_to_limits(graph: FlameGraph, limits: PyroscopeLimits) -> tuple[bytes, FlameGraph]:
+    """Serialized (uncompressed) pprof of ``graph`` within ``limits``, and the graph used.
+
+    Deep stacks are cut at ``max_depth``; too many samples or bytes fold the smallest
+    subtrees into ``other`` nodes (totals unchanged). A graph with companions (other
+    sample types, e.g. ``inuse_objects``) is pushed as one pprof with all its sample
+    types, which Pyroscope stores as one series per sample type
+    (``pkg/phlaredb/labels/labels.go``, ``CreateProfileLabels``); each part is fitted
+    to an equal share of the limits.
+    """
+    parts = [graph, *graph.companions]
+    share = dataclasses.replace(
+        limits,
+        max_profile_bytes=limits.max_profile_bytes // len(parts),
+        max_samples=limits.max_samples // len(parts),
+    )
+    fitted, *companions = [_fit_one(dataclasses.replace(p, companions=[]), share) for p in parts]
+    if companions:
+        fitted = dataclasses.replace(fitted, companions=companions)
+    return to_pprof(fitted).SerializeToString(), fitted
 
 
 def _connect_message(response: httpx.Response) -> str:

@@ -13,7 +13,9 @@ from urllib.parse import quote
 
 import pytest
 
-from exporter.profiles.pprof import decode_pprof, from_pprof
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.frames import FrameLabel
+from exporter.profiles.pprof import decode_pprof, encode_pprof, from_pprof
 from exporter.profiles.synthetic import write_tpu_capture
 from tests import torch_snapshots as ts
 from tests.harness import ROOT
@@ -217,3 +219,47 @@ def test_session_id_in_the_store(capture: Path, tmp_path: Path) -> None:
     (tmp_path / "outside").mkdir()
     escape = mlprof("flamegraph", "../../../outside", "--store", str(store))
     assert escape.returncode == 1 and "no such file, directory or session" in escape.stderr
+
+
+def _deep_pprof(path: Path, depth: int) -> None:
+    """A memory pprof whose one stack is ``depth`` frames deep (f0 calls f1 calls ...)."""
+    graph = FlameGraph(sample_type="inuse_space", unit="bytes", profile_name="memory")
+    graph.add([FrameLabel(f"f{i}", "deep.py", i + 1) for i in range(depth)], 4096)
+    graph.add([FrameLabel(f"f{i}", "deep.py", i + 1) for i in range(depth // 2)], 1024)
+    path.write_bytes(encode_pprof(graph))
+
+
+def test_html_of_a_3000_deep_stack_renders_and_counts_frames_as_the_cli(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "deep.pprof.gz"
+    _deep_pprof(source, 3000)
+    page = tmp_path / "deep.html"
+    done = mlprof("flamegraph", str(source), "--format", "html", "-o", str(page))
+    assert done.returncode == 0, done.stderr  # was a RecursionError past ~500 frames
+    said = re.search(r"\((\d+) frames, total", done.stderr)
+    assert said is not None and said.group(1) == "3000"
+    dom = _chromium_dom(page)
+    assert 'data-ready="1"' in dom
+    status = re.search(r'id="status"[^>]*data-frames="(\d+)"[^>]*data-drawn="(\d+)"', dom)
+    assert status is not None and status.group(1) == "3000"
+    assert "3,000 frames (" in dom and " drawn; narrower than 0.05% of the view are not)" in dom
+    frames = _frames(dom)
+    assert len(frames) == int(status.group(2))
+    deepest = max(frames, key=lambda f: f["path"].count(";"))
+    assert deepest["text"] == "f2999" and deepest["path"].count(";") == 2999
+
+
+def test_html_keeps_same_named_frames_of_two_files_apart(tmp_path: Path) -> None:
+    graph = FlameGraph(sample_type="inuse_space", unit="bytes", profile_name="memory")
+    graph.add(["main", FrameLabel("foo", "a.py", 10)], 100)
+    graph.add(["main", FrameLabel("foo", "b.py", 3)], 50)
+    source = tmp_path / "two.pprof.gz"
+    source.write_bytes(encode_pprof(graph))
+    page = tmp_path / "two.html"
+    assert mlprof("flamegraph", str(source), "--format", "html", "-o", str(page)).returncode == 0
+    frames = _frames(_chromium_dom(page))
+    foos = sorted((f["path"], f["total"]) for f in frames if f["text"] == "foo")
+    assert foos == [("main;foo@a.py:10", "100"), ("main;foo@b.py:3", "50")]
+    zoomed = _frames(_chromium_dom(page, "zoom=" + quote("main;foo@b.py:3")))
+    assert [(f["path"], f["total"]) for f in zoomed] == [("main;foo@b.py:3", "50")]

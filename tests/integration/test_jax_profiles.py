@@ -19,6 +19,8 @@ from exporter.profiles.memory_watcher import (
     request_memory_profile,
 )
 from exporter.profiles.pprof import decode_pprof
+from exporter.profiles.steps import step_windows, windowed_flamegraphs
+from exporter.profiles.xplane import host_flamegraph, load_capture
 from exporter.sinks.pyroscope import PyroscopeSink
 from tests.harness import ROOT, Proc, wait_until
 from tests.pyroscope_receiver import PyroscopeReceiver
@@ -117,8 +119,13 @@ def test_memory_profiles_on_request_and_periodic_are_pushed(
         assert series.labels["service_name"] == "profile-test"
         assert series.labels["run_id"] == "run-jax"
         assert series.labels["host"] == "host-a"
-        assert series.sample_types == [("inuse_space", "bytes")]
-        assert sum(series.folded().values()) == workload.live_bytes
+        assert series.sample_types == [("inuse_objects", "count"), ("inuse_space", "bytes")]
+        # Each pushed profile holds its file's live bytes and live allocations (the
+        # workload's arrays can change between periodic profiles: compare per file).
+        for result, pushed in zip(results, received, strict=True):
+            profile = decode_pprof(result.path.read_bytes())
+            assert sum(pushed.folded(1).values()) == in_use_bytes(profile)
+            assert sum(pushed.folded(0).values()) == sum(s.value[0] for s in profile.sample)
         # Each profile is converted once, also across a sidecar restart.
         again = MemoryProfileWatcher(workload.shared, sink.push, tmp_path / "state.json")
         repeated = {r.path for r in again.poll()} & {r.path for r in results}
@@ -135,3 +142,23 @@ def test_cli_converts_real_captures(workload: Workload, tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert any(";train;forward" in line for line in out.read_text().splitlines())
+
+
+def test_steps_of_a_real_cpu_capture_come_from_step_annotations(workload: Workload) -> None:
+    (path,) = workload.logdir.glob("plugins/profile/*/*.xplane.pb")
+    with load_capture(path) as capture:
+        windows, source = step_windows(capture)
+        assert source == "host_step_annotations"
+        assert [w.step for w in windows] == [1, 2, 3]  # StepTraceAnnotation step_num
+        start, duration = capture.time_range()
+        assert start <= windows[0].start_ns and windows[-1].end_ns <= start + duration
+        per_step = windowed_flamegraphs(capture, "host", windows)
+        host = host_flamegraph(capture)
+    assert host is not None
+    for window, graph in zip(windows, per_step, strict=True):
+        graph.check()
+        # The annotation spans its window: its frame holds the whole window (to 1 ns).
+        train = sum(n.total for _, n in graph.paths() if n.name == "train")
+        assert abs(train - (window.end_ns - window.start_ns)) <= 1
+        assert any(n.name == "forward" for _, n in graph.paths())
+    assert sum(g.root.total for g in per_step) < host.root.total

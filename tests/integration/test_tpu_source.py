@@ -400,7 +400,9 @@ def test_skipped_metrics_are_listed_in_readyz(tmp_path: Path) -> None:
             store=str(tmp_path / "store"),
             collect_interval_s=0.2,
         )
-        with TestClient(create_app(Sidecar(settings, telemetry())), base_url="http://127.0.0.1") as client:
+        with TestClient(
+            create_app(Sidecar(settings, telemetry())), base_url="http://127.0.0.1"
+        ) as client:
             component = wait_until(
                 lambda: (
                     (c := client.get("/readyz").json()["components"]["source.tpu"])

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from exporter.profiles.flamegraph import OTHER, FlameGraph
+from exporter.profiles.flamegraph import OTHER, FlameGraph, cut_name
 from exporter.profiles.frames import FrameLabel
+from exporter.profiles.html import render_html
 from exporter.profiles.pprof import decode_pprof, encode_pprof, from_pprof, to_pprof
 
 
@@ -117,15 +118,31 @@ def test_truncated_keeps_the_biggest_frames() -> None:
     }
 
 
-def test_depth_limited() -> None:
+def test_depth_limited_folds_what_is_deeper_into_one_named_frame() -> None:
     graph = FlameGraph()
     graph.add([f"f{i}" for i in range(50)], 10)
     graph.add(["f0", "g"], 5)
+    graph.add([f"f{i}" for i in range(10)], 3)  # ends exactly at the limit: kept
     cut = graph.depth_limited(10)
     cut.check()
     assert cut.max_depth == 10
-    assert cut.root.total == 15
-    assert cut.find([f"f{i}" for i in range(10)]).self_value == 10  # type: ignore[union-attr]
+    assert cut.root.total == 18
+    kept = cut.find([f"f{i}" for i in range(9)])
+    assert kept is not None
+    assert {c.name: c.total for c in kept.children.values()} == {cut_name(9): 13}
+    assert kept.named(cut_name(9)).self_value == 13  # type: ignore[union-attr]
+    assert graph.depth_limited(60).find([f"f{i}" for i in range(50)]) is not None
+
+
+def test_deep_graphs_flatten_and_render_without_recursion() -> None:
+    graph = FlameGraph(sample_type="wall", unit="nanoseconds")
+    graph.add([f"f{i}" for i in range(5000)], 7)
+    flat = graph.to_flat()
+    assert len(flat["name"]) == 5001 and flat["parent"][:3] == [-1, 0, 1]
+    assert flat["total"][-1] == 7
+    page = render_html(graph, "deep")  # json.dumps of nested dicts used to recurse
+    assert "f4999" in page
+    assert graph.depth_limited(1000).max_depth == 1000
 
 
 def test_pprof_round_trip_and_tables() -> None:
@@ -172,3 +189,99 @@ def test_to_dict_carries_self_total_and_file() -> None:
     graph.add([FrameLabel("f", "a.py", 3)], 4)
     tree = graph.to_dict()
     assert tree == {"n": "root", "s": 0, "t": 4, "c": [{"n": "f", "s": 4, "t": 4, "f": "a.py:3"}]}
+
+
+def _same_name_graph() -> FlameGraph:
+    graph = FlameGraph(sample_type="inuse_space", unit="bytes")
+    graph.add(["main", FrameLabel("foo", "a.py", 10)], 100)
+    graph.add(["main", FrameLabel("foo", "b.py", 3)], 50)
+    return graph
+
+
+def test_frames_are_keyed_by_name_file_and_line() -> None:
+    graph = _same_name_graph()
+    main = graph.find(["main"])
+    assert main is not None
+    foos = sorted((c.file, c.line, c.total) for c in main.children.values())
+    assert foos == [("a.py", 10, 100), ("b.py", 3, 50)]
+    assert graph.find(["main", FrameLabel("foo", "b.py", 3)]).total == 50  # type: ignore[union-attr]
+    assert graph.find(["main", "foo"]).file == "a.py"  # type: ignore[union-attr]  # plain name: largest
+    assert graph.find(["main", FrameLabel("foo", "c.py", 1)]) is None
+    assert graph.node_count == 3
+
+
+def test_identity_survives_merge_copy_scale_truncate_and_depth_limit() -> None:
+    graph = _same_name_graph()
+    merged = _same_name_graph()
+    merged.merge(graph)
+    for out in (
+        merged,
+        graph.copy(),
+        graph.scaled(2),
+        graph.truncated(10),
+        graph.depth_limited(5),
+    ):
+        out.check()
+        main = out.find(["main"])
+        assert main is not None
+        files = sorted((c.name, c.file, c.line) for c in main.children.values())
+        assert files == [("foo", "a.py", 10), ("foo", "b.py", 3)]
+    assert merged.find(["main", FrameLabel("foo", "a.py", 10)]).total == 200  # type: ignore[union-attr]
+
+
+def test_to_dict_gives_each_same_named_frame_its_file() -> None:
+    tree = _same_name_graph().to_dict()
+    (main,) = tree["c"]  # type: ignore[misc]
+    assert [(c["n"], c["f"], c["t"]) for c in main["c"]] == [
+        ("foo", "a.py:10", 100),
+        ("foo", "b.py:3", 50),
+    ]
+
+
+def test_pprof_keeps_same_named_functions_apart() -> None:
+    profile = to_pprof(_same_name_graph())
+    table = profile.string_table
+    functions = sorted(
+        (table[f.name], table[f.system_name], table[f.filename], f.start_line)
+        for f in profile.function
+    )
+    assert functions == [
+        ("foo", "foo", "a.py", 10),
+        ("foo", "foo", "b.py", 3),
+        ("main", "main", "", 0),
+    ]
+    by_id = {f.id: f for f in profile.function}
+    lines = sorted(
+        (table[by_id[ln.function_id].filename], ln.line)
+        for loc in profile.location
+        for ln in loc.line
+    )
+    assert lines == [("", 0), ("a.py", 10), ("b.py", 3)]
+    back = from_pprof(profile)
+    main = back.find(["main"])
+    assert main is not None
+    assert sorted((c.file, c.line, c.total) for c in main.children.values()) == [
+        ("a.py", 10, 100),
+        ("b.py", 3, 50),
+    ]
+
+
+def test_from_pprof_keys_by_start_line_not_call_line() -> None:
+    # Two call sites (lines 14 and 20) of one function defined at line 5: one frame.
+    profile = to_pprof(_same_name_graph())
+    table = profile.string_table
+    fn = next(f for f in profile.function if table[f.filename] == "a.py")
+    fn.start_line = 5
+    loc = next(loc for loc in profile.location if loc.line[0].function_id == fn.id)
+    loc.line[0].line = 14
+    extra = profile.location.add(id=len(profile.location) + 1, mapping_id=1)
+    extra.line.add(function_id=fn.id, line=20)
+    main_loc = next(s.location_id[1] for s in profile.sample)
+    profile.sample.add(location_id=[extra.id, main_loc], value=[7])
+    back = from_pprof(profile)
+    main = back.find(["main"])
+    assert main is not None
+    assert sorted((c.file, c.line, c.total) for c in main.children.values()) == [
+        ("a.py", 5, 107),
+        ("b.py", 3, 50),
+    ]

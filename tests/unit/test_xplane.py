@@ -17,6 +17,7 @@ from exporter.profiles.xplane import (
     parse_xspace,
 )
 from exporter.proto import xplane_pb2
+from tests.xspace_builder import PlaneBuilder
 
 
 def _leaves(graph: object) -> dict[tuple[str, ...], int]:
@@ -74,8 +75,9 @@ def test_host_flamegraph_stacks_by_containment() -> None:
     assert graph.find(list(synthetic.expected_host_frames)) is not None
     step = graph.find(["python", "main", "train_step", "train"])
     assert step is not None
-    call = step.children["__call__"]
-    assert set(call.children) == {"cache_miss", "PjitFunction(train_step)"}
+    call = step.named("__call__")
+    assert call is not None
+    assert {c.name for c in call.children.values()} == {"cache_miss", "PjitFunction(train_step)"}
     assert call.self_value == 4 * (400_000 - 100_000 - 50_000)
     assert graph.find(["tf_XLACpuClient", "ThunkExecutor > Execute"]) is not None
     train_step = graph.find(["python", "main", "train_step"])
@@ -197,3 +199,125 @@ def test_capture_without_task_environment_is_stamped_from_its_lines() -> None:
     for graph in (device_flamegraph(capture), host_flamegraph(capture)):
         assert graph is not None
         assert (graph.time_nanos, graph.duration_nanos) == (start_ns, 5_000_000)
+
+
+def _device_space() -> tuple[xplane_pb2.XSpace, PlaneBuilder]:
+    space = xplane_pb2.XSpace()
+    return space, PlaneBuilder(space, "/device:TPU:0")
+
+
+def test_nested_device_ops_count_their_time_once() -> None:
+    # 3 x (copy 100 us + while 1000 us holding fusions of 300 us and 400 us).
+    space, tpu = _device_space()
+    ops = tpu.line("XLA Ops")
+    op = {
+        name: tpu.meta(name, hlo_category=category, program_id=1, tf_op=scope)
+        for name, category, scope in [
+            ("copy.1", "data formatting", "jit(f)/copy"),
+            ("while.2", "control flow", "jit(f)/while"),
+            ("fusion.3", "loop fusion", "jit(f)/while/body/add"),
+            ("fusion.4", "loop fusion", "jit(f)/while/body/mul"),
+        ]
+    }
+    modules = tpu.line("XLA Modules")
+    module = tpu.meta("jit_f(1)", program_id=1)
+    for i in range(3):
+        t = i * 2000_000
+        tpu.event(modules, module, t, 1100_000)
+        tpu.event(ops, op["copy.1"], t, 100_000)
+        tpu.event(ops, op["while.2"], t + 100_000, 1000_000)
+        tpu.event(ops, op["fusion.3"], t + 150_000, 300_000)
+        tpu.event(ops, op["fusion.4"], t + 500_000, 400_000)
+    graph = device_flamegraph(Capture.from_space(space))
+    assert graph is not None
+    graph.check()
+    assert graph.root.total == 3 * 1100_000  # 3.3 ms, as XProf's op_profile counts it
+    loop = graph.find(["jit_f", "jit(f)", "while", "control flow", "while.2"])
+    assert loop is not None
+    assert loop.self_value == 3 * 300_000 and loop.total == 3 * 1000_000
+    body = graph.find([*["jit_f", "jit(f)", "while", "control flow", "while.2"], "body"])
+    assert body is not None and body.total == 3 * 700_000
+    assert _leaves(graph)[
+        ("jit_f", "jit(f)", "while", "control flow", "while.2", "body", "mul", "loop fusion",
+         "fusion.4")
+    ] == 3 * 400_000  # fmt: skip
+
+
+def _host_space() -> tuple[xplane_pb2.XSpace, PlaneBuilder]:
+    space = xplane_pb2.XSpace()
+    return space, PlaneBuilder(space, "/host:CPU")
+
+
+def test_partly_overlapping_host_events_keep_all_their_time() -> None:
+    space, host = _host_space()
+    line = host.line("worker")
+    host.event(line, "outer", 0, 100)
+    host.event(line, "a", 10, 50)  # [10, 60)
+    host.event(line, "b", 40, 60)  # [40, 100): begins inside a, outlives it
+    host.event(line, "c", 45, 10)  # [45, 55): wholly inside a and b
+    graph = host_flamegraph(Capture.from_space(space))
+    assert graph is not None
+    graph.check()
+    totals: dict[str, int] = {}
+    for _ancestors, node in graph.paths():
+        totals[node.name] = totals.get(node.name, 0) + node.self_value
+    assert graph.find(["worker"]).total == 100  # type: ignore[union-attr]  # busy time
+    # Every event's duration is under its own name (self + what is nested in it).
+    assert graph.find(["worker", "outer", "a", "b", "c"]).self_value == 10  # type: ignore[union-attr]
+    assert graph.find(["worker", "outer", "a", "b"]).total == 20  # type: ignore[union-attr]
+    assert graph.find(["worker", "outer", "b"]).total == 40  # type: ignore[union-attr]
+    assert graph.find(["worker", "outer", "a"]).total == 50  # type: ignore[union-attr]
+    assert totals == {"worker": 0, "outer": 10, "a": 30, "b": 50, "c": 10}
+
+
+def test_threads_of_one_name_stay_apart_by_thread_id() -> None:
+    space, host = _host_space()
+    for tid, duration in ((4242, 30), (4343, 50)):
+        host.event(host.line("python", line_id=tid), "work", 0, duration)
+    for tid in (1, 2):  # pool threads fold into one frame per pool
+        host.event(host.line(f"tf_XLAEigen/{tid}", line_id=100 + tid), "task", 0, 5)
+    host.event(host.line("main", line_id=9), "work", 0, 1)
+    graph = host_flamegraph(Capture.from_space(space))
+    assert graph is not None
+    roots = {c.name: c.total for c in graph.root.children.values()}
+    assert roots == {"python (tid 4242)": 30, "python (tid 4343)": 50, "tf_XLAEigen": 10, "main": 1}
+
+
+def test_a_traceme_inside_one_of_the_same_name_folds() -> None:
+    space, host = _host_space()
+    line = host.line("python")
+    host.event(line, "$train.py:10 update", 0, 100)
+    host.event(line, "PjitFunction(update)", 5, 90)
+    host.event(line, "PjitFunction(update)", 6, 88)
+    host.event(line, "Execute", 10, 50)
+    host.event(line, "$lib.py:3 f", 60, 20)  # Python recursion keeps its frames
+    host.event(line, "$lib.py:3 f", 61, 10)
+    graph = host_flamegraph(Capture.from_space(space))
+    assert graph is not None
+    pjit = graph.find(["python", "update", "PjitFunction(update)"])
+    assert pjit is not None and pjit.total == 90
+    assert {c.name for c in pjit.children.values()} == {"Execute", "f"}
+    assert graph.find(["python", "update", "PjitFunction(update)", "f", "f"]) is not None
+
+
+def test_gpu_kernels_stack_program_scope_op_kernel() -> None:
+    space = xplane_pb2.XSpace()
+    gpu = PlaneBuilder(space, "/device:GPU:0")
+    stream = gpu.line("Stream #14(Compute)")
+    other = gpu.line("Stream #15(MemcpyH2D)")
+    dot = {"hlo_module": "jit_train_step(123)", "hlo_op": "dot.7"}
+    dot["tf_op"] = "jit(train_step)/mlp/dot_general"
+    add = {"hlo_module": "jit_train_step(123)", "hlo_op": "fusion.2"}
+    add["tf_op"] = "jit(train_step)/mlp/add"
+    gpu.event(stream, "sm90_gemm_bf16_kernel", 0, 50, **dot)
+    gpu.event(stream, "sm90_gemm_bf16_kernel", 100, 30, **dot)
+    gpu.event(stream, "loop_add_fusion", 200, 10, **add)
+    gpu.event(other, "MemcpyH2D", 0, 5)  # no HLO stats: kept under the unknown program
+    graph = device_flamegraph(Capture.from_space(space))
+    assert graph is not None
+    program = ("jit_train_step", "jit(train_step)", "mlp")
+    assert _leaves(graph) == {
+        (*program, "dot_general", "dot.7", "sm90_gemm_bf16_kernel"): 80,
+        (*program, "add", "fusion.2", "loop_add_fusion"): 10,
+        ("<unknown program>", "MemcpyH2D"): 5,
+    }

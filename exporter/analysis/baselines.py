@@ -1,0 +1,148 @@
+"""Baselines: which earlier session a capture is compared against.
+
+A mark is a small JSON file in the session store, ``baselines/<workload>.json`` (or
+``baselines/run/<run_id>.json`` for one run), written by ``mlprof baseline set`` or
+``PUT /api/v1/baselines/{workload}``. Names are checked like session ids (one path
+component of ``A-Z a-z 0-9 . _ -``), so a mark can never be written outside the store.
+
+Without a mark, the baseline of a session is the newest earlier finished session of
+the same workload that an alert did not start (an alert-started capture shows the
+problem, not the good state).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.capture.session import SessionRecord, check_session_id
+from exporter.capture.store import SessionStore
+
+__all__ = ["BASELINES_DIR", "Baseline", "BaselineStore", "check_name"]
+
+BASELINES_DIR = "baselines"
+RUNS_SUBDIR = "run"
+
+
+def check_name(value: str, what: str = "workload") -> str:
+    """``value`` if it is a safe mark name; ValueError saying what is expected."""
+    try:
+        return check_session_id(value)
+    except ValueError:
+        raise ValueError(
+            f"{what} {value!r}: expected 1-128 characters of A-Z a-z 0-9 . _ -, starting "
+            "with a letter or digit, without '..' or path separators"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The session a capture is compared against, and why that one."""
+
+    session_id: str
+    reason: str  # "marked for workload W" | "marked for run R" | "newest earlier ..."
+
+
+class BaselineStore:
+    """Baseline marks in the session store; ``choose`` picks a session's baseline.
+
+    ``workload_of`` names a record's workload (the sidecar reads it from the run's
+    identity in the shared dir when the record has none).
+    """
+
+    def __init__(
+        self,
+        store: SessionStore,
+        workload_of: Callable[[SessionRecord], str | None] = lambda record: record.workload,
+    ) -> None:
+        self.store = store
+        self.workload_of = workload_of
+        self.root = posixpath.join(store.root, BASELINES_DIR)
+
+    def _path(self, name: str, run: bool = False) -> str:
+        check_name(name, "run id" if run else "workload")
+        parts = [self.root, RUNS_SUBDIR, f"{name}.json"] if run else [self.root, f"{name}.json"]
+        return posixpath.join(*parts)
+
+    def set(
+        self, name: str, session_id: str, *, run: bool = False, by: str = "cli"
+    ) -> dict[str, Any]:
+        """Mark ``session_id`` as the baseline of a workload (or of a run)."""
+        check_session_id(session_id)
+        if self.store.read_record(session_id) is None:
+            raise LookupError(f"no session {session_id!r} in the store {self.store.url}")
+        mark = {
+            "workload" if not run else "run_id": name,
+            "session_id": session_id,
+            "set_by": by,
+            "set_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        path = self._path(name, run)
+        self.store.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        self.store.fs.pipe_file(path, json.dumps(mark, indent=2).encode() + b"\n")
+        return mark
+
+    def get(self, name: str, *, run: bool = False) -> dict[str, Any] | None:
+        """The mark of a workload (or run), or None."""
+        try:
+            data = json.loads(self.store.fs.cat_file(self._path(name, run)))
+        except (FileNotFoundError, OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("session_id"), str):
+            return None
+        return data
+
+    def marks(self) -> list[dict[str, Any]]:
+        """Every workload's mark."""
+        try:
+            entries = self.store.fs.ls(self.root, detail=False)
+        except (FileNotFoundError, OSError):
+            return []
+        found = []
+        for entry in sorted(entries):
+            name = posixpath.basename(str(entry))
+            if name.endswith(".json"):
+                try:
+                    mark = self.get(name[: -len(".json")])
+                except ValueError:
+                    continue
+                if mark is not None:
+                    found.append(mark)
+        return found
+
+    def choose(self, record: SessionRecord) -> Baseline | None:
+        """The baseline of ``record``: the run's mark, the workload's, else the newest
+        earlier finished session of the same workload not started by an alert."""
+        for name, run in ((record.run_id, True), (self.workload_of(record), False)):
+            if not name:
+                continue
+            try:
+                mark = self.get(name, run=run)
+            except ValueError:
+                continue
+            usable = mark is not None and mark["session_id"] != record.id
+            if usable and self.store.read_record(mark["session_id"]) is not None:  # type: ignore[index]
+                kind = "run" if run else "workload"
+                return Baseline(mark["session_id"], f"marked as the baseline of {kind} {name}")  # type: ignore[index]
+        workload = self.workload_of(record)
+        if not workload:
+            return None
+        earlier = [
+            r
+            for r in self.store.records()
+            if r.id != record.id
+            and r.finished_ok
+            and r.trigger != "alert"
+            and r.created < record.created
+            and self.workload_of(r) == workload
+        ]
+        if not earlier:
+            return None
+        newest = max(earlier, key=lambda r: (r.created, r.id))
+        return Baseline(
+            newest.id, f"newest earlier session of workload {workload} not started by an alert"
+        )

@@ -1,0 +1,482 @@
+"""The measured facts of a capture (or a session's captures): what a report reasons on.
+
+Gathered from the capture itself (step windows from the profiles layer; XLA execution
+intervals from device planes, or on CPU from the XLA client threads; flame graphs) and
+cross-checked with XProf's own converters where they work (:mod:`xprof_tools`). A fact
+that cannot be had on the capture's backend is listed in ``unavailable`` with the
+reason, never invented.
+
+Step time is split per step *cycle* (one step's start to the next step's start):
+
+* ``xla_pct``: time during which at least one XLA computation ran (on a TPU/GPU, per
+  device, averaged over devices; on CPU, on any XLA client thread);
+* ``input_wait_pct``: the rest, time inside a step when no XLA computation runs, split
+  into ``data_phase_pct`` (inside host events named like a data phase: ``data``,
+  ``input``, ``batch``, ``load``, ``prefetch``, ``iterator``, ``dataset``),
+  ``between_steps_pct`` (outside the step annotations) and ``host_other_pct``.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from exporter.profiles.flamegraph import FlameGraph
+
+__all__ = [
+    "COMPILE_EVENT_RE",
+    "DATA_FORMATTING_RE",
+    "DATA_PHASE_RE",
+    "CaptureFacts",
+    "gather_facts",
+]
+
+# Host events that are a data phase (the annotation users put around their input
+# pipeline, or tf.data / grain's own TraceMe names).
+DATA_PHASE_RE: Final = re.compile(
+    r"(^|[^a-z])(data|input|batch|load|loading|prefetch|iterator|dataset)([^a-z]|$)",
+    re.IGNORECASE,
+)
+# XLA ops that only move or reformat data (XProf's "data formatting" category, and the
+# copy / transpose / convert ops a layout mismatch makes).
+DATA_FORMATTING_RE: Final = re.compile(r"^(copy|transpose|convert|bitcast|reshape)", re.I)
+DATA_FORMATTING_CATEGORY: Final = "data formatting"
+# A compilation: JAX's own TraceMe around it, else the PjRt client's compile call.
+COMPILE_EVENT_RE: Final = re.compile(r"^(backend_compile\w*|\w*Client::Compile)$")
+TOP_OPS: Final = 10
+_PS_PER_NS = 1000
+_NON_OP_LINES = frozenset(
+    {
+        "XLA Modules",
+        "Steps",
+        "XLA TraceMe",
+        "Framework Ops",
+        "Framework Name Scope",
+        "Source code",
+        "Host Offload Ops",
+        "SparseCore Steps",
+        "Sparse Core Ops",
+    }
+)
+_GET = attrgetter("metadata_id", "offset_ps", "duration_ps")
+_ROW = np.dtype([("id", "<i8"), ("off", "<i8"), ("dur", "<i8")])
+
+
+@dataclass
+class CaptureFacts:
+    """Facts of one analysis input; ``to_json`` is the report's ``facts``."""
+
+    backend: str = "unknown"
+    files: list[str] = field(default_factory=list)
+    steps: dict[str, Any] | None = None
+    breakdown: dict[str, Any] | None = None
+    top_ops: list[dict[str, Any]] = field(default_factory=list)
+    compiler: dict[str, Any] | None = None
+    recompilation: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+    xprof: dict[str, Any] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+    graphs: dict[str, FlameGraph] = field(default_factory=dict)  # not in the JSON
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "files": self.files,
+            "steps": self.steps,
+            "breakdown": self.breakdown,
+            "top_ops": self.top_ops,
+            "compiler": self.compiler,
+            "recompilation": self.recompilation,
+            "memory": self.memory,
+            "xprof": self.xprof,
+            "unavailable": self.unavailable,
+        }
+
+
+@dataclass
+class _Host:
+    """What one capture file gives (one host)."""
+
+    cycles: list[tuple[int, int]]
+    annotations: list[tuple[int, int]]  # the step windows as the source marks them
+    xla_busy: np.ndarray  # per cycle, ns with XLA running (mean over devices)
+    data_phase: np.ndarray  # per cycle, ns inside data-phase host events with no XLA
+    compile_events: list[tuple[int, int]]
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint intervals covering the given ones."""
+    if not len(starts):
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    fresh = np.ones(len(starts), bool)
+    fresh[1:] = starts[1:] > reach[:-1]
+    group = np.cumsum(fresh) - 1
+    merged_end = np.zeros(int(group[-1]) + 1, np.int64)
+    np.maximum.at(merged_end, group, ends)
+    return starts[fresh], merged_end
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Per span, ns covered by the disjoint sorted intervals ``starts``/``ends``.
+
+    Vectorised over the spans: F(t), the covered length before t, is the lengths of the
+    intervals that start before t (a prefix sum) minus what of the last one lies past t.
+    """
+    if not len(starts) or not len(spans):
+        return np.zeros(len(spans), np.int64)
+    lengths = ends - starts
+    before = np.concatenate([[0], np.cumsum(lengths)])  # covered by intervals [0, i)
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, t, side="right")  # intervals starting at or before t
+        last = np.maximum(i - 1, 0)
+        overshoot = np.where(i > 0, np.clip(ends[last] - t, 0, None), 0)
+        return before[i] - overshoot
+
+    bounds = np.asarray(spans, np.int64).reshape(-1, 2)
+    return covered_until(bounds[:, 1]) - covered_until(bounds[:, 0])  # type: ignore[no-any-return]
+
+
+def _subtract(
+    starts: np.ndarray, ends: np.ndarray, cut_starts: np.ndarray, cut_ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint intervals minus disjoint intervals (both sorted)."""
+    out_s: list[int] = []
+    out_e: list[int] = []
+    j = 0
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        while j < len(cut_ends) and cut_ends[j] <= lo:
+            j += 1
+        k, cursor = j, lo
+        while k < len(cut_starts) and cut_starts[k] < hi:
+            if cut_starts[k] > cursor:
+                out_s.append(cursor)
+                out_e.append(int(cut_starts[k]))
+            cursor = max(cursor, int(cut_ends[k]))
+            k += 1
+        if cursor < hi:
+            out_s.append(cursor)
+            out_e.append(hi)
+    return np.asarray(out_s, np.int64), np.asarray(out_e, np.int64)
+
+
+def _device_busy(capture: Any, cycles: Sequence[tuple[int, int]]) -> tuple[np.ndarray, int]:
+    """Per cycle, XLA-busy ns averaged over device planes; and the device count."""
+    from exporter.proto import xplane_pb2
+
+    per_device = []
+    for ref in capture.device_planes:
+        plane = capture.plane(ref)
+        starts_all, ends_all = [], []
+        headers = []
+        for index, raw in enumerate(plane.lines):
+            header = xplane_pb2.XLineHeader()
+            header.ParseFromString(raw)
+            headers.append((index, header.name, capture.line_start_ns(header.timestamp_ns)))
+        names = {name for _, name, _ in headers}
+        wanted = [
+            h
+            for h in headers
+            if (h[1] == "XLA Ops" if "XLA Ops" in names else h[1] not in _NON_OP_LINES)
+        ]
+        for index, _, stamp in wanted:
+            line = xplane_pb2.XLine()
+            line.ParseFromString(plane.lines[index])
+            rows = np.fromiter(map(_GET, line.events), _ROW, len(line.events))
+            capture.events_read += len(line.events)
+            del line
+            start = stamp + rows["off"] // _PS_PER_NS
+            starts_all.append(start)
+            ends_all.append(start + rows["dur"] // _PS_PER_NS)
+        if not starts_all:
+            continue
+        merged = _union(np.concatenate(starts_all), np.concatenate(ends_all))
+        per_device.append(_covered(*merged, cycles))
+    if not per_device:
+        return np.zeros(len(cycles), np.int64), 0
+    return np.mean(per_device, axis=0), len(per_device)
+
+
+def _host_events(capture: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Data-phase intervals and compile events on the host planes (absolute ns)."""
+    from exporter.proto import xplane_pb2
+
+    data: list[tuple[int, int]] = []
+    compiles: list[tuple[int, int]] = []
+    for ref in capture.host_planes:
+        plane = capture.plane(ref)
+        is_data = {}
+        is_compile = {}
+        for meta_id, meta in plane.event_metadata.items():
+            name = meta.name or meta.display_name
+            if name.startswith("$"):  # Python tracer frames: functions, not phases
+                continue
+            if DATA_PHASE_RE.search(name):
+                is_data[meta_id] = True
+            if COMPILE_EVENT_RE.match(name):
+                is_compile[meta_id] = name.startswith("backend_compile")
+        if not is_data and not is_compile:
+            continue
+        jax_compiles: list[tuple[int, int]] = []
+        client_compiles: list[tuple[int, int]] = []
+        for raw in plane.lines:
+            line = xplane_pb2.XLine()
+            line.ParseFromString(raw)
+            base_ns = capture.line_start_ns(line.timestamp_ns)
+            for event in line.events:
+                meta_id = event.metadata_id
+                if meta_id not in is_data and meta_id not in is_compile:
+                    continue
+                start = base_ns + event.offset_ps // _PS_PER_NS
+                span = (start, start + event.duration_ps // _PS_PER_NS)
+                if meta_id in is_data:
+                    data.append(span)
+                if meta_id in is_compile:
+                    (jax_compiles if is_compile[meta_id] else client_compiles).append(span)
+        compiles.extend(jax_compiles or client_compiles)
+    return data, compiles
+
+
+def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
+    from exporter.analysis import xla_host
+    from exporter.analysis.sides import step_cycles
+    from exporter.profiles.steps import step_windows
+    from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
+
+    with load_capture(path) as capture:
+        windows, source = step_windows(capture)
+        cycles = [(w.start_ns, w.end_ns) for w in step_cycles(windows)]
+        annotations = sorted((w.start_ns, w.end_ns) for w in windows if w.end_ns > w.start_ns)
+        if capture.device_planes:
+            facts.backend = next(
+                (p.name.split(":")[1].lower() for p in capture.device_planes), "unknown"
+            )
+            busy, _ = _device_busy(capture, cycles)
+            xla_starts = xla_ends = np.zeros(0, np.int64)
+            events = xla_host.XlaEvents(xla_starts, xla_ends, xla_starts, xla_starts, [])
+        else:
+            facts.backend = "cpu"
+            events = xla_host.xla_host_events(capture)
+            xla_starts, xla_ends = _union(events.start, events.end)
+            busy = _covered(xla_starts, xla_ends, cycles)
+        data, compiles = _host_events(capture)
+        data_starts, data_ends = _union(
+            np.asarray([s for s, _ in data], np.int64), np.asarray([e for _, e in data], np.int64)
+        )
+        if len(xla_starts):
+            data_starts, data_ends = _subtract(data_starts, data_ends, xla_starts, xla_ends)
+        data_phase = _covered(data_starts, data_ends, cycles)
+        start, duration = capture.time_range()
+        graphs: dict[str, FlameGraph | None] = {
+            "device": device_flamegraph(capture)
+            if capture.device_planes
+            else (xla_host.graphs(events, None, start)[0] if len(events) else None),
+            "host": host_flamegraph(capture),
+        }
+        for kind, whole in graphs.items():
+            if whole is None:
+                continue
+            whole.duration_nanos = whole.duration_nanos or duration
+            graph = facts.graphs.get(kind)
+            if graph is None:
+                facts.graphs[kind] = whole
+            else:
+                graph.merge(whole)
+        facts.files.append(str(path))
+        if facts.steps is None and source != "none":
+            facts.steps = {"source": source}
+    return _Host(cycles, annotations, np.asarray(busy, float), data_phase.astype(float), compiles)
+
+
+def _step_facts(hosts: list[_Host]) -> dict[str, Any] | None:
+    durations = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.annotations]
+    cycles = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.cycles]
+    if not durations:
+        return None
+    mean = statistics.fmean(durations)
+    median = statistics.median(durations)
+    spread = statistics.pstdev(durations) if len(durations) > 1 else 0.0
+    # Modified z-score (Iglewicz & Hoaglin) with a MAD floor, as XProf's straggler signal.
+    mad = statistics.median(abs(d - median) for d in durations)
+    mad = max(mad, 0.01 * median)
+    outliers = [d for d in durations if 0.6745 * (d - median) / mad > 3.5]
+    return {
+        "count": len(durations),
+        "mean_ms": round(mean, 3),
+        "median_ms": round(median, 3),
+        "p90_ms": round(float(np.percentile(durations, 90)), 3),
+        "min_ms": round(min(durations), 3),
+        "max_ms": round(max(durations), 3),
+        "stdev_ms": round(spread, 3),
+        "cv": round(spread / mean, 3) if mean else 0.0,
+        "outliers": len(outliers),
+        "cycle_mean_ms": round(statistics.fmean(cycles), 3) if cycles else None,
+    }
+
+
+def _breakdown(hosts: list[_Host]) -> dict[str, Any] | None:
+    total = sum(hi - lo for h in hosts for lo, hi in h.cycles)
+    if total <= 0:
+        return None
+    xla = float(sum(h.xla_busy.sum() for h in hosts))
+    data = float(sum(h.data_phase.sum() for h in hosts))
+    inside = 0
+    for h in hosts:
+        starts = np.asarray([s for s, _ in h.annotations], np.int64)
+        ends = np.asarray([e for _, e in h.annotations], np.int64)
+        merged = _union(starts, ends)
+        inside += int(_covered(*merged, h.cycles).sum())
+    between = total - inside
+    idle = max(0.0, total - xla)
+    # The gap between step annotations has no XLA work of this step in it (an
+    # asynchronous dispatch finishing there is counted as XLA already).
+    between_idle = min(float(between), idle)
+    data = min(data, idle - between_idle) if data else 0.0
+    pct = 100.0 / total
+    return {
+        "cycle_total_ms": round(total / 1e6, 3),
+        "xla_pct": round(xla * pct, 2),
+        "input_wait_pct": round(idle * pct, 2),
+        "data_phase_pct": round(data * pct, 2),
+        "between_steps_pct": round(between_idle * pct, 2),
+        "host_other_pct": round(max(0.0, idle - data - between_idle) * pct, 2),
+    }
+
+
+def _top_ops(graph: FlameGraph | None) -> list[dict[str, Any]]:
+    if graph is None or graph.root.total <= 0:
+        return []
+    leaves: dict[str, int] = {}
+    for _, node in graph.paths():
+        if node.self_value:
+            leaves[node.name] = leaves.get(node.name, 0) + node.self_value
+    ranked = sorted(leaves.items(), key=lambda kv: -kv[1])[:TOP_OPS]
+    total = graph.root.total
+    return [
+        {"name": name, "self_ms": round(value / 1e6, 3), "share_pct": round(100 * value / total, 2)}
+        for name, value in ranked
+    ]
+
+
+def _compiler(graph: FlameGraph | None) -> dict[str, Any] | None:
+    if graph is None or graph.root.total <= 0:
+        return None
+    formatting = 0
+    ops: dict[str, int] = {}
+    for ancestors, node in graph.paths():
+        if not node.self_value:
+            continue
+        in_category = any(a.name == DATA_FORMATTING_CATEGORY for a in ancestors)
+        if in_category or DATA_FORMATTING_RE.match(node.name):
+            formatting += node.self_value
+            ops[node.name] = ops.get(node.name, 0) + node.self_value
+    top = sorted(ops.items(), key=lambda kv: -kv[1])[:5]
+    return {
+        "data_formatting_pct": round(100 * formatting / graph.root.total, 2),
+        "data_formatting_ms": round(formatting / 1e6, 3),
+        "ops": [{"name": n, "self_ms": round(v / 1e6, 3)} for n, v in top],
+    }
+
+
+def _recompilation(hosts: list[_Host]) -> dict[str, Any]:
+    events = [span for h in hosts for span in h.compile_events]
+    inside = [
+        (s, e)
+        for h in hosts
+        for s, e in h.compile_events
+        if any(lo <= s < hi for lo, hi in h.cycles)
+    ]
+    window = sum(hi - lo for h in hosts for lo, hi in h.cycles)
+    inside_ns = sum(e - s for s, e in inside)
+    return {
+        "compilations": len(events),
+        "in_steps": len(inside),
+        "compile_ms": round(sum(e - s for s, e in events) / 1e6, 3),
+        "in_steps_pct": round(100 * inside_ns / window, 2) if window else 0.0,
+    }
+
+
+def _memory(facts: CaptureFacts, memory_samples: Sequence[dict[str, Any]]) -> None:
+    """Peak against capacity: XProf's memory_profile, else the SDK's memory samples."""
+    tools = facts.xprof.get("tools", {}) if facts.xprof.get("available") else {}
+    allocators = tools.get("memory_profile", {}).get("summary", {}).get("allocators", {})
+    best = None
+    for name, found in allocators.items():
+        peak, capacity = found.get("peak_bytes_in_use"), found.get("capacity_bytes")
+        if peak and capacity:
+            share = peak / capacity
+            if best is None or share > best[0]:
+                best = (share, peak, capacity, f"XProf memory_profile ({name})")
+    for sample in memory_samples:
+        peak, capacity = sample.get("peak_bytes_in_use"), sample.get("bytes_limit")
+        if peak and capacity:
+            share = peak / capacity
+            if best is None or share > best[0]:
+                best = (share, peak, capacity, "SDK memory_stats samples")
+    if best is None:
+        facts.unavailable["memory"] = (
+            "no device memory peak and capacity: XProf's memory_profile found no allocator "
+            f"in this {facts.backend.upper()} capture and no memory_stats() samples were given"
+            " (JAX reports none on CPU)"
+        )
+        return
+    share, peak, capacity, source = best
+    facts.memory = {
+        "peak_bytes": int(peak),
+        "capacity_bytes": int(capacity),
+        "peak_pct": round(100 * share, 2),
+        "source": source,
+    }
+
+
+def gather_facts(
+    paths: Sequence[Path],
+    *,
+    xprof: bool = True,
+    memory_samples: Sequence[dict[str, Any]] = (),
+) -> CaptureFacts:
+    """Every fact of one session's (or one file's) captures; see the module docstring."""
+    from exporter.errors import InputError
+
+    if not paths:
+        raise InputError("nothing to analyse: no XProf capture (*.xplane.pb)")
+    facts = CaptureFacts()
+    hosts = [_host_facts(path, facts) for path in paths]
+    steps = _step_facts(hosts)
+    if steps is None:
+        facts.unavailable["steps"] = (
+            "no step markers (no Steps line on a device, no StepTraceAnnotation on the host):"
+            " step time, its spread and the input-wait share are unknown, not zero"
+        )
+    else:
+        facts.steps = (facts.steps or {}) | steps
+        facts.breakdown = _breakdown(hosts)
+    device = facts.graphs.get("device")
+    if device is None:
+        facts.unavailable["device"] = "no XLA computations in this capture (no device plane, "
+        "no XLA client thread events): device time and top ops are unknown"
+    facts.top_ops = _top_ops(device)
+    facts.compiler = _compiler(device)
+    facts.recompilation = _recompilation(hosts)
+    started = time.perf_counter()
+    facts.xprof = run_tools(paths) if xprof else {"available": False, "reason": "not asked"}
+    facts.xprof["seconds"] = round(time.perf_counter() - started, 3)
+    _memory(facts, memory_samples)
+    return facts
+
+
+def run_tools(paths: Sequence[Path]) -> dict[str, Any]:
+    from exporter.analysis.xprof_tools import run_xprof_tools
+
+    return run_xprof_tools(paths)

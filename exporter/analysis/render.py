@@ -1,0 +1,391 @@
+"""Comparisons and reports as text tables and self-contained HTML pages.
+
+The differential flame graph (``diff.html``) colours each frame by how its share of its
+own side's total moved (red grew, green shrank, grey within the noise floor), outlines
+the large and significant changes, and shows both sides' self and total with the
+significance on hover. The report page (``report.html``) has the status banner, the
+summary, key numbers, findings, the baseline's top changes, and the flame graphs (and
+the differential one) embedded as ``srcdoc`` frames: one file, no external resources.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib import resources
+from typing import Any, Final
+
+from exporter.analysis.compare import Comparison, Entry
+from exporter.analysis.report import Report
+
+__all__ = [
+    "EMBED_MAX_FRAMES",
+    "comparison_html",
+    "comparison_text",
+    "report_html",
+    "report_text",
+]
+
+# Frames drawn in an HTML page: enough for every frame a reader can see at full width,
+# few enough that a page stays a few hundred kilobytes.
+EMBED_MAX_FRAMES: Final = 2000
+# In share mode the page greys frames within the noise floor; per step, within this.
+PER_STEP_COLOUR_FLOOR_PTS: Final = 0.5
+
+
+def _payload(data: object) -> str:
+    # Inside <script>, "</" could close the element early; JSON allows "<\/".
+    return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+
+
+def _fmt_value(value: float, unit: str) -> str:
+    if unit == "nanoseconds":
+        for scale, name in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")):
+            if abs(value) >= scale:
+                return f"{value / scale:.2f} {name}"
+        return f"{value:.0f} ns"
+    if unit == "bytes":
+        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if abs(value) >= scale:
+                return f"{value / scale:.2f} {name}"
+        return f"{value:.0f} B"
+    return f"{value:.0f} {unit}"
+
+
+def _entry_row(entry: Entry, unit: str) -> list[str]:
+    v = entry.values
+    basis = entry.basis
+    q = "-" if entry.q_value is None else f"{entry.q_value:.2g}"
+    verdict = (
+        "REGRESSION"
+        if entry.regression and entry.delta_pts > 0
+        else ("IMPROVEMENT" if entry.regression else ("significant" if entry.significant else ""))
+    )
+    stack = entry.frame.stack()
+    shown = ";".join(f.name for f in stack[-2:])
+    name = ("…;" if len(stack) > 2 else "") + shown + (" (total)" if basis == "total" else "")
+    return [
+        name,
+        f"{v[f'{basis}_base_pct']:.2f}%",
+        f"{v[f'{basis}_head_pct']:.2f}%",
+        f"{entry.delta_pts:+.2f}",
+        _fmt_value(v[f"{basis}_base"], unit),
+        _fmt_value(v[f"{basis}_head"], unit),
+        q,
+        verdict,
+    ]
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def comparison_text(comparison: Comparison, top: int = 20) -> str:
+    """The comparison as text tables (regressions, then improvements)."""
+    data = comparison.to_json(top=top)
+    unit = data["unit"]
+    per = " per step" if data["normalisation"] == "per_step" else ""
+    out = [
+        f"{data['kind']} {data['sample_type']} ({unit}), normalisation {data['normalisation']}",
+        f"  base {data['base']['spec']}: {data['base']['steps']} steps, total "
+        f"{_fmt_value(data['base']['total'], unit)}{per}",
+        f"  head {data['head']['spec']}: {data['head']['steps']} steps, total "
+        f"{_fmt_value(data['head']['total'], unit)}{per}",
+    ]
+    step = data["step_time"]
+    if step["change_pct"] is not None:
+        out.append(
+            f"  step time {step['base_mean_ns'] / 1e6:.2f} ms -> {step['head_mean_ns'] / 1e6:.2f}"
+            f" ms ({step['change_pct']:+.1f}%)"
+        )
+    noise = data["noise"]
+    if data["normalisation"] == "per_step":
+        out.append(
+            f"  a regression: share moved >= {noise['min_delta_pts']:g} pts and time per step "
+            f">= {noise['min_relative_change_pct']:g}%, q < {noise['fdr_alpha']:g} "
+            "(Mann-Whitney U across steps, Benjamini-Hochberg)"
+        )
+    else:
+        out.append(
+            f"  no steps on both sides: a change counts beyond {noise['noise_floor_pts']:g} pts"
+        )
+    out.extend(f"  note: {n}" for n in data["notes"])
+    header = ["frame", "base", "head", "Δ pts", f"base{per}", f"head{per}", "q", "verdict"]
+    for title, entries in (
+        ("Regressions", comparison.regressions),
+        ("Improvements", comparison.improvements),
+    ):
+        shown = entries[:top]
+        out.append("")
+        out.append(f"{title} (share of each side's total{per}):")
+        out.append(_table([_entry_row(e, unit) for e in shown], header) if shown else "  none")
+    return "\n".join(out) + "\n"
+
+
+def _diff_tree(comparison: Comparison, max_frames: int) -> dict[str, Any]:
+    tree = comparison.tree.truncated(max_frames)
+    bs, bt, hs, ht = tree.means()
+    flagged = {
+        (e.frame.index, e.basis): (1 if e.delta_pts > 0 else -1)
+        for e in [*comparison.regressions, *comparison.improvements]
+        if e.regression
+    }
+
+    def build(node: Any) -> dict[str, Any]:
+        i = node.index
+        out: dict[str, Any] = {
+            "n": node.name,
+            "bs": round(float(bs[i]), 1),
+            "bt": round(float(bt[i]), 1),
+            "hs": round(float(hs[i]), 1),
+            "ht": round(float(ht[i]), 1),
+        }
+        if node.file:
+            out["f"] = f"{node.file}:{node.line}" if node.line else node.file
+        source = node.source
+        test = comparison.tests.get(("self", source)) or comparison.tests.get(("total", source))
+        if test is not None:
+            out["p"], out["q"] = float(f"{test[0]:.3g}"), float(f"{test[1]:.3g}")
+            out["sig"] = bool(comparison.verdict_possible and test[1] < _alpha())
+        reg = flagged.get((source, "self")) or flagged.get((source, "total"))
+        if reg:
+            out["reg"] = reg
+        return out
+
+    root = build(tree.root)
+    stack = [(tree.root, root)]
+    while stack:
+        node, out = stack.pop()
+        kids = sorted(node.children.values(), key=lambda c: -(bt[c.index] + ht[c.index]))
+        built = [build(c) for c in kids]
+        if built:
+            out["c"] = built
+        stack.extend(zip(kids, built, strict=True))
+    return root
+
+
+def _alpha() -> float:
+    from exporter.analysis.noise import FDR_ALPHA
+
+    return FDR_ALPHA
+
+
+def comparison_html(comparison: Comparison, title: str | None = None) -> str:
+    """The differential flame graph page of ``comparison``."""
+    template = resources.files("exporter.analysis").joinpath("diff.html").read_text("utf-8")
+    data = comparison.to_json(top=0)
+    title = title or f"{data['kind']} diff: {comparison.base.spec} → {comparison.head.spec}"
+    per = "mean per step" if comparison.normalisation == "per_step" else "whole capture"
+    step = data["step_time"]
+    meta = (
+        f"{data['sample_type']} ({data['unit']}), values {per}, shares of each side's own "
+        f"total; base {comparison.base.spec} ({data['base']['steps']} steps), head "
+        f"{comparison.head.spec} ({data['head']['steps']} steps)"
+    )
+    if step["change_pct"] is not None:
+        meta += f"; step time {step['change_pct']:+.1f}%"
+    floor = comparison.noise_floor_pts
+    payload = {
+        "title": title,
+        "meta": meta,
+        "unit": data["unit"],
+        "colourFloorPts": floor if floor is not None else PER_STEP_COLOUR_FLOOR_PTS,
+        "untested": "not tested (no steps on both sides)"
+        if comparison.normalisation == "share"
+        else "not tested (too small on both sides to be a regression)",
+        "root": _diff_tree(comparison, EMBED_MAX_FRAMES),
+    }
+    return template.replace("__TITLE__", html.escape(title)).replace("__DATA__", _payload(payload))
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _numbers(report: Report) -> str:
+    f = report.facts
+    rows: list[tuple[str, str]] = [("backend", f.backend.upper()), ("captures", str(len(f.files)))]
+    if f.steps:
+        s = f.steps
+        rows += [
+            ("steps", f"{s['count']} ({s.get('source', '')})"),
+            (
+                "step time",
+                f"median {s['median_ms']:.2f} ms, mean {s['mean_ms']:.2f} ms, "
+                f"p90 {s['p90_ms']:.2f} ms, CV {s['cv']:.2f}",
+            ),
+        ]
+    if f.breakdown:
+        b = f.breakdown
+        rows += [
+            ("XLA computing", f"{b['xla_pct']:.1f}% of step time"),
+            (
+                "no XLA running (input wait)",
+                f"{b['input_wait_pct']:.1f}% (data phase "
+                f"{b['data_phase_pct']:.1f}%, between steps {b['between_steps_pct']:.1f}%, "
+                f"other host {b['host_other_pct']:.1f}%)",
+            ),
+        ]
+    if f.top_ops:
+        rows.append(
+            ("top ops", ", ".join(f"{o['name']} {o['share_pct']:.1f}%" for o in f.top_ops[:5]))
+        )
+    if f.compiler:
+        rows.append(("data formatting", f"{f.compiler['data_formatting_pct']:.1f}% of XLA time"))
+    if f.recompilation:
+        r = f.recompilation
+        rows.append(("compilations", f"{r['compilations']} ({r['in_steps']} inside steps)"))
+    if f.memory:
+        m = f.memory
+        rows.append(("device memory peak", f"{m['peak_pct']:.1f}% of capacity ({m['source']})"))
+    tools = f.xprof.get("tools") or {}
+    ipa = (tools.get("input_pipeline_analyzer") or {}).get("summary") or {}
+    if ipa.get("step_time_ms", {}).get("average") is not None:
+        rows.append(
+            (
+                "XProf step time",
+                f"{ipa['step_time_ms']['average']} ms average over "
+                f"{ipa['steps']} steps ({ipa.get('hardware_type')})",
+            )
+        )
+    body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
+    return f'<table id="numbers">{body}</table>'
+
+
+def _findings(report: Report) -> str:
+    if not report.findings:
+        return '<p class="finding-none">No finding crossed a threshold.</p>'
+    out = []
+    for finding in report.findings:
+        evidence = "".join(
+            f'<tr><th>{_esc(k)}</th><td class="num">{_esc(v)}</td></tr>'
+            for k, v in finding.evidence.items()
+        )
+        out.append(
+            f'<div class="finding {finding.priority}" data-priority="{finding.priority}" '
+            f'data-rule="{_esc(finding.rule)}">'
+            f'<h3><span class="priority">{finding.priority}</span>{_esc(finding.title)}</h3>'
+            f"<p>{_esc(finding.detail)}</p>"
+            f'<table class="evidence">{evidence}</table>'
+            f'<p><span class="label">Impact:</span> {_esc(finding.impact)}</p>'
+            f'<p><span class="label">Suggestion:</span> {_esc(finding.suggestion)}</p></div>'
+        )
+    return "".join(out)
+
+
+def _frame(page: str, name: str) -> str:
+    source = html.escape(page, quote=True)
+    return f'<iframe title="{_esc(name)}" data-name="{_esc(name)}" srcdoc="{source}"></iframe>'
+
+
+def _baseline(report: Report) -> str:
+    base = report.baseline
+    if not base:
+        return ""
+    out = [
+        "<h2>Against the baseline</h2>",
+        f'<p id="baseline">Baseline {_esc(base.get("session") or base.get("spec"))} '
+        f"({_esc(base.get('reason'))}).</p>",
+    ]
+    for kind, comparison in report.comparisons.items():
+        rows = "".join(
+            "<tr>"
+            + "".join(f"<td>{_esc(c)}</td>" for c in _entry_row(e, comparison.tree.unit))
+            + "</tr>"
+            for e in comparison.regressions[:5]
+        )
+        header = "".join(
+            f"<th>{h}</th>"
+            for h in ("frame", "base", "head", "Δ pts", "base value", "head value", "q", "verdict")
+        )
+        out.append(f"<h3>{_esc(kind)}: top growth</h3>")
+        kind_attr = _esc(kind)
+        out.append(
+            f'<table class="baseline-table" data-kind="{kind_attr}"><tr>{header}</tr>{rows}</table>'
+        )
+        out.append(_frame(comparison_html(comparison), f"diff-{kind}"))
+    return "".join(out)
+
+
+def _graphs(report: Report) -> str:
+    from exporter.profiles.html import render_html
+
+    out = []
+    for kind, graph in report.facts.graphs.items():
+        shown = graph.truncated(EMBED_MAX_FRAMES)
+        out.append(f"<h2>Flame graph: {_esc(kind)} ({_esc(graph.sample_type)})</h2>")
+        out.append(_frame(render_html(shown, f"{kind} time"), f"flamegraph-{kind}"))
+    return "".join(out)
+
+
+def report_html(report: Report, title: str | None = None) -> str:
+    """The ``summary.html`` page of ``report``."""
+    template = resources.files("exporter.analysis").joinpath("report.html").read_text("utf-8")
+    data = report.to_json()
+    title = title or f"mlprof report: {report.input.get('spec', '')}"
+    counts = report.counts()
+    spec = report.input.get("spec", "")
+    subtitle = f"{counts['P0']} P0 · {counts['P1']} P1 · {counts['P2']} P2 — {spec}"
+    links = "".join(
+        f'<a href="{_esc(url)}" data-link="{_esc(name)}">{_esc(name)}</a> '
+        for name, url in report.links.items()
+    )
+    unavailable = "".join(
+        f'<li class="unavailable"><b>{_esc(k)}</b>: {_esc(v)}</li>'
+        for k, v in report.facts.unavailable.items()
+    )
+    parts = {
+        "__TITLE__": _esc(title),
+        "__STATUS__": _esc(report.status),
+        "__SUBTITLE__": _esc(subtitle),
+        "__SUMMARY__": _esc(report.summary),
+        "__LINKS__": f'<p id="links">{links}</p>' if links else "",
+        "__NUMBERS__": _numbers(report),
+        "__FINDINGS__": _findings(report),
+        "__BASELINE__": _baseline(report),
+        "__GRAPHS__": _graphs(report),
+        "__UNAVAILABLE__": f"<ul>{unavailable}</ul>" if unavailable else "<p>Nothing.</p>",
+    }
+    page = template
+    for key in (
+        "__TITLE__",
+        "__STATUS__",
+        "__SUBTITLE__",
+        "__SUMMARY__",
+        "__LINKS__",
+        "__NUMBERS__",
+        "__FINDINGS__",
+        "__BASELINE__",
+        "__GRAPHS__",
+        "__UNAVAILABLE__",
+    ):
+        page = page.replace(key, parts[key])
+    return page.replace(
+        "__DATA__", _payload({"status": data["status"], "findings": data["finding_counts"]})
+    )
+
+
+def report_text(report: Report) -> str:
+    """The report as text: status, summary, findings."""
+    lines = [f"{report.status}: {report.input.get('spec', '')}", "", report.summary, ""]
+    for f in report.findings:
+        lines.append(f"[{f.priority}] {f.title}")
+        lines.append(f"    {f.detail}")
+        evidence = ", ".join(f"{k}={v}" for k, v in f.evidence.items())
+        lines.append(f"    evidence: {evidence}")
+        lines.append(f"    impact: {f.impact}")
+        lines.append(f"    suggestion: {f.suggestion}")
+    if not report.findings:
+        lines.append("No finding crossed a threshold.")
+    for kind, reason in report.facts.unavailable.items():
+        lines.append(f"not available ({kind}): {reason}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,239 @@
+"""The analysis report: verdict, summary, facts, findings and the baseline comparison.
+
+JSON contract (``analysis.json``; documented in docs/analysis.md)::
+
+    {"status": "OPTIMAL" | "NEEDS_ATTENTION", "summary": str, "facts": {...},
+     "findings": [{"priority": "P0"|"P1"|"P2", "title", "detail", "evidence": {name: number},
+                   "impact", "suggestion", ...}],
+     "baseline": {...comparison summary, when one was made} | null, ...}
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from exporter.analysis.compare import Comparison, compare_sides
+from exporter.analysis.facts import CaptureFacts, gather_facts
+from exporter.analysis.rules import Finding, apply_rules
+from exporter.analysis.sides import Kind, Side, SideContext, load_side, load_sides
+from exporter.errors import InputError
+
+__all__ = ["REPORT_VERSION", "Report", "analyze", "baseline_summary", "capture_paths"]
+
+REPORT_VERSION: Final = 1
+OPTIMAL: Final = "OPTIMAL"
+NEEDS_ATTENTION: Final = "NEEDS_ATTENTION"
+CAPTURE_SUFFIX: Final = ".xplane.pb"
+BASELINE_TOP: Final = 5  # entries per list kept in the report's baseline section
+
+
+@dataclass
+class Report:
+    """One analysis; ``to_json`` is ``analysis.json``."""
+
+    input: dict[str, Any]
+    facts: CaptureFacts
+    findings: list[Finding]
+    baseline: dict[str, Any] | None = None
+    comparisons: dict[str, Comparison] = field(default_factory=dict)  # for the HTML page
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per part
+    links: dict[str, str] = field(default_factory=dict)
+    generated: float = field(default_factory=time.time)
+
+    @property
+    def status(self) -> str:
+        urgent = any(f.priority in ("P0", "P1") for f in self.findings)
+        return NEEDS_ATTENTION if urgent else OPTIMAL
+
+    def counts(self) -> dict[str, int]:
+        return {p: sum(f.priority == p for f in self.findings) for p in ("P0", "P1", "P2")}
+
+    @property
+    def summary(self) -> str:
+        return _summary(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": REPORT_VERSION,
+            "status": self.status,
+            "summary": self.summary,
+            "input": self.input,
+            "facts": self.facts.to_json(),
+            "findings": [f.to_json() for f in self.findings],
+            "finding_counts": self.counts(),
+            "baseline": self.baseline,
+            "links": self.links,
+            "timings": self.timings,
+            "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.generated)),
+        }
+
+
+def _summary(report: Report) -> str:
+    f = report.facts
+    sentences = []
+    where = f"{len(f.files)} capture{'s' if len(f.files) != 1 else ''} on {f.backend.upper()}"
+    if f.steps:
+        s = f.steps
+        sentences.append(
+            f"{s['count']} steps from {where}: median {s['median_ms']:.1f} ms, mean "
+            f"{s['mean_ms']:.1f} ms (coefficient of variation {s['cv']:.2f})."
+        )
+    else:
+        sentences.append(f"No step markers in {where}, so step time and input wait are unknown.")
+    if f.breakdown:
+        b = f.breakdown
+        sentences.append(
+            f"XLA computed during {b['xla_pct']:.1f}% of step time; {b['input_wait_pct']:.1f}% "
+            f"had no XLA computation running ({b['data_phase_pct']:.1f}% in the data phase)."
+        )
+    if f.top_ops:
+        top = f.top_ops[0]
+        sentences.append(f"The top op is {top['name']} with {top['share_pct']:.1f}% of XLA time.")
+    else:
+        sentences.append("No XLA computation was found, so device time and top ops are unknown.")
+    counts = report.counts()
+    if report.findings:
+        urgent = [x for x in report.findings if x.priority in ("P0", "P1")]
+        lead = urgent[0] if urgent else report.findings[0]
+        sentences.append(
+            f"{report.status}: {counts['P0']} P0, {counts['P1']} P1 and {counts['P2']} P2 "
+            f"findings; first: {lead.title}."
+        )
+    else:
+        sentences.append(f"{report.status}: no finding crossed a threshold.")
+    base = report.baseline
+    if base and not base.get("top_regression") and base.get("session"):
+        change = base.get("step_time_change_pct")
+        moved = f" (step time {change:+.0f}%)" if change is not None else ""
+        sentences.append(
+            f"Against baseline {base['session']} no frame changed significantly{moved}."
+        )
+    return " ".join(sentences[:5])
+
+
+def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str, Any]]:
+    """The capture files an analysis input names (a file, a session, ``run:<id>``)."""
+    from exporter.analysis.sides import RUN_PREFIX
+    from exporter.profiles.convert import resolve_input
+
+    if spec.startswith(RUN_PREFIX):
+        from exporter.capture.store import SessionStore
+
+        run_id = spec[len(RUN_PREFIX) :]
+        if context.store is None:
+            raise InputError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
+        root = Path(SessionStore(context.store).profile_root)
+        store = SessionStore(context.store)
+        paths = [
+            root / r.id / name
+            for r in store.records()
+            if r.finished_ok and (r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
+            for t in r.targets
+            for name in t.files
+            if name.endswith(CAPTURE_SUFFIX)
+        ]
+        if not paths:
+            raise InputError(f"{spec}: no captures of run {run_id!r} in {store.url}")
+        return paths, {"spec": spec, "kind": "run", "run_id": run_id}
+    path = resolve_input(spec, context.store)
+    if not path.exists():
+        raise InputError(f"{spec}: no such file, directory or session in the store")
+    if path.is_dir():
+        paths = sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+        if not paths:
+            raise InputError(f"{path}: no XProf captures (*.xplane.pb) in this directory")
+        return paths, {"spec": spec, "kind": "session", "path": str(path)}
+    return [path], {"spec": spec, "kind": "capture", "path": str(path)}
+
+
+def baseline_summary(
+    comparisons: dict[str, Comparison], spec: str, session: str | None, reason: str
+) -> dict[str, Any]:
+    """The report's ``baseline``: per-kind comparisons and the top regression of all."""
+    tops = [
+        (kind, c, entry)
+        for kind, c in comparisons.items()
+        if (entry := c.top_regression) is not None
+    ]
+    tops.sort(key=lambda t: -t[2].delta_pts)
+    out: dict[str, Any] = {
+        "spec": spec,
+        "session": session,
+        "reason": reason,
+        "comparisons": {k: c.to_json(top=BASELINE_TOP) for k, c in comparisons.items()},
+        "top_regression": None,
+    }
+    first = next(iter(comparisons.values()), None)
+    if first is not None:
+        out["step_time_change_pct"] = first.step_time()["change_pct"]
+    if tops:
+        kind, comparison, entry = tops[0]
+        out |= {
+            "kind": kind,
+            "normalisation": comparison.normalisation,
+            "steps": min(len(comparison.base.steps), len(comparison.head.steps)),
+            "noise_floor_pts": comparison.noise_floor_pts,
+            "top_regression": entry.to_json(),
+        }
+    return out
+
+
+def _compare_kinds(facts: CaptureFacts) -> list[Kind]:
+    kinds: list[Kind] = [k for k in ("device", "host") if k in facts.graphs]
+    return kinds or ["host"]
+
+
+def analyze(
+    spec: str,
+    context: SideContext | None = None,
+    *,
+    baseline: str | None = None,
+    baseline_session: str | None = None,
+    baseline_reason: str = "given",
+    xprof: bool = True,
+    memory_samples: Sequence[dict[str, Any]] = (),
+) -> Report:
+    """Analyse what ``spec`` names; compare against ``baseline`` when one is given."""
+    context = context or SideContext()
+    paths, described = capture_paths(spec, context)
+    started = time.perf_counter()
+    facts = gather_facts(paths, xprof=xprof, memory_samples=memory_samples)
+    xprof_s = float(facts.xprof.get("seconds", 0.0))
+    timings = {"facts_s": round(time.perf_counter() - started - xprof_s, 3), "xprof_s": xprof_s}
+    started = time.perf_counter()
+    comparisons: dict[str, Comparison] = {}
+    summary = None
+    if baseline is not None:
+        kinds: list[Kind] = _compare_kinds(facts)
+        head_spec = str(paths[0]) if len(paths) == 1 else spec
+        bases = _load_kinds(baseline, kinds, context, facts)
+        heads = _load_kinds(head_spec, [k for k in kinds if k in bases], context, facts)
+        for kind, head in heads.items():
+            try:
+                comparisons[kind] = compare_sides(bases[kind], head)
+            except ValueError as exc:
+                facts.unavailable[f"baseline_{kind}"] = str(exc)
+        summary = baseline_summary(comparisons, baseline, baseline_session, baseline_reason)
+    findings = apply_rules(facts, summary)
+    timings["compare_s"] = round(time.perf_counter() - started, 3)
+    return Report(described, facts, findings, summary, comparisons, timings=timings)
+
+
+def _load_kinds(
+    spec: str, kinds: list[Kind], context: SideContext, facts: CaptureFacts
+) -> dict[Kind, Side]:
+    """Every kind of ``spec`` that can be read (each capture once); the rest noted."""
+    try:
+        return load_sides(spec, kinds, context)
+    except InputError:
+        found: dict[Kind, Side] = {}
+        for kind in kinds:  # one kind missing must not lose the others
+            try:
+                found[kind] = load_side(spec, kind, context)
+            except InputError as exc:
+                facts.unavailable[f"baseline_{kind}"] = str(exc)
+        return found

@@ -1,0 +1,422 @@
+"""Findings: one rule per finding, each with its thresholds and the reason for them.
+
+As XProf's ``smart_suggestion`` rules do, each rule first checks its conditions on the
+facts and only then writes a finding; unlike them, a finding carries structured
+evidence (numbers with units in their names), not HTML. A fact that is unknown on a
+backend (no steps, no memory capacity) makes its rule stay silent: "unknown" is never
+reported as "fine" or as a problem.
+
+Priorities: ``P0`` the run is losing most of its time or is about to fail, ``P1`` a
+large, fixable loss, ``P2`` worth a look. A report ``NEEDS_ATTENTION`` when any finding
+is P0 or P1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from exporter.analysis.facts import CaptureFacts
+
+__all__ = [
+    "RULES",
+    "BaselineRegressionRule",
+    "CompilerInefficiencyRule",
+    "Finding",
+    "HostWaitRule",
+    "InputWaitRule",
+    "OomRiskRule",
+    "RecompilationRule",
+    "Rule",
+    "StepTimeSpreadRule",
+    "apply_rules",
+]
+
+Priority = Literal["P0", "P1", "P2"]
+
+# Input wait (share of step time loading data while no XLA computation runs). XProf calls a TPU
+# program input-bound from 10 % of step time waiting for infeed
+# (smart_suggestion/constants.h, kInfeedPercentageThreshold); a quarter of the step is a
+# large loss, and above half the accelerator idles more than it works.
+INPUT_WAIT_P2_PCT: Final = 10.0
+INPUT_WAIT_P1_PCT: Final = 25.0
+INPUT_WAIT_P0_PCT: Final = 50.0
+# Host wait: the rest of the XLA-idle time (Python, dispatch, a host starved of CPU).
+# Dispatching a step costs a few percent; above 15 % the host, not the accelerator, sets
+# the pace (XProf's host-processing threshold is 50 % of the input time,
+# kHostProcessingBoundThresholdInPercent; this one is of the whole step).
+HOST_WAIT_P2_PCT: Final = 15.0
+HOST_WAIT_P1_PCT: Final = 30.0
+HOST_WAIT_P0_PCT: Final = 50.0
+# Step-time spread: coefficient of variation of step time. Steady training steps vary by
+# a few percent; above 0.25 the mean hides slow steps (stragglers, GC, contention).
+STEP_CV_P2: Final = 0.25
+STEP_SPREAD_MIN_STEPS: Final = 3  # XProf's straggler signal gives no verdict below 3
+# Data formatting (copy / transpose / convert) share of XLA time: layout mismatches the
+# compiler could not fuse away. XProf flags special ops above 10 % of step time
+# (kSpecialOpBoundThresholdInPercent); a quarter of device time is a large loss.
+FORMATTING_P2_PCT: Final = 10.0
+FORMATTING_P1_PCT: Final = 25.0
+# Recompilation inside the captured steps: compiling in the steady state means a shape,
+# dtype or static argument changes from step to step. Any compile inside a step is
+# worth a look; at 10 % of the step time it is a large loss.
+RECOMPILE_P1_PCT: Final = 10.0
+# OOM risk from device memory peak against capacity. Above 90 % one larger batch or a
+# fragmentation spike fails the run (XProf's memory viewer warns from the same level);
+# 75 % leaves little headroom.
+OOM_HIGH_PCT: Final = 90.0
+OOM_MEDIUM_PCT: Final = 75.0
+# A significant regression against the baseline: P0 when a frame grew by a fifth of its
+# side's total or the step got half again as slow, else P1.
+BASELINE_P0_PTS: Final = 20.0
+BASELINE_P0_STEP_PCT: Final = 50.0
+
+
+@dataclass
+class Finding:
+    """One finding (the JSON object of ``findings``)."""
+
+    priority: Priority
+    rule: str
+    title: str
+    detail: str
+    evidence: dict[str, float | int]
+    impact: str
+    suggestion: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "priority": self.priority,
+            "rule": self.rule,
+            "title": self.title,
+            "detail": self.detail,
+            "evidence": self.evidence,
+            "impact": self.impact,
+            "suggestion": self.suggestion,
+            **self.extra,
+        }
+
+
+class Rule:
+    """A rule: ``conditions`` on the facts, then ``finding`` (only when they hold)."""
+
+    name = "Rule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        raise NotImplementedError
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        raise NotImplementedError
+
+    def apply(self, facts: CaptureFacts, baseline: dict[str, Any] | None = None) -> Finding | None:
+        return self.finding(facts, baseline) if self.conditions(facts, baseline) else None
+
+
+def _wait_parts(facts: CaptureFacts) -> tuple[dict[str, Any], float, str]:
+    assert facts.breakdown is not None and facts.steps is not None
+    step_ms = facts.steps.get("cycle_mean_ms") or facts.steps["mean_ms"]
+    b = facts.breakdown
+    detail = (
+        f"Over {facts.steps['count']} steps of {step_ms:.1f} ms, XLA computed during "
+        f"{b['xla_pct']:.1f}% of the step; of the {b['input_wait_pct']:.1f}% without any, "
+        f"{b['data_phase_pct']:.1f}% was inside the annotated data phase, "
+        f"{b['between_steps_pct']:.1f}% between step annotations and "
+        f"{b['host_other_pct']:.1f}% other host work."
+    )
+    return b, step_ms, detail
+
+
+def _wait_evidence(
+    facts: CaptureFacts, b: dict[str, Any], step_ms: float
+) -> dict[str, float | int]:
+    assert facts.steps is not None
+    return {
+        "input_wait_pct": b["input_wait_pct"],
+        "data_phase_pct": b["data_phase_pct"],
+        "between_steps_pct": b["between_steps_pct"],
+        "host_other_pct": b["host_other_pct"],
+        "xla_pct": b["xla_pct"],
+        "step_time_ms": step_ms,
+        "steps": facts.steps["count"],
+    }
+
+
+def _speedup(share: float, step_ms: float) -> str:
+    return (
+        f"Removing it would make steps up to {100 / max(1e-9, 100 - share):.2f}x faster "
+        f"({step_ms * share / 100:.1f} ms of every {step_ms:.1f} ms step)."
+    )
+
+
+def _priority(value: float, p2: float, p1: float, p0: float) -> Priority:
+    return "P0" if value >= p0 else "P1" if value >= p1 else "P2"
+
+
+class InputWaitRule(Rule):
+    """XLA idles while the step loads data (the annotated data phase, or between steps).
+
+    Input wait is time inside a step cycle when no XLA computation runs; the part of it
+    spent in a data phase (host events named like ``data_loading``, ``input``,
+    ``prefetch``...) or between two step annotations is what input costs.
+    """
+
+    name = "InputWaitRule"
+
+    @staticmethod
+    def share(facts: CaptureFacts) -> float:
+        b = facts.breakdown
+        return 0.0 if b is None else float(b["data_phase_pct"] + b["between_steps_pct"])
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        return facts.steps is not None and self.share(facts) >= INPUT_WAIT_P2_PCT
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        b, step_ms, detail = _wait_parts(facts)
+        share = self.share(facts)
+        where = (
+            "the annotated data phase"
+            if b["data_phase_pct"] >= b["between_steps_pct"]
+            else "the gap between step annotations"
+        )
+        return Finding(
+            _priority(share, INPUT_WAIT_P2_PCT, INPUT_WAIT_P1_PCT, INPUT_WAIT_P0_PCT),
+            self.name,
+            f"Steps wait for input: {share:.1f}% of step time loads data while no XLA "
+            "computation runs",
+            f"{detail} The input wait is mostly {where}.",
+            _wait_evidence(facts, b, step_ms) | {"input_pct": round(share, 2)},
+            _speedup(share, step_ms),
+            "Overlap input with compute: prefetch the next batches to the device (a "
+            "background thread, flax.jax_utils.prefetch_to_device), use more input workers "
+            "(tf.data num_parallel_calls, grain worker_count), and cache or pre-process data "
+            "offline.",
+        )
+
+
+class HostWaitRule(Rule):
+    """XLA idles inside the step while the host does other work (Python, dispatch)."""
+
+    name = "HostWaitRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        b = facts.breakdown
+        return facts.steps is not None and b is not None and b["host_other_pct"] >= HOST_WAIT_P2_PCT
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        b, step_ms, detail = _wait_parts(facts)
+        share = float(b["host_other_pct"])
+        return Finding(
+            _priority(share, HOST_WAIT_P2_PCT, HOST_WAIT_P1_PCT, HOST_WAIT_P0_PCT),
+            self.name,
+            f"Steps wait for the host: {share:.1f}% of step time runs neither XLA nor an "
+            "annotated data phase",
+            f"{detail} If the input pipeline runs there without a TraceMe annotation, wrap "
+            "it in jax.profiler.TraceAnnotation('data_loading') to tell the two apart.",
+            _wait_evidence(facts, b, step_ms),
+            _speedup(share, step_ms),
+            "Move Python work out of the step or batch it: fuse small jitted calls into one, "
+            "avoid per-step host syncs (float(loss), .block_until_ready()) and per-step array "
+            "creation on the host; check that nothing else competes for the host's CPUs.",
+        )
+
+
+class StepTimeSpreadRule(Rule):
+    """Step times vary a lot: slow steps hide behind the mean."""
+
+    name = "StepTimeSpreadRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        s = facts.steps
+        return (
+            s is not None
+            and s.get("count", 0) >= STEP_SPREAD_MIN_STEPS
+            and s.get("cv", 0.0) >= STEP_CV_P2
+        )
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        assert facts.steps is not None
+        s = facts.steps
+        return Finding(
+            "P2",
+            self.name,
+            f"Step time varies: coefficient of variation {s['cv']:.2f}",
+            f"{s['count']} steps: median {s['median_ms']:.1f} ms, p90 {s['p90_ms']:.1f} ms, "
+            f"max {s['max_ms']:.1f} ms; {s['outliers']} steps are outliers (modified "
+            "z-score above 3.5).",
+            {
+                "cv": s["cv"],
+                "median_ms": s["median_ms"],
+                "p90_ms": s["p90_ms"],
+                "max_ms": s["max_ms"],
+                "outlier_steps": s["outliers"],
+            },
+            f"The mean step ({s['mean_ms']:.1f} ms) is {s['mean_ms'] / s['median_ms']:.2f}x the "
+            "median: the slow steps cost that much on average.",
+            "Look at the slowest steps in the trace (xprof's trace viewer): garbage "
+            "collection, checkpointing, data stalls or another process on the host.",
+        )
+
+
+class CompilerInefficiencyRule(Rule):
+    """XLA spends time only moving or reformatting data."""
+
+    name = "CompilerInefficiencyRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        c = facts.compiler
+        return c is not None and c["data_formatting_pct"] >= FORMATTING_P2_PCT
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        assert facts.compiler is not None
+        c = facts.compiler
+        share = c["data_formatting_pct"]
+        ops = ", ".join(o["name"] for o in c["ops"][:3])
+        return Finding(
+            "P1" if share >= FORMATTING_P1_PCT else "P2",
+            self.name,
+            f"{share:.1f}% of XLA time only moves data (copy / transpose / convert)",
+            f"Data-formatting ops took {c['data_formatting_ms']:.1f} ms ({share:.1f}% of XLA "
+            f"time); the largest: {ops}.",
+            {"data_formatting_pct": share, "data_formatting_ms": c["data_formatting_ms"]},
+            f"Up to {share:.1f}% of device time could go to useful work.",
+            "Keep arrays in the layout and dtype the consumer wants (avoid .T / astype in "
+            "the hot loop, keep parameters in the compute dtype), and check the HLO for "
+            "copies around custom calls or sharding changes.",
+        )
+
+
+class RecompilationRule(Rule):
+    """XLA compiled during the captured steps."""
+
+    name = "RecompilationRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        r = facts.recompilation
+        return r is not None and r["in_steps"] > 0
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        assert facts.recompilation is not None
+        r = facts.recompilation
+        return Finding(
+            "P1" if r["in_steps_pct"] >= RECOMPILE_P1_PCT else "P2",
+            self.name,
+            f"XLA recompiled {r['in_steps']} times during the captured steps",
+            f"{r['compilations']} compilations in the capture, {r['in_steps']} inside steps, "
+            f"{r['compile_ms']:.1f} ms in all ({r['in_steps_pct']:.1f}% of step time).",
+            {
+                "compilations": r["compilations"],
+                "in_steps": r["in_steps"],
+                "compile_ms": r["compile_ms"],
+                "in_steps_pct": r["in_steps_pct"],
+            },
+            f"{r['in_steps_pct']:.1f}% of step time goes to compiling, and every new shape "
+            "compiles again.",
+            "Keep shapes, dtypes and static arguments constant from step to step: pad "
+            "batches to fixed sizes (bucketing), mark changing Python values as traced "
+            "arguments, and check jax.log_compiles / jax.explain_cache_misses.",
+        )
+
+
+class OomRiskRule(Rule):
+    """Device memory peak close to capacity."""
+
+    name = "OomRiskRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        return facts.memory is not None and facts.memory["peak_pct"] >= OOM_MEDIUM_PCT
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        assert facts.memory is not None
+        m = facts.memory
+        high = m["peak_pct"] >= OOM_HIGH_PCT
+        return Finding(
+            "P0" if high else "P1",
+            self.name,
+            f"OOM risk {'HIGH' if high else 'MEDIUM'}: device memory peaked at "
+            f"{m['peak_pct']:.1f}% of capacity",
+            f"Peak {m['peak_bytes'] / 2**30:.2f} GiB of {m['capacity_bytes'] / 2**30:.2f} GiB "
+            f"(from {m['source']}).",
+            {
+                "peak_pct": m["peak_pct"],
+                "peak_bytes": m["peak_bytes"],
+                "capacity_bytes": m["capacity_bytes"],
+            },
+            "A larger batch, a longer sequence or fragmentation can fail the run with "
+            "RESOURCE_EXHAUSTED.",
+            "Free headroom: rematerialise activations (jax.checkpoint), shard optimizer "
+            "state, donate buffers (donate_argnums), or lower the batch size.",
+        )
+
+
+class BaselineRegressionRule(Rule):
+    """The top significant regression against the baseline; always the first finding."""
+
+    name = "BaselineRegressionRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        return bool(baseline and baseline.get("top_regression"))
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        assert baseline is not None
+        top = baseline["top_regression"]
+        step = baseline.get("step_time_change_pct")
+        basis = top["basis"]
+        before, after = top[f"{basis}_base_pct"], top[f"{basis}_head_pct"]
+        delta = top[f"delta_{basis}_pts"]
+        high = delta >= BASELINE_P0_PTS or (step is not None and step >= BASELINE_P0_STEP_PCT)
+        steps = baseline.get("steps")
+        how = (
+            f"significant over {steps} steps (q={top['q_value']:.2g})"
+            if baseline.get("normalisation") == "per_step"
+            else f"beyond the {baseline.get('noise_floor_pts')} point noise floor"
+        )
+        step_text = f"step time {step:+.0f}%: " if step is not None else ""
+        evidence: dict[str, float | int] = {
+            f"{basis}_base_pct": before,
+            f"{basis}_head_pct": after,
+            f"delta_{basis}_pts": delta,
+        }
+        if step is not None:
+            evidence["step_time_change_pct"] = round(step, 2)
+        if top.get("q_value") is not None:
+            evidence["q_value"] = top["q_value"]
+        return Finding(
+            "P0" if high else "P1",
+            self.name,
+            f"{step_text}{top['name']} {basis} time grew from {before:.1f}% to {after:.1f}% "
+            f"({baseline.get('kind')}) against the baseline",
+            f"Against baseline {baseline.get('session') or baseline.get('spec')}: "
+            f"{top['frame']} {basis} share {before:.1f}% -> {after:.1f}% ({delta:+.1f} points, "
+            f"{how}).",
+            evidence,
+            f"This frame accounts for {delta:.1f} points more of the "
+            f"{baseline.get('kind')} time than in the baseline.",
+            f"Look at what changed in {top['name']} since the baseline (code, data, "
+            "configuration); the differential flame graph shows where it grew.",
+            {"frame": top["frame"]},
+        )
+
+
+RULES: Sequence[Rule] = (
+    BaselineRegressionRule(),
+    InputWaitRule(),
+    HostWaitRule(),
+    OomRiskRule(),
+    RecompilationRule(),
+    CompilerInefficiencyRule(),
+    StepTimeSpreadRule(),
+)
+
+
+def apply_rules(
+    facts: CaptureFacts, baseline: dict[str, Any] | None = None, rules: Sequence[Rule] = RULES
+) -> list[Finding]:
+    """Every finding, P0 first; the baseline regression leads whatever its priority."""
+    found = [f for rule in rules if (f := rule.apply(facts, baseline)) is not None]
+    lead = [f for f in found if f.rule == BaselineRegressionRule.name]
+    rest = sorted(
+        (f for f in found if f.rule != BaselineRegressionRule.name), key=lambda f: f.priority
+    )
+    return lead + rest

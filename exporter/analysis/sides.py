@@ -1,0 +1,476 @@
+"""What BASE or HEAD names, read into flame graphs: whole, and one per step when it can.
+
+A side is any of:
+
+* an XProf capture (``*.xplane.pb``);
+* a device-memory pprof (JAX's ``device_memory_profile()``) or a pprof this project
+  wrote (``<capture>.xprof_device.pb.gz`` beside a session's capture, ``mlprof
+  flamegraph --format pprof``);
+* a session: its directory, or its id in the session store (every host's capture);
+* ``run:<run_id>``: every finished session of the run in the store, merged (for
+  ``--kind memory``, the run's device-memory profiles in the shared directory);
+* ``pyroscope:{service_name="…",run_id="…"}``: a Pyroscope selection over
+  ``--from``/``--until``, fetched with ``SelectMergeProfile`` (``MLPROF_PYROSCOPE_URL``).
+
+Captures with step markers also give one graph per *step cycle*: from one step's start
+to the next step's start (the last step ends with its own end), so that time spent
+between two step annotations (an input pipeline that is not annotated as part of the
+step) still belongs to a step. Each host's steps are separate samples.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from exporter.errors import ConfigError, InputError
+from exporter.profiles.flamegraph import FlameGraph
+
+if TYPE_CHECKING:
+    from exporter.profiles.steps import StepWindow
+    from exporter.profiles.xplane import Capture
+
+__all__ = [
+    "KINDS",
+    "MAX_STEP_SAMPLES",
+    "Kind",
+    "Side",
+    "SideContext",
+    "capture_side",
+    "load_side",
+    "load_sides",
+    "sample_cycles",
+    "step_cycles",
+]
+
+Kind = Literal["device", "host", "memory"]
+KINDS: tuple[Kind, ...] = ("device", "host", "memory")
+CAPTURE_SUFFIX = ".xplane.pb"
+RUN_PREFIX = "run:"
+PYROSCOPE_PREFIX = "pyroscope:"
+# Steps kept as samples per capture. A rank test across 200 steps a side already
+# resolves a fraction of a point of share; a fast workload's capture can hold thousands
+# of steps, and each sample is a flame graph to build. More are spread evenly.
+MAX_STEP_SAMPLES = 200
+_FAR_FUTURE_NS = 1 << 62
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
+# pprof sample types -> the kind of flame graph they are.
+_SAMPLE_KINDS: dict[str, Kind] = {
+    "device_time": "device",
+    "wall": "host",
+    "cpu": "host",
+    "samples": "host",
+    "inuse_space": "memory",
+    "space": "memory",
+    "alloc_space": "memory",
+}
+
+
+@dataclass
+class Side:
+    """One side of a comparison (or the input of an analysis).
+
+    ``whole`` holds all of the side's time (or bytes); ``steps`` one graph per step
+    cycle of every host (empty when the side has no step markers); ``step_ns`` the
+    length of each cycle.
+    """
+
+    spec: str
+    source: str  # what was read: capture, session, run, memory_profile, pprof, pyroscope
+    kind: Kind
+    whole: FlameGraph
+    steps: list[FlameGraph] = field(default_factory=list)
+    step_ns: list[int] = field(default_factory=list)
+    step_source: str = "none"  # device_steps | host_step_annotations | none
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict[str, object]:
+        """The side as the comparison JSON shows it (``base``/``head``)."""
+        return {
+            "spec": self.spec,
+            "source": self.source,
+            "files": self.files,
+            "steps": len(self.steps),
+            "step_source": self.step_source,
+            "total": self.whole.root.total,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class SideContext:
+    """Where names are looked up: the session store, the shared dir, Pyroscope."""
+
+    store: str | None = None
+    shared_dir: Path | None = None
+    pyroscope_url: str | None = None
+    pyroscope_headers: dict[str, str] = field(default_factory=dict)
+    time_from: str | None = None
+    time_until: str | None = None
+    profile_type: str | None = None
+    fetch: Callable[..., FlameGraph] | None = None  # tests may hand in their own
+
+
+def step_cycles(windows: Sequence[StepWindow]) -> list[StepWindow]:
+    """Step windows widened to cycles: each ends where the next step starts.
+
+    Windows of the same step number (several devices of one host) are merged first;
+    overlapping windows keep their own end.
+    """
+    from exporter.profiles.steps import StepWindow
+
+    merged: dict[object, StepWindow] = {}
+    loose: list[StepWindow] = []
+    for window in windows:
+        if window.end_ns <= window.start_ns:
+            continue
+        if window.step is None:
+            loose.append(window)
+            continue
+        seen = merged.get(window.step)
+        merged[window.step] = (
+            window
+            if seen is None
+            else StepWindow(
+                min(seen.start_ns, window.start_ns), max(seen.end_ns, window.end_ns), window.step
+            )
+        )
+    ordered = sorted([*merged.values(), *loose], key=lambda w: (w.start_ns, w.end_ns))
+    cycles = []
+    for i, window in enumerate(ordered):
+        end = window.end_ns
+        if i + 1 < len(ordered):
+            end = max(end, ordered[i + 1].start_ns)
+        cycles.append(StepWindow(window.start_ns, end, window.step))
+    return cycles
+
+
+def sample_cycles(cycles: list[StepWindow], limit: int = MAX_STEP_SAMPLES) -> list[StepWindow]:
+    """At most ``limit`` cycles, evenly spread over the capture (every one when fewer)."""
+    if len(cycles) <= limit:
+        return cycles
+    picks = sorted({round(i * (len(cycles) - 1) / (limit - 1)) for i in range(limit)})
+    return [cycles[i] for i in picks]
+
+
+def capture_side(
+    capture: Capture, kind: Kind | None = None, cache: dict[str, Any] | None = None
+) -> tuple[Literal["device", "host"], FlameGraph, list[FlameGraph], list[int], str]:
+    """One capture's kind, whole graph, per-cycle graphs, cycle lengths and step source.
+
+    ``device`` on a capture without device planes (JAX on CPU) is the XLA computations
+    that ran on its host threads (:mod:`exporter.analysis.xla_host`); it is also the
+    default there when such computations exist, as the steadiest view to compare (the
+    host view attributes waiting time to different frames from one process to the next).
+    ``cache`` keeps the step windows and XLA events between calls for several kinds.
+    """
+    from exporter.profiles.convert import flamegraph_from_capture
+    from exporter.profiles.steps import step_windows, windowed_flamegraphs
+
+    if kind == "memory":
+        raise InputError(
+            f"{capture.source}: is an XProf capture; --kind memory needs device-memory "
+            "profiles (from jax.profiler.device_memory_profile())"
+        )
+    cache = {} if cache is None else cache
+    if "windows" not in cache:
+        cache["windows"] = step_windows(capture)
+    windows, source = cache["windows"]
+    cycles = sample_cycles(step_cycles(windows))
+    spans = [(w.start_ns, w.end_ns) for w in cycles]
+    lengths = [hi - lo for lo, hi in spans]
+    if kind != "host" and not capture.device_planes:
+        from exporter.analysis import xla_host
+
+        if "events" not in cache:
+            cache["events"] = xla_host.xla_host_events(capture)
+        events = cache["events"]
+        if len(events):
+            start, duration = capture.time_range()
+            [whole] = xla_host.graphs(events, None, start)
+            whole.duration_nanos = duration
+            steps = xla_host.graphs(events, spans, start) if spans else []
+            return "device", whole, steps, lengths, source if spans else "none"
+        if kind == "device":
+            flamegraph_from_capture(capture, "device")  # raises the reader's own error
+    chosen: Literal["device", "host"] = kind or ("device" if capture.device_planes else "host")
+    if not cycles:
+        return chosen, flamegraph_from_capture(capture, chosen), [], [], "none"
+    if len(cycles) == len(step_cycles(windows)):
+        # One pass over the capture: the cycles plus what lies before the first and after
+        # the last; their sum is the whole graph.
+        from exporter.profiles.steps import StepWindow
+
+        edges = [StepWindow(0, cycles[0].start_ns, None), *cycles,
+                 StepWindow(cycles[-1].end_ns, _FAR_FUTURE_NS, None)]  # fmt: skip
+        graphs = list(windowed_flamegraphs(capture, chosen, edges))
+        if not graphs or graphs[0].root.total + sum(g.root.total for g in graphs) == 0:
+            flamegraph_from_capture(capture, chosen)  # raises the reader's own error
+        whole = graphs[0].copy()
+        for graph in graphs[1:]:
+            whole.merge(graph)
+        whole.time_nanos, whole.duration_nanos = capture.time_range()
+        return chosen, whole, graphs[1:-1], lengths, source
+    whole = flamegraph_from_capture(capture, chosen)
+    graphs = windowed_flamegraphs(capture, chosen, cycles)
+    return chosen, whole, list(graphs), lengths, source
+
+
+def _read_capture(path: Path, kind: Kind | None, side: Side | None) -> Side:
+    return _read_capture_kinds(path, [kind], [side])[0]
+
+
+def _read_capture_kinds(
+    path: Path, kinds: Sequence[Kind | None], sides: Sequence[Side | None]
+) -> list[Side]:
+    """One capture read once into a side per kind (each new, or merged into ``sides``)."""
+    from exporter.profiles.xplane import load_capture
+
+    out = []
+    cache: dict[str, Any] = {}
+    with load_capture(path) as capture:
+        for kind, side in zip(kinds, sides, strict=True):
+            chosen, whole, steps, step_ns, source = capture_side(
+                capture, side.kind if side is not None else kind, cache
+            )
+            out.append(_merge_capture(path, side, chosen, whole, steps, step_ns, source))
+    return out
+
+
+def _merge_capture(
+    path: Path,
+    side: Side | None,
+    chosen: Kind,
+    whole: FlameGraph,
+    steps: list[FlameGraph],
+    step_ns: list[int],
+    source: str,
+) -> Side:
+    if side is None:
+        return Side(str(path), "capture", chosen, whole, steps, step_ns, source, [str(path)])
+    side.whole.merge(whole)
+    side.steps.extend(steps)
+    side.step_ns.extend(step_ns)
+    side.files.append(str(path))
+    if source != "none" and side.step_source == "none":
+        side.step_source = source
+    elif source == "none" and side.step_source != "none":
+        side.notes.append(f"{path.name}: no step markers; its time is not in the steps")
+    return side
+
+
+def load_sides(
+    spec: str, kinds: Sequence[Kind], context: SideContext | None = None
+) -> dict[Kind, Side]:
+    """``load_side`` for several kinds; a capture file or directory is read once."""
+    from exporter.profiles.convert import resolve_input
+
+    context = context or SideContext()
+    path = resolve_input(spec, context.store)
+    plain = not spec.startswith((RUN_PREFIX, PYROSCOPE_PREFIX)) and path.exists()
+    captures = (
+        sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+        if plain and path.is_dir()
+        else [path]
+        if plain and not _is_pprof(path)
+        else []
+    )
+    if not captures or "memory" in kinds:
+        return {kind: load_side(spec, kind, context) for kind in kinds}
+    sides: list[Side | None] = [None] * len(kinds)
+    for capture in captures:
+        sides = list(_read_capture_kinds(capture, kinds, sides))
+    out: dict[Kind, Side] = {}
+    for kind, side in zip(kinds, sides, strict=True):
+        assert side is not None
+        if path.is_dir():
+            side.spec, side.source = spec, "session"
+        out[kind] = side
+    return out
+
+
+def _pprof_kind(graph: FlameGraph) -> Kind:
+    return _SAMPLE_KINDS.get(graph.sample_type, "host")
+
+
+def _read_pprof(path: Path, kind: Kind | None) -> Side:
+    from exporter.profiles.memory import load_memory_profile
+    from exporter.profiles.pprof import decode_pprof, from_pprof
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not data:
+        raise InputError(f"{path}: empty file, expected a pprof profile")
+    try:
+        profile = decode_pprof(data, str(path))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    table = profile.string_table
+    types = [table[v.type] for v in profile.sample_type]
+    if {"space", "inuse_space"} & set(types):
+        graph, source = load_memory_profile(path), "memory_profile"
+    else:
+        try:
+            graph, source = from_pprof(profile), "pprof"
+        except (IndexError, KeyError, ValueError) as exc:
+            raise InputError(f"{path}: corrupt pprof profile ({exc})") from None
+    found = _pprof_kind(graph)
+    if kind is not None and kind != found:
+        raise InputError(
+            f"{path}: is a {graph.sample_type} profile ({found}); it has no {kind} values "
+            f"(use --kind {found})"
+        )
+    return Side(str(path), source, found, graph, files=[str(path)])
+
+
+def _is_pprof(path: Path) -> bool:
+    if path.name.endswith(CAPTURE_SUFFIX):
+        return False
+    if path.name.endswith((".pprof.gz", ".pprof", ".pb.gz")):
+        return True
+    try:
+        with path.open("rb") as handle:
+            return handle.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
+def _read_directory(directory: Path, kind: Kind | None, spec: str, source: str) -> Side:
+    if kind == "memory":
+        found = sorted(
+            p for s in (".pprof.gz", ".pprof") for p in directory.rglob(f"*{s}") if p.is_file()
+        )
+        if not found:
+            raise InputError(f"{directory}: no device-memory profiles (*.pprof.gz) here")
+        return _merge_pprofs(found, kind, spec, source)
+    captures = sorted(p for p in directory.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+    if not captures:
+        raise InputError(f"{directory}: no XProf captures (*.xplane.pb) in this directory")
+    side: Side | None = None
+    for path in captures:
+        side = _read_capture(path, kind, side)
+    assert side is not None
+    side.spec, side.source = spec, source
+    return side
+
+
+def _merge_pprofs(paths: Sequence[Path], kind: Kind | None, spec: str, source: str) -> Side:
+    merged: Side | None = None
+    for path in paths:
+        one = _read_pprof(path, kind)
+        if merged is None:
+            merged = one
+            continue
+        try:
+            merged.whole.merge(one.whole)
+        except ValueError as exc:
+            raise InputError(f"{path}: {exc}") from None
+        merged.files.append(str(path))
+    assert merged is not None
+    merged.spec, merged.source = spec, source
+    return merged
+
+
+def _store_root(context: SideContext) -> Path | None:
+    store = context.store
+    if store is None or ("://" in store and not store.startswith("file://")):
+        return None
+    return Path(store.removeprefix("file://"))
+
+
+def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -> Side:
+    if not _RUN_ID.match(run_id):
+        raise ConfigError(f"{spec}: expected run:<run_id> (letters, digits, . _ : -)")
+    if kind == "memory":
+        return _read_run_memory(run_id, context, spec)
+    from exporter.capture.store import SessionStore
+
+    if context.store is None:
+        raise ConfigError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
+    store = SessionStore(context.store)
+    records = [
+        r
+        for r in store.records()
+        if r.finished_ok and (r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
+    ]
+    if not records:
+        raise InputError(f"{spec}: no finished capture session of run {run_id!r} in {store.url}")
+    side: Side | None = None
+    merged: list[str] = []
+    skipped: list[str] = []
+    for record in records:
+        for target in record.targets:
+            for name in target.files:
+                if not name.endswith(CAPTURE_SUFFIX):
+                    continue
+                try:
+                    with store.local_file(record.id, name) as path:
+                        side = _read_capture(path, kind, side)
+                except (InputError, ValueError, OSError) as exc:
+                    # One unreadable capture must not hide the rest of the run.
+                    skipped.append(f"{record.id}/{name} ({str(exc)[:120]})")
+                    continue
+                if record.id not in merged:
+                    merged.append(record.id)
+    if side is None:
+        detail = f": {'; '.join(skipped)}" if skipped else ""
+        raise InputError(f"{spec}: the run's sessions hold no readable XProf capture{detail}")
+    side.spec, side.source = spec, "run"
+    side.notes.append(f"{len(merged)} sessions merged: {', '.join(merged)}")
+    side.notes.extend(f"skipped {s}" for s in skipped)
+    return side
+
+
+def _read_run_memory(run_id: str, context: SideContext, spec: str) -> Side:
+    from exporter import schema
+
+    if context.shared_dir is None:
+        raise ConfigError(f"{spec} --kind memory: needs the shared dir (MLPROF_SHARED_DIR)")
+    directory = context.shared_dir / schema.MEMORY_DIR
+    paths = []
+    for path in sorted(directory.glob(f"*{schema.MEMORY_PROFILE_SUFFIX}")):
+        stem = path.name[: -len(schema.MEMORY_PROFILE_SUFFIX)]
+        try:
+            meta = json.loads(path.with_name(stem + schema.MEMORY_META_SUFFIX).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("run_id") == run_id:
+            paths.append(path)
+    if not paths:
+        raise InputError(f"{spec}: no device-memory profiles of run {run_id!r} in {directory}")
+    return _merge_pprofs(paths, "memory", spec, "run")
+
+
+def load_side(spec: str, kind: Kind | None = None, context: SideContext | None = None) -> Side:
+    """Read what ``spec`` names (see the module docstring)."""
+    context = context or SideContext()
+    if spec.startswith(RUN_PREFIX):
+        return _read_run(spec[len(RUN_PREFIX) :], kind, context, spec)
+    if spec.startswith(PYROSCOPE_PREFIX):
+        from exporter.analysis.pyroscope_query import pyroscope_side
+
+        return pyroscope_side(spec[len(PYROSCOPE_PREFIX) :], kind, context, spec)
+    from exporter.profiles.convert import resolve_input
+
+    path = resolve_input(spec, context.store)
+    if not path.exists():
+        raise InputError(f"{spec}: no such file, directory or session in the store")
+    try:
+        if path.is_dir():
+            source = (
+                "session" if (path / "session.json").exists() or path != Path(spec) else "directory"
+            )
+            return _read_directory(path, kind, spec, source)
+        if _is_pprof(path):
+            return _read_pprof(path, kind)
+        return _read_capture(path, kind, None)
+    except (ValueError, IndexError, KeyError, UnicodeDecodeError) as exc:
+        # Whatever slips past the readers' own checks is still a bad input, not a crash.
+        raise InputError(f"{spec}: cannot read ({type(exc).__name__}: {exc})") from None

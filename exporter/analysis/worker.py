@@ -1,0 +1,450 @@
+"""Reports for finished sessions: ``analysis.json`` and ``summary.html`` in each session.
+
+:class:`ReportWorker` is a post-session hook (``CaptureService.hooks``). The hook only
+queues the session; one background thread runs each analysis in a child process
+(:func:`exporter.analysis.job.run_job`, bounded in time and memory), so neither a
+request nor the capture engine ever waits for it, and a report that fails is recorded
+(``analysis-error.json`` and ``mlprof_reports_total{status="error"}``), never fatal.
+
+Alert-started and snapshot sessions are compared against their baseline
+(:mod:`exporter.analysis.baselines`) automatically. When a report is finished, every
+callable in :attr:`ReportWorker.on_report` is called with a :class:`ReportEvent`:
+that is the one place to hang "report written" notifications (e.g. an event sink).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import queue
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote, urlencode
+
+from exporter.analysis.baselines import BaselineStore
+from exporter.analysis.job import REPORT_HTML, REPORT_JSON, run_job
+from exporter.capture.session import SessionRecord
+from exporter.capture.store import SessionStore
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+    from exporter.config import Settings
+
+__all__ = [
+    "ERROR_FILE",
+    "REPORT_STATUSES",
+    "ReportEvent",
+    "ReportSettings",
+    "ReportWorker",
+    "report_worker_from_settings",
+    "workload_from_shared_dir",
+]
+
+log = logging.getLogger(__name__)
+
+ERROR_FILE: Final = "analysis-error.json"
+REPORT_STATUSES: Final = ("OPTIMAL", "NEEDS_ATTENTION", "error")
+COMPARED_TRIGGERS: Final = frozenset({"alert", "snapshot"})
+CAPTURE_SUFFIX: Final = ".xplane.pb"
+# Runs whose newest report's findings are exported; the oldest are dropped beyond this
+# (label cardinality stays bounded on a long-lived sidecar).
+MAX_RUNS_EXPORTED: Final = 200
+DASHBOARD_UID: Final = "mlprof-overview"
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """``MLPROF_REPORT_*`` and the URLs reports link to."""
+
+    enabled: bool = True
+    timeout_s: float = 300.0
+    max_memory_mb: int = 4096
+    xprof: bool = True
+    grafana_url: str | None = None
+    pyroscope_url: str | None = None
+    api_base: str = ""
+
+
+@dataclass(frozen=True)
+class ReportEvent:
+    """A finished report (or a failed one: ``status == "error"``)."""
+
+    session_id: str
+    run_id: str | None
+    workload: str | None
+    trigger: str
+    status: str
+    findings: dict[str, int]
+    baseline_session: str | None
+    top_regression: str | None
+    error: str = ""
+    seconds: float = 0.0
+    written_at: float = field(default_factory=time.time)
+    session_created: float = 0.0  # when the session was created (Unix seconds)
+
+
+class ReportWorker:
+    """Queues finished sessions and writes their reports (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        settings: ReportSettings | None = None,
+        *,
+        shared_dir: Path | None = None,
+        workload_of: Callable[[SessionRecord], str | None] | None = None,
+        meter: Meter | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings or ReportSettings()
+        self.shared_dir = shared_dir
+        self.workload_of = workload_of or (lambda record: record.workload)
+        self.baselines = BaselineStore(store, self.workload_of)
+        self.on_report: list[Callable[[ReportEvent], object]] = []
+        # One worker thread; alert and snapshot sessions go first (someone was paged),
+        # then the others in arrival order.
+        self._queue: queue.PriorityQueue[tuple[int, int, str, Future[ReportEvent | None]]] = (
+            queue.PriorityQueue()
+        )
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        # (run_id, workload) -> (session created, findings per priority) of its newest
+        # session's report: reports may finish out of order (alerts go first).
+        self._findings: OrderedDict[tuple[str, str], tuple[float, dict[str, int]]] = OrderedDict()
+        self.written = 0
+        self._counter = None
+        if meter is not None:
+            self._counter = meter.create_counter(
+                "mlprof.reports",
+                unit="{report}",
+                description="Analysis reports written, by status (error: the analysis failed).",
+            )
+            for status in REPORT_STATUSES:
+                self._counter.add(0, {"status": status})  # so increase() sees the first one
+            meter.create_observable_gauge(
+                "mlprof.report.findings",
+                callbacks=[self._observe_findings],
+                unit="{finding}",
+                description="Findings of each run's newest report, by priority.",
+            )
+
+    # -- hook --------------------------------------------------------------------
+    def __call__(self, record: SessionRecord) -> Future[ReportEvent | None] | None:
+        """Queue a finished session once; the hook returns at once."""
+        if not self.settings.enabled or record.status == "running" or not record.finished_ok:
+            return None
+        with self._lock:
+            if record.id in self._seen:
+                return None
+            self._seen.add(record.id)
+        future: Future[ReportEvent | None] = Future()
+        urgent = 0 if record.trigger in COMPARED_TRIGGERS else 1
+        self._queue.put((urgent, next(self._order), record.id, future))
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="mlprof-reports", daemon=True
+                )
+                self._thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            _, _, session_id, future = self._queue.get()
+            if not session_id:  # close()
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_result(self._process_logged(session_id))
+
+    def _process_logged(self, session_id: str) -> ReportEvent | None:
+        try:
+            return self.process(session_id)
+        except Exception:  # never fatal: the next session still gets its report
+            log.exception("report of session %s failed", session_id)
+            return None
+
+    # -- work --------------------------------------------------------------------
+    def process(self, session_id: str) -> ReportEvent | None:
+        """Analyse one session now (blocking) and write its report into the session."""
+        record = self.store.read_record(session_id)
+        if record is None:
+            return None
+        captures = [n for t in record.targets for n in t.files if n.endswith(CAPTURE_SUFFIX)]
+        if not captures:
+            return None
+        workload = self.workload_of(record)
+        baseline = self.baselines.choose(record) if record.trigger in COMPARED_TRIGGERS else None
+        started = time.monotonic()
+        with (
+            self._local_session(record.id, captures) as session_dir,
+            self._local_baseline(baseline.session_id if baseline else None) as base_dir,
+            tempfile.TemporaryDirectory(prefix="mlprof-report-") as out,
+        ):
+            args = [
+                "analyze",
+                str(session_dir),
+                out,
+                "--title",
+                f"mlprof report: session {record.id}",
+            ]
+            if baseline is not None and base_dir is not None:
+                args += [
+                    "--baseline",
+                    str(base_dir),
+                    "--baseline-session",
+                    baseline.session_id,
+                    "--baseline-reason",
+                    baseline.reason,
+                ]
+            samples = self._memory_samples(record)
+            if samples:
+                args += ["--memory-samples", json.dumps(samples)]
+            args += ["--links", json.dumps(self._links(record, workload))]
+            if not self.settings.xprof:
+                args.append("--no-xprof")
+            result = run_job(args, self.settings.timeout_s, self.settings.max_memory_mb)
+            if result.ok:
+                report = json.loads((Path(out) / REPORT_JSON).read_text(encoding="utf-8"))
+                page = (Path(out) / REPORT_HTML).read_bytes()
+        seconds = time.monotonic() - started
+        if not result.ok:
+            return self._failed(record, workload, result.error, seconds)
+        report["session"] = {
+            "id": record.id,
+            "run_id": record.run_id,
+            "workload": workload,
+            "trigger": record.trigger,
+            "alert": (record.alert or {}).get("name"),
+        }
+        report["written_at"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + (
+            f".{int(time.time() * 1000) % 1000:03d}Z"
+        )
+        report["analysis_seconds"] = round(seconds, 3)
+        self.store.write_file(record.id, REPORT_HTML, page)
+        # The JSON last: its presence means the report is complete.
+        self.store.write_file(record.id, REPORT_JSON, json.dumps(report, indent=2).encode() + b"\n")
+        with contextlib.suppress(OSError, FileNotFoundError):
+            self.store.fs.rm(f"{self.store.session_dir(record.id)}/{ERROR_FILE}")
+        top = (report.get("baseline") or {}).get("top_regression") or {}
+        event = ReportEvent(
+            record.id,
+            record.run_id,
+            workload,
+            record.trigger,
+            report["status"],
+            report.get("finding_counts", {}),
+            baseline.session_id if baseline else None,
+            top.get("frame"),
+            seconds=seconds,
+            session_created=record.created.timestamp(),
+        )
+        self._count(event)
+        return event
+
+    def _failed(
+        self, record: SessionRecord, workload: str | None, error: str, seconds: float
+    ) -> ReportEvent:
+        log.warning("report of session %s failed: %s", record.id, error)
+        body = {
+            "status": "error",
+            "error": error,
+            "seconds": round(seconds, 3),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        with contextlib.suppress(OSError, ValueError):
+            self.store.write_file(record.id, ERROR_FILE, json.dumps(body).encode() + b"\n")
+        event = ReportEvent(
+            record.id,
+            record.run_id,
+            workload,
+            record.trigger,
+            "error",
+            {},
+            None,
+            None,
+            error=error,
+            seconds=seconds,
+            session_created=record.created.timestamp(),
+        )
+        self._count(event)
+        return event
+
+    def _count(self, event: ReportEvent) -> None:
+        self.written += event.status != "error"
+        if self._counter is not None:
+            self._counter.add(1, {"status": event.status})
+        if event.status != "error":
+            key = (event.run_id or "", event.workload or "")
+            counts = {p: int(event.findings.get(p, 0)) for p in ("P0", "P1", "P2")}
+            with self._lock:
+                known = self._findings.get(key)
+                if known is None or event.session_created >= known[0]:
+                    self._findings.pop(key, None)
+                    self._findings[key] = (event.session_created, counts)
+                while len(self._findings) > MAX_RUNS_EXPORTED:
+                    self._findings.popitem(last=False)
+        for callback in list(self.on_report):
+            try:
+                callback(event)
+            except Exception:  # one listener's failure never stops the others
+                log.exception("report callback %r failed for %s", callback, event.session_id)
+
+    def _observe_findings(self, options: CallbackOptions) -> Iterator[Observation]:
+        from opentelemetry.metrics import Observation
+
+        with self._lock:
+            items = list(self._findings.items())
+        for (run_id, workload), (_, counts) in items:
+            for priority, count in counts.items():
+                yield Observation(
+                    count, {"run_id": run_id, "workload": workload, "priority": priority}
+                )
+
+    # -- inputs ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _local_session(self, session_id: str, names: list[str]) -> Iterator[Path]:
+        local = self.store.local_dir(session_id)
+        if local is not None:
+            yield local
+            return
+        with tempfile.TemporaryDirectory(prefix="mlprof-session-") as tmp:
+            for name in names:
+                with self.store.local_file(session_id, name) as path:
+                    (Path(tmp) / name).write_bytes(path.read_bytes())
+            yield Path(tmp)
+
+    @contextlib.contextmanager
+    def _local_baseline(self, session_id: str | None) -> Iterator[Path | None]:
+        if session_id is None:
+            yield None
+            return
+        record = self.store.read_record(session_id)
+        names = [
+            n
+            for t in (record.targets if record else [])
+            for n in t.files
+            if n.endswith(CAPTURE_SUFFIX)
+        ]
+        if not names:
+            yield None
+            return
+        with self._local_session(session_id, names) as path:
+            yield path
+
+    def _memory_samples(self, record: SessionRecord) -> list[dict[str, Any]]:
+        """The run's newest device memory samples (``kind: memory`` step-log lines)."""
+        if self.shared_dir is None or not record.run_id:
+            return []
+        from exporter import schema
+
+        newest: dict[str, Any] | None = None
+        for path in sorted((self.shared_dir / schema.STEPS_DIR).glob(f"*{schema.STEP_LOG_SUFFIX}")):
+            try:
+                lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-2000:]
+            except OSError:
+                continue
+            for line in lines:
+                if '"memory"' not in line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if (
+                    isinstance(entry, dict)
+                    and entry.get("kind") == schema.KIND_MEMORY
+                    and entry.get("run_id") == record.run_id
+                    and (newest is None or entry.get("time", 0) >= newest.get("time", 0))
+                ):
+                    newest = entry
+        devices = newest.get("devices") if newest else None
+        return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
+
+    def _links(self, record: SessionRecord, workload: str | None) -> dict[str, str]:
+        base = self.settings.api_base.rstrip("/")
+        links = {
+            "session": f"{base}/api/v1/captures/{quote(record.id)}",
+            "report (JSON)": f"{base}/api/v1/sessions/{quote(record.id)}/report",
+        }
+        grafana = self.settings.grafana_url
+        if grafana:
+            params = {"var-run_id": record.run_id or "", "var-workload": workload or ""}
+            links["Grafana dashboard"] = (
+                f"{grafana.rstrip('/')}/d/{DASHBOARD_UID}/?{urlencode(params)}"
+            )
+            if self.settings.pyroscope_url is None:
+                selector = f'{{service_name="{workload or ""}",run_id="{record.run_id or ""}"}}'
+                links["Pyroscope (in Grafana)"] = (
+                    f"{grafana.rstrip('/')}/explore?{urlencode({'left': selector})}"
+                )
+        if self.settings.pyroscope_url:
+            query = (
+                f"device:device_time:nanoseconds:device_time:nanoseconds"
+                f'{{service_name="{workload or ""}",run_id="{record.run_id or ""}"}}'
+            )
+            links["Pyroscope"] = (
+                f"{self.settings.pyroscope_url.rstrip('/')}/?{urlencode({'query': query})}"
+            )
+        return links
+
+    def close(self) -> None:
+        """Stop after the report in progress; queued sessions are dropped (and cancelled)."""
+        while True:
+            try:
+                _, _, _, future = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            future.cancel()
+        self._queue.put((-1, -1, "", Future()))
+
+
+def workload_from_shared_dir(shared_dir: Path) -> Callable[[SessionRecord], str | None]:
+    """A record's workload: its own, else the name in the run's identity file."""
+    from exporter import schema
+
+    def workload_of(record: SessionRecord) -> str | None:
+        if record.workload:
+            return record.workload
+        run_id = record.run_id or next((t.run_id for t in record.targets if t.run_id), None)
+        if not run_id:
+            return None
+        try:
+            path = shared_dir / schema.RUNS_DIR / f"{run_id}.json"
+            return str(json.loads(path.read_text(encoding="utf-8"))["name"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    return workload_of
+
+
+def report_worker_from_settings(
+    settings: Settings, store: SessionStore, meter: Meter | None = None
+) -> ReportWorker:
+    """The sidecar's worker (its metrics exist even when ``MLPROF_REPORTS=false``)."""
+    return ReportWorker(
+        store,
+        ReportSettings(
+            enabled=settings.reports,
+            timeout_s=settings.report_timeout_s,
+            max_memory_mb=settings.report_max_memory_mb,
+            xprof=settings.report_xprof,
+            grafana_url=settings.grafana_url,
+            pyroscope_url=settings.pyroscope_url,
+            api_base=f"http://{settings.listen}",
+        ),
+        shared_dir=settings.shared_dir,
+        workload_of=workload_from_shared_dir(settings.shared_dir),
+        meter=meter,
+    )

@@ -1,0 +1,208 @@
+"""XLA computations that ran on host threads: the CPU backend's "device".
+
+A JAX CPU capture has no device plane; XLA's CPU client runs each HLO op (a thunk) on
+its own threads (``tf_XLAPjRtCpuClient``, ``tf_XLAEigen``), and every such event
+carries ``hlo_op`` and ``hlo_module`` stats. Work the executor hands to a thread pool
+without such an event shows as ``ThunkExecutor::Execute (wait for completion)`` on the
+client thread (with the program's ``run_id``): that is XLA time too. These events are
+to a CPU capture what a TPU's ``XLA Ops`` line is to a TPU: they give it a device-time
+flame graph (program > op, whichever thread ran it) and the time inside a step when
+XLA computes.
+
+Events that nest on one thread (a ``while`` thunk running its body) are stacked:
+each event adds its time to its own frame and takes it from its parent's, so self
+time excludes nested ops, as XProf computes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.xplane import Capture
+
+__all__ = ["XlaEvents", "graphs", "xla_host_events"]
+
+HLO_OP_STAT = "hlo_op"
+HLO_MODULE_STAT = "hlo_module"
+RUN_ID_STAT = "run_id"
+# XLA's CPU executor waiting for the program's asynchronous thunks (e.g. a dot on the
+# Eigen pool, whose work carries no hlo_op event): the program is still computing.
+EXECUTOR_WAIT_PREFIX = "ThunkExecutor::Execute"
+UNKNOWN_PROGRAM = "<unknown program>"
+_PS_PER_NS = 1000
+_META_ID = attrgetter("metadata_id")
+
+
+@dataclass
+class XlaEvents:
+    """XLA events of the host planes, absolute nanoseconds since the epoch.
+
+    ``paths[path_index[i]]`` is event ``i``'s stack (program, outer ops..., op);
+    ``parent[i]`` the event it nests in on its thread, or -1.
+    """
+
+    start: np.ndarray
+    end: np.ndarray
+    path_index: np.ndarray
+    parent: np.ndarray
+    paths: list[tuple[str, ...]]
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def _module_names(plane: object) -> dict[int, str]:
+    return {k: m.name for k, m in plane.stat_metadata.items()}  # type: ignore[attr-defined]
+
+
+def xla_host_events(capture: Capture) -> XlaEvents:
+    """XLA events of the capture's host planes: ``hlo_op`` events and executor waits."""
+    from exporter.proto import xplane_pb2
+
+    starts: list[int] = []
+    ends: list[int] = []
+    path_ids: list[int] = []
+    parents: list[int] = []
+    paths: dict[tuple[str, ...], int] = {}
+    path_list: list[tuple[str, ...]] = []
+    for ref in capture.host_planes:
+        plane = capture.plane(ref)
+        names = _module_names(plane)
+        op_id = next((k for k, n in names.items() if n == HLO_OP_STAT), None)
+        module_id = next((k for k, n in names.items() if n == HLO_MODULE_STAT), None)
+        run_stat = next((k for k, n in names.items() if n == RUN_ID_STAT), None)
+        if op_id is None:
+            continue
+        waits = {
+            k for k, m in plane.event_metadata.items() if m.name.startswith(EXECUTOR_WAIT_PREFIX)
+        }
+        lines: list[list[tuple[int, int, int, str, int]]] = []
+        program_of_run: dict[int, str] = {}
+        for raw in plane.lines:
+            line = xplane_pb2.XLine()
+            line.ParseFromString(raw)
+            base_ps = capture.line_start_ns(line.timestamp_ns) * _PS_PER_NS
+            events = line.events
+            # Most host events (Python, TraceMe) are not XLA. Read the metadata ids in one
+            # pass, classify each id on its first event, then visit only XLA events.
+            ids = np.fromiter(map(_META_ID, events), np.int64, len(events))
+            unique, first = np.unique(ids, return_index=True)
+            xla_ids = [
+                m
+                for m, i in zip(unique.tolist(), first.tolist(), strict=True)
+                if m in waits or any(st.metadata_id == op_id for st in events[i].stats)
+            ]
+            # start ps, end ps, metadata id, program, run id
+            found: list[tuple[int, int, int, str, int]] = []
+            for index in np.flatnonzero(np.isin(ids, xla_ids)).tolist():
+                event = events[index]
+                if event.duration_ps <= 0:
+                    continue
+                program, run, is_op = "", 0, False
+                for stat in event.stats:
+                    if stat.metadata_id == op_id:
+                        is_op = True
+                    elif stat.metadata_id == module_id:
+                        ref_value = stat.ref_value
+                        program = names.get(ref_value, "") if ref_value else stat.str_value
+                    elif stat.metadata_id == run_stat:
+                        run = stat.int64_value or stat.uint64_value
+                if is_op and program and run:
+                    program_of_run[run] = program
+                if is_op or (run and event.metadata_id in waits):
+                    start = base_ps + event.offset_ps
+                    found.append(
+                        (start, start + event.duration_ps, event.metadata_id, program, run)
+                    )
+            capture.events_read += len(line.events)
+            if found:
+                lines.append(found)
+        for found in lines:
+            found.sort(key=lambda e: (e[0], -e[1]))
+            open_events: list[tuple[int, int]] = []  # (end ps, global index)
+            for start, end, meta_id, program, run in found:
+                while open_events and (open_events[-1][0] <= start or open_events[-1][0] < end):
+                    open_events.pop()  # ended, or overlaps without containing: not a parent
+                meta = plane.event_metadata.get(meta_id)
+                op = (meta.name or meta.display_name) if meta is not None else f"<op {meta_id}>"
+                parent = open_events[-1][1] if open_events else -1
+                named = program or program_of_run.get(run, "") or UNKNOWN_PROGRAM
+                stack = (*path_list[path_ids[parent]], op) if parent >= 0 else (named, op)
+                index = paths.get(stack, -1)
+                if index < 0:
+                    index = paths[stack] = len(path_list)
+                    path_list.append(stack)
+                starts.append(start // _PS_PER_NS)
+                ends.append(end // _PS_PER_NS)
+                path_ids.append(index)
+                parents.append(parent)
+                open_events.append((end, len(starts) - 1))
+    return XlaEvents(
+        np.asarray(starts, np.int64),
+        np.asarray(ends, np.int64),
+        np.asarray(path_ids, np.int64),
+        np.asarray(parents, np.int64),
+        path_list,
+    )
+
+
+def graphs(
+    events: XlaEvents, windows: Sequence[tuple[int, int]] | None, time_nanos: int = 0
+) -> list[FlameGraph]:
+    """Device-time graphs (program > op, ns): one per window, or one of all time.
+
+    ``windows`` are disjoint and sorted. Each event adds its overlap with a window to
+    its own frame there and takes it from its parent's; events are placed in windows by
+    binary search, so the cost is O(events log windows), not events x windows.
+    """
+    spans = list(windows) if windows is not None else [(-(1 << 62), 1 << 62)]
+    n_paths, n_windows = len(events.paths), len(spans)
+    lows = np.asarray([lo for lo, _ in spans], np.int64)
+    highs = np.asarray([hi for _, hi in spans], np.int64)
+    first = np.searchsorted(highs, events.start, side="right")  # first window ending after
+    last = np.searchsorted(lows, events.end, side="left") - 1  # last window starting before
+    keys: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
+    parent_path = np.where(events.parent >= 0, events.path_index[events.parent], -1)
+
+    def add(index: np.ndarray, window: np.ndarray) -> None:
+        part = np.minimum(events.end[index], highs[window]) - np.maximum(
+            events.start[index], lows[window]
+        )
+        keep = part > 0
+        index, window, part = index[keep], window[keep], part[keep]
+        keys.append(window * n_paths + events.path_index[index])
+        weights.append(part)
+        nested = parent_path[index] >= 0
+        keys.append(window[nested] * n_paths + parent_path[index][nested])
+        weights.append(-part[nested])
+
+    single = np.flatnonzero((first == last) & (first < n_windows) & (last >= 0))
+    add(single, first[single])
+    for i in np.flatnonzero(last > first).tolist():  # events spanning window edges: few
+        span = np.arange(first[i], last[i] + 1)
+        add(np.full(len(span), i), span)
+    total: np.ndarray = np.zeros(n_windows * n_paths)
+    if keys:
+        total = np.bincount(
+            np.concatenate(keys), weights=np.concatenate(weights), minlength=n_windows * n_paths
+        )
+    per_window = total.reshape(n_windows, n_paths)
+    out = []
+    for w, (lo, _) in enumerate(spans):
+        graph = FlameGraph(
+            sample_type="device_time",
+            unit="nanoseconds",
+            profile_name="device",
+            time_nanos=max(lo, time_nanos) if windows is not None else time_nanos,
+        )
+        row = per_window[w]
+        for index in np.flatnonzero(row > 0).tolist():
+            graph.add(events.paths[index], round(float(row[index])))
+        out.append(graph)
+    return out

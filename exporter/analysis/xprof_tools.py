@@ -1,0 +1,200 @@
+"""Facts from XProf's own converters, run in a child process on a copy of the capture.
+
+XProf's converters (``xprof.convert.raw_to_tool_data.xspace_to_tool_data``) write cache
+files beside their input and log to stderr from C++, and they are native code that a
+hostile file could crash: so they run in a child process, on copies in a temporary
+directory, with a deadline. Each tool's answer is reduced to the few numbers a report
+quotes; a tool that fails or has nothing on this backend says so.
+
+    python -m exporter.analysis.xprof_tools CAPTURE [CAPTURE ...]   # JSON on stdout
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = ["TOOLS", "XPROF_TIMEOUT_S", "run_xprof_tools"]
+
+TOOLS: Final = (
+    "overview_page",
+    "input_pipeline_analyzer",
+    "framework_op_stats",
+    "hlo_stats",
+    "memory_profile",
+    "roofline_model",
+)
+# XProf takes about 5 s and 700 MiB for a 2-million-event capture (issue 10's figures);
+# a minute leaves room on a loaded machine, and a report never waits longer.
+XPROF_TIMEOUT_S: Final = 60.0
+TOP_ROWS: Final = 5
+
+
+def _table_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
+    ids = [c.get("id") for c in table.get("cols", [])]
+    return [
+        {k: cell.get("v") for k, cell in zip(ids, row.get("c", []), strict=False)}
+        for row in table.get("rows", [])
+    ]
+
+
+def _number(text: Any) -> float | None:
+    if isinstance(text, int | float):
+        return float(text)
+    try:
+        return float(str(text).rstrip("%"))
+    except ValueError:
+        return None
+
+
+def _summarise(tool: str, data: Any) -> dict[str, Any]:
+    if tool == "input_pipeline_analyzer":
+        table = data[1] if isinstance(data, list) and len(data) > 1 else {}
+        p = table.get("p", {})
+        rows = _table_rows(table)
+        return {
+            "hardware_type": p.get("hardware_type"),
+            "steps": len(rows),
+            "step_time_ms": {
+                k: _number(p.get(f"steptime_ms_{k}"))
+                for k in ("average", "minimum", "maximum", "standard_deviation")
+            },
+            "step_times_ms": {str(r.get("stepnum")): r.get("stepTimeMs") for r in rows},
+            "infeed_ms_avg": _number(p.get("infeed_time_ms_avg")),
+            "host_compute_ms_avg": _number(p.get("host_compute_time_ms_avg")),
+            "device_compute_ms_avg": _number(p.get("device_compute_time_ms_avg")),
+            "compile_ms_avg": _number(p.get("compile_time_ms_avg")),
+            "other_ms_avg": _number(p.get("other_time_ms_avg")),
+            "input_conclusion": p.get("input_conclusion"),
+        }
+    if tool == "overview_page":
+        tables = data if isinstance(data, list) else []
+        first = tables[0].get("p", {}) if tables else {}
+        params: list[dict[str, Any]] = [t.get("p", {}) for t in tables if isinstance(t, dict)]
+        env = next((p for p in params if "device_type" in p), {})
+        advice = next((p for p in params if "bottleneck" in p), {})
+        return {
+            "device_type": env.get("device_type"),
+            "device_duty_cycle_pct": _number(first.get("device_duty_cycle_percent")),
+            "device_idle_time_pct": _number(first.get("device_idle_time_percent")),
+            "mxu_utilization_pct": _number(first.get("mxu_utilization_percent")),
+            "bottleneck": advice.get("bottleneck"),
+            "statement": advice.get("statement"),
+        }
+    if tool in ("hlo_stats", "framework_op_stats", "roofline_model"):
+        tables = data if isinstance(data, list) else [data]
+        rows = [r for t in tables if isinstance(t, dict) for r in _table_rows(t)]
+        rows = [r for r in rows if r.get("operation") != "IDLE" and r.get("type") != "IDLE"]
+        keys = (
+            "hlo_op_name",
+            "operation",
+            "category",
+            "type",
+            "total_self_time",
+            "total_self_time_percent",
+            "host_or_device",
+            "bound_by",
+        )
+        top = [{k: r[k] for k in keys if k in r} for r in rows[:TOP_ROWS]]
+        out: dict[str, Any] = {"rows": len(rows), "top": top}
+        if tool == "roofline_model" and tables and isinstance(tables[0], dict):
+            p = tables[0].get("p", {})
+            out["device_type"] = p.get("device_type")
+            out["peak_flop_rate"] = _number(p.get("peak_flop_rate"))
+            out["peak_hbm_bw"] = _number(p.get("peak_hbm_bw"))
+        return out
+    if tool == "memory_profile":
+        allocators = (data or {}).get("memoryProfilePerAllocator") or {}
+        found = {}
+        for name, profile in allocators.items():
+            summary = profile.get("profileSummary", {})
+            peak = summary.get("peakStats", {})
+            found[name] = {
+                "peak_bytes_in_use": _number(summary.get("peakBytesUsageLifetime"))
+                or _number(peak.get("peakBytesInUse")),
+                "capacity_bytes": _number(summary.get("memoryCapacity")),
+            }
+        return {"allocators": found}
+    return {}
+
+
+def _child(paths: list[str]) -> dict[str, Any]:
+    """In the child: run every tool, answer {tool: {seconds, summary} | {error}}."""
+    from xprof.convert import raw_to_tool_data
+
+    answers: dict[str, Any] = {}
+    for tool in TOOLS:
+        started = time.perf_counter()
+        try:
+            inputs = paths[:1] if tool == "memory_profile" else paths  # one host at a time
+            raw, _ = raw_to_tool_data.xspace_to_tool_data(inputs, tool, {"use_saved_result": False})
+            if raw is None:
+                answers[tool] = {"error": "XProf produced no data for this capture"}
+                continue
+            data = json.loads(raw)
+            answers[tool] = {
+                "seconds": round(time.perf_counter() - started, 3),
+                "summary": _summarise(tool, data),
+            }
+        except Exception as exc:  # one tool's failure is reported, the others still run
+            answers[tool] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return answers
+
+
+def run_xprof_tools(paths: Sequence[Path], timeout_s: float = XPROF_TIMEOUT_S) -> dict[str, Any]:
+    """XProf's summaries of ``paths`` (one host's or a session's captures).
+
+    Answers ``{"available": False, "reason": ...}`` when XProf is not installed, times
+    out or crashes; the report then says which facts it could not check with XProf.
+    """
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("xprof") is None:
+            return {
+                "available": False,
+                "reason": "XProf is not installed (mlprof-exporter[capture])",
+            }
+    except (ImportError, ValueError):
+        return {"available": False, "reason": "XProf cannot be imported"}
+    with tempfile.TemporaryDirectory(prefix="mlprof-xprof-") as tmp:
+        copies = []
+        for i, path in enumerate(paths):
+            copy = Path(tmp) / f"{i}_{path.name}"
+            shutil.copyfile(path, copy)
+            copies.append(str(copy))
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GLOG_minloglevel": "3"}
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "exporter.analysis.xprof_tools", *copies],
+                capture_output=True,
+                timeout=timeout_s,
+                env=env,
+                cwd=tmp,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return {"available": False, "reason": f"XProf's converters took over {timeout_s:g}s"}
+    if done.returncode != 0:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        return {
+            "available": False,
+            "reason": f"XProf's converters failed (exit {done.returncode}: {tail[0][:200]})",
+        }
+    try:
+        tools = json.loads(done.stdout)
+    except ValueError:
+        return {"available": False, "reason": "XProf's converters answered no JSON"}
+    return {"available": True, "tools": tools}
+
+
+if __name__ == "__main__":
+    json.dump(_child(sys.argv[1:]), sys.stdout)

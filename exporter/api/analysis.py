@@ -1,0 +1,200 @@
+"""REST API of comparison and analysis: session reports, compare, baselines.
+
+``GET /api/v1/sessions/{id}/report`` serves the session's ``analysis.json`` (or its
+``summary.html`` with ``Accept: text/html``); ``GET /api/v1/compare`` compares two
+sessions, runs or Pyroscope selections in a bounded child process; ``PUT
+/api/v1/baselines/{workload}`` marks a workload's baseline session. Sides are session
+ids, ``run:<id>`` or ``pyroscope:{...}``: never a file path, so nothing outside the
+store is read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from exporter.api.auth import check_bearer
+from exporter.capture.session import check_session_id
+
+if TYPE_CHECKING:
+    from exporter.sidecar import Sidecar
+
+__all__ = ["router"]
+
+_RUN_SIDE = re.compile(r"^run:[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
+MAX_BODY_BYTES = 4096
+
+
+def _sidecar(request: Request) -> Sidecar:
+    return request.app.state.sidecar  # type: ignore[no-any-return]
+
+
+def require_token(request: Request) -> None:
+    check_bearer(request, _sidecar(request).settings.token)
+
+
+router = APIRouter(prefix="/api/v1", tags=["analysis"], dependencies=[Depends(require_token)])
+
+
+def _wants_html(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return "text/html" in accept and "application/json" not in accept.split(",")[0]
+
+
+def _session_or_error(sidecar: Sidecar, session_id: str) -> None:
+    try:
+        check_session_id(session_id)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    if sidecar.captures.store.read_record(session_id) is None:
+        raise HTTPException(404, f"no session {session_id!r} in the store")
+
+
+@router.get("/sessions/{session_id}/report", response_model=None)
+def get_report(request: Request, session_id: str) -> Response:
+    """The session's analysis report: JSON, or the HTML page with ``Accept: text/html``.
+
+    202 while the report is being made, 500 with the reason when the analysis failed.
+    """
+    from exporter.analysis.job import REPORT_HTML, REPORT_JSON
+    from exporter.analysis.worker import ERROR_FILE
+
+    sidecar = _sidecar(request)
+    _session_or_error(sidecar, session_id)
+    store = sidecar.captures.store
+    files = store.files(session_id)
+    if REPORT_JSON in files:
+        name = REPORT_HTML if _wants_html(request) and REPORT_HTML in files else REPORT_JSON
+        data = store.fs.cat_file(f"{store.session_dir(session_id)}/{name}")
+        if name == REPORT_HTML:
+            return HTMLResponse(data)
+        return Response(data, media_type="application/json")
+    if ERROR_FILE in files:
+        error = json.loads(store.fs.cat_file(f"{store.session_dir(session_id)}/{ERROR_FILE}"))
+        return JSONResponse({"detail": f"the analysis failed: {error.get('error')}"}, 500)
+    state = "pending" if sidecar.settings.reports else "off (MLPROF_REPORTS=false)"
+    return JSONResponse(
+        {"session_id": session_id, "report": state}, 202 if sidecar.settings.reports else 404
+    )
+
+
+def _side(sidecar: Sidecar, value: str, name: str) -> str:
+    if value.startswith("pyroscope:"):
+        if not sidecar.settings.pyroscope_url:
+            raise HTTPException(422, f"{name}: Pyroscope sides need MLPROF_PYROSCOPE_URL")
+        return value
+    if _RUN_SIDE.match(value):
+        return value
+    try:
+        check_session_id(value)
+    except ValueError:
+        raise HTTPException(
+            422, f"{name}={value!r}: expected a session id, run:<run_id> or pyroscope:{{...}}"
+        ) from None
+    local = sidecar.captures.store.local_dir(value)
+    if sidecar.captures.store.read_record(value) is None or local is None:
+        raise HTTPException(404, f"{name}: no session {value!r} in the (local) store")
+    return str(local)
+
+
+@router.get("/compare", response_model=None)
+async def get_compare(
+    request: Request,
+    base: str,
+    head: str,
+    kind: str | None = Query(None, pattern="^(device|host|memory)$"),
+    top: int = Query(20, ge=1, le=500),
+    time_from: str | None = Query(None, alias="from"),
+    until: str | None = None,
+) -> Response:
+    """Compare two sides (JSON, or the differential flame graph with ``Accept: text/html``)."""
+    from exporter.analysis.job import COMPARE_HTML, COMPARE_JSON, run_job
+
+    sidecar = _sidecar(request)
+    sides = [_side(sidecar, base, "base"), _side(sidecar, head, "head")]
+    settings = sidecar.settings
+    with tempfile.TemporaryDirectory(prefix="mlprof-compare-") as out:
+        args = [
+            "compare",
+            *sides,
+            out,
+            "--top",
+            str(top),
+            "--store",
+            settings.store,
+            "--shared-dir",
+            str(settings.shared_dir),
+        ]
+        if kind:
+            args += ["--kind", kind]
+        if settings.pyroscope_url:
+            args += ["--pyroscope-url", settings.pyroscope_url]
+            if settings.pyroscope_tenant:
+                args += [
+                    "--pyroscope-headers",
+                    json.dumps({"X-Scope-OrgID": settings.pyroscope_tenant}),
+                ]
+        if time_from:
+            args += ["--from", time_from]
+        if until:
+            args += ["--until", until]
+        result = await run_in_threadpool(
+            run_job, args, settings.report_timeout_s, settings.report_max_memory_mb
+        )
+        if not result.ok:
+            raise HTTPException(422, result.error)
+        if _wants_html(request):
+            return HTMLResponse((Path(out) / COMPARE_HTML).read_text(encoding="utf-8"))
+        return Response((Path(out) / COMPARE_JSON).read_bytes(), media_type="application/json")
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise HTTPException(413, f"request body over {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise HTTPException(400, f"request body is not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("session_id"), str):
+        raise HTTPException(422, 'expected {"session_id": "<a session id in the store>"}')
+    return data
+
+
+@router.put("/baselines/{workload}")
+async def put_baseline(request: Request, workload: str) -> dict[str, Any]:
+    """Mark a session as the baseline of ``workload`` (body ``{"session_id": ...}``)."""
+    from exporter.analysis.baselines import BaselineStore, check_name
+
+    sidecar = _sidecar(request)
+    try:
+        check_name(workload)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    body = await _body(request)
+    try:
+        check_session_id(body["session_id"])
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    marks = BaselineStore(sidecar.captures.store)
+    try:
+        return await run_in_threadpool(marks.set, workload, body["session_id"], by="api")
+    except LookupError as exc:
+        raise HTTPException(404, str(exc)) from None
+
+
+@router.get("/baselines")
+def list_baselines(request: Request) -> dict[str, Any]:
+    """Every workload's baseline mark."""
+    from exporter.analysis.baselines import BaselineStore
+
+    return {"baselines": BaselineStore(_sidecar(request).captures.store).marks()}

@@ -1,0 +1,252 @@
+"""``mlprof compare``, ``mlprof analyze`` and ``mlprof baseline``.
+
+They run here, on files, sessions of the store (``--store``, ``MLPROF_STORE``), runs
+and Pyroscope selections (``MLPROF_PYROSCOPE_URL``); no sidecar is needed. Exit codes:
+0 done, 1 a failure (or ``--fail-on-regression`` tripped), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from exporter.config import Settings, load_settings
+from exporter.errors import ConfigError, InputError, MlprofError
+
+__all__ = ["COMMANDS"]
+
+KIND_CHOICE = click.Choice(["device", "host", "memory"])
+
+
+def _settings(store: str | None) -> Settings:
+    return load_settings(None, store=store)
+
+
+def _context(
+    settings: Settings,
+    time_from: str | None = None,
+    time_until: str | None = None,
+    profile_type: str | None = None,
+) -> Any:
+    from exporter.analysis.sides import SideContext
+
+    headers: dict[str, str] = {}
+    if settings.pyroscope_tenant:
+        headers["X-Scope-OrgID"] = settings.pyroscope_tenant
+    if settings.pyroscope_user:
+        import base64
+
+        password = (
+            settings.pyroscope_password.get_secret_value() if settings.pyroscope_password else ""
+        )
+        token = base64.b64encode(f"{settings.pyroscope_user}:{password}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    return SideContext(
+        store=settings.store,
+        shared_dir=settings.shared_dir,
+        pyroscope_url=settings.pyroscope_url,
+        pyroscope_headers=headers,
+        time_from=time_from,
+        time_until=time_until,
+        profile_type=profile_type,
+    )
+
+
+def _emit(data: bytes, output: Path | None, what: str) -> None:
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        output.write_bytes(data)
+    except OSError as exc:
+        raise MlprofError(f"-o {output}: cannot write ({exc.strerror})") from None
+    click.echo(f"wrote {output} ({what})", err=True)
+
+
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "html"]),
+    default="text",
+    show_default=True,
+)
+output_option = click.option(
+    "-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write to FILE."
+)
+store_option = click.option(
+    "--store", help="Session store, to name sessions by id (env MLPROF_STORE)."
+)
+
+
+@click.command()
+@click.argument("base")
+@click.argument("head")
+@click.option(
+    "--kind",
+    type=KIND_CHOICE,
+    help="device, host or memory (default: device time when a side has XLA "
+    "computations, else host; memory for memory profiles).",
+)
+@format_option
+@output_option
+@click.option(
+    "--fail-on-regression",
+    "fail_pct",
+    type=click.FloatRange(min=0),
+    help="Exit 1 when a significant regression's self share grew by more than PCT points.",
+    metavar="PCT",
+)
+@click.option(
+    "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Entries per list."
+)
+@store_option
+@click.option("--from", "time_from", help="Pyroscope sides: start (now-1h, Unix s, ISO 8601).")
+@click.option("--until", "time_until", help="Pyroscope sides: end (default now).")
+@click.option("--profile-type", help="Pyroscope sides: profile type (name:type:unit:ptype:punit).")
+def compare(
+    base: str,
+    head: str,
+    kind: str | None,
+    fmt: str,
+    output: Path | None,
+    fail_pct: float | None,
+    top: int,
+    store: str | None,
+    time_from: str | None,
+    time_until: str | None,
+    profile_type: str | None,
+) -> None:
+    """Compare HEAD against BASE: which frames grew or shrank, and is it beyond noise.
+
+    BASE and HEAD are each an .xplane.pb, a memory or project pprof, a session (its
+    directory or id in the store), run:<run_id>, or pyroscope:{label="value",...}.
+    """
+    from exporter.analysis.compare import compare_sides
+    from exporter.analysis.render import comparison_html, comparison_text
+    from exporter.analysis.sides import load_side
+
+    context = _context(_settings(store), time_from, time_until, profile_type)
+    base_side = load_side(base, kind, context)  # type: ignore[arg-type]
+    head_side = load_side(head, kind or base_side.kind, context)  # type: ignore[arg-type]
+    try:
+        comparison = compare_sides(base_side, head_side)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if fmt == "json":
+        data = (json.dumps(comparison.to_json(top=top), indent=2) + "\n").encode()
+    elif fmt == "html":
+        data = comparison_html(comparison).encode()
+    else:
+        data = comparison_text(comparison, top).encode()
+    regressions = sum(e.regression for e in comparison.regressions)
+    _emit(data, output, f"{comparison.kind}, {comparison.normalisation}, {regressions} regressions")
+    if fail_pct is not None:
+        failing = comparison.failing(fail_pct)
+        if failing:
+            worst = failing[0]
+            q = f", q={worst.q_value:.2g}" if worst.q_value is not None else ""
+            raise MlprofError(
+                f"regression: {worst.frame.name} self share {worst.values['self_base_pct']:.1f}% "
+                f"-> {worst.values['self_head_pct']:.1f}% ({worst.delta_self_pts:+.1f} points > "
+                f"{fail_pct:g}{q}); {len(failing)} significant regression(s) over the limit"
+            )
+
+
+@click.command()
+@click.argument("input_text", metavar="INPUT")
+@format_option
+@output_option
+@click.option("--baseline", help="Also compare against this (any side compare accepts).")
+@click.option("--no-xprof", is_flag=True, help="Skip XProf's converters (faster).")
+@store_option
+def analyze(
+    input_text: str,
+    fmt: str,
+    output: Path | None,
+    baseline: str | None,
+    no_xprof: bool,
+    store: str | None,
+) -> None:
+    """Analysis report of an .xplane.pb, a session (directory or id) or run:<run_id>."""
+    from exporter.analysis.render import report_html, report_text
+    from exporter.analysis.report import analyze as run_analysis
+
+    context = _context(_settings(store))
+    report = run_analysis(input_text, context, baseline=baseline, xprof=not no_xprof)
+    if fmt == "json":
+        data = (json.dumps(report.to_json(), indent=2) + "\n").encode()
+    elif fmt == "html":
+        data = report_html(report).encode()
+    else:
+        data = report_text(report).encode()
+    counts = report.counts()
+    _emit(data, output, f"{report.status}, {counts['P0']} P0, {counts['P1']} P1, {counts['P2']} P2")
+
+
+@click.group()
+def baseline() -> None:
+    """Mark the session later captures of a workload (or run) are compared against."""
+
+
+def _baselines(store: str | None) -> Any:
+    from exporter.analysis.baselines import BaselineStore
+    from exporter.capture.store import SessionStore
+
+    return BaselineStore(SessionStore(_settings(store).store))
+
+
+@baseline.command("set")
+@click.argument("session")
+@click.option("--workload", help="Workload name (default: the session's workload).")
+@click.option("--run-id", help="Mark it as this run's baseline instead.")
+@store_option
+def baseline_set(session: str, workload: str | None, run_id: str | None, store: str | None) -> None:
+    """Mark SESSION (an id in the store) as the baseline."""
+    from exporter.capture.session import check_session_id
+
+    marks = _baselines(store)
+    try:
+        check_session_id(session)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    record = marks.store.read_record(session)
+    if record is None:
+        raise InputError(f"no session {session!r} in the store {marks.store.url}")
+    name = run_id or workload or record.workload or _workload_from_run(record.run_id)
+    if not name:
+        raise ConfigError(
+            f"session {session}: its workload is unknown; give --workload NAME or --run-id ID"
+        )
+    try:
+        mark = marks.set(name, session, run=run_id is not None, by="cli")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    click.echo(json.dumps(mark))
+
+
+def _workload_from_run(run_id: str | None) -> str | None:
+    if not run_id:
+        return None
+    from exporter import schema
+
+    path = load_settings(None).shared_dir / schema.RUNS_DIR / f"{run_id}.json"
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8"))["name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@baseline.command("show")
+@store_option
+def baseline_show(store: str | None) -> None:
+    """Every workload's baseline mark (JSON lines)."""
+    for mark in _baselines(store).marks():
+        click.echo(json.dumps(mark))
+
+
+COMMANDS = [compare, analyze, baseline]

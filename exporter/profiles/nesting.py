@@ -1,0 +1,232 @@
+"""Events on one timeline line -> properly nested segments -> self time per frame.
+
+A line (a host thread, a device's ``XLA Ops`` line) holds events as (start, end, label)
+in picoseconds. Flame graphs need them as a tree: :func:`nest` turns them into
+*segments* that nest properly, each with its parent segment, under one of two rules:
+
+``contain`` (XProf's rule for device ops, ``xplane_to_op_metrics_db.cc``)
+    An event is a child of the innermost open event that contains it. An event that
+    overlaps an open event without being contained in it closes that event and becomes
+    its sibling; both keep their full duration (XProf counts both).
+
+``split`` (the host rule; what a sampling profiler would record)
+    At every instant the stack is the events open at that instant, in start order.
+    When an event ends while events that started inside it are still open, those
+    continue one level up, as new segments under the ended event's parent. So an event
+    that begins inside another and outlives it is split: its head nests in the other,
+    its tail is the other's sibling. Every event's time stays under its own name, and
+    the thread's total is its busy time.
+
+Both rules agree when events nest properly, the common case, which is done in numpy
+without a Python loop; a line with overlaps falls back to a loop over its events.
+
+Self time of a segment is its duration minus its children's. :func:`window_self` splits
+it across time windows by overlap, so summing the windows gives the time inside them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["FAR", "Nested", "aggregate", "dense_index", "nest", "window_self"]
+
+Rule = Literal["contain", "split"]
+FAR = 1 << 62  # beyond any timestamp in picoseconds: an unbounded window edge
+
+
+@dataclass(frozen=True, slots=True)
+class Nested:
+    """Segments of one line in start order; ``parent`` is -1 at the top, else < index."""
+
+    start: np.ndarray  # int64 ps
+    end: np.ndarray  # int64 ps
+    label: np.ndarray  # int64 label id of the event each segment belongs to
+    parent: np.ndarray  # int64 index of the enclosing segment, or -1
+    depth: np.ndarray  # int64 nesting depth, 0 at the top
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def _by_start(start: np.ndarray, end: np.ndarray) -> np.ndarray | None:
+    """The order by start, longer first on ties; None when already in that order."""
+    if len(start) < 2:
+        return None
+    ds = np.diff(start)
+    if (ds > 0).all() or ((ds >= 0).all() and not (np.diff(end)[ds == 0] > 0).any()):
+        return None
+    return np.lexsort((-end, start))
+
+
+def _proper(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(parent, depth) of events sorted by start when they nest properly, else None."""
+    n = len(start)
+    parent = np.full(n, -1, np.int64)
+    if n < 2:
+        return parent, np.zeros(n, np.int64)
+    running_end = np.maximum.accumulate(end)
+    if not (start[1:] < running_end[:-1]).any():
+        return parent, np.zeros(n, np.int64)  # flat: nothing overlaps
+    # Open events at each start: those begun before it minus those ended by then.
+    depth = np.arange(n, dtype=np.int64) - np.searchsorted(np.sort(end), start, side="right")
+    if (depth < 0).any():
+        return None
+    # The parent is the latest earlier event one level up: search (depth, index) keys.
+    key = np.sort(depth * n + np.arange(n, dtype=np.int64))
+    inner = np.flatnonzero(depth > 0)
+    pos = np.searchsorted(key, (depth[inner] - 1) * n + inner) - 1
+    found = key[np.maximum(pos, 0)]
+    if ((pos < 0) | (found // n != depth[inner] - 1)).any():
+        return None
+    parent[inner] = found % n
+    # Laminar iff every event ends within its parent (see the module tests for why).
+    if (end[inner] > end[parent[inner]]).any():
+        return None
+    return parent, depth
+
+
+def _contain_loop(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    parent = np.full(len(start), -1, np.int64)
+    depth = np.zeros(len(start), np.int64)
+    stack: list[int] = []
+    ends = end.tolist()
+    for i, e in enumerate(ends):
+        while stack and ends[stack[-1]] < e:  # the open event does not contain this one
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+            depth[i] = len(stack)
+        stack.append(i)
+    return parent, depth
+
+
+def _split_loop(start: np.ndarray, end: np.ndarray, label: np.ndarray) -> Nested:
+    """The ``split`` rule by a sweep over starts and ends (events sorted by start)."""
+    seg_start: list[int] = []
+    seg_end: list[int] = []
+    seg_label: list[int] = []
+    seg_parent: list[int] = []
+    # Open events in start order: [end, label, current segment]; a heap finds the next end.
+    stack: list[list[int]] = []
+    ending: list[tuple[int, int, list[int]]] = []
+
+    def open_segment(at: int, item: list[int], below: int) -> None:
+        item[2] = len(seg_start)
+        seg_start.append(at)
+        seg_end.append(at)
+        seg_label.append(item[1])
+        seg_parent.append(stack[below][2] if below >= 0 else -1)
+
+    def close_until(t: int) -> None:
+        while ending and ending[0][0] <= t:
+            te, _, item = heapq.heappop(ending)
+            pos = next(p for p in range(len(stack) - 1, -1, -1) if stack[p] is item)
+            for above in stack[pos:]:
+                seg_end[above[2]] = te
+            del stack[pos]
+            for p in range(pos, len(stack)):  # those above continue one level up
+                open_segment(te, stack[p], p - 1)
+
+    rows = zip(start.tolist(), end.tolist(), label.tolist(), strict=True)
+    for seq, (s, e, lab) in enumerate(rows):
+        close_until(s)
+        item = [e, lab, -1]
+        open_segment(s, item, len(stack) - 1)
+        stack.append(item)
+        heapq.heappush(ending, (e, seq, item))  # seq: earlier-opened first on equal ends
+    close_until(FAR)
+    s_arr = np.asarray(seg_start, np.int64)
+    e_arr = np.asarray(seg_end, np.int64)
+    p_arr = np.asarray(seg_parent, np.int64)
+    # Segments reopened and closed at the same instant carry no time (nor do their
+    # children, which lie inside them): drop them and renumber the parents.
+    keep = e_arr > s_arr
+    new_index = np.cumsum(keep) - 1
+    p_arr = np.where(p_arr >= 0, new_index[np.maximum(p_arr, 0)], -1)[keep]
+    depth = np.zeros(int(keep.sum()), np.int64)
+    for i, p in enumerate(p_arr.tolist()):  # parents come first
+        if p >= 0:
+            depth[i] = depth[p] + 1
+    return Nested(s_arr[keep], e_arr[keep], np.asarray(seg_label, np.int64)[keep], p_arr, depth)
+
+
+def nest(start: np.ndarray, end: np.ndarray, label: np.ndarray, rule: Rule) -> Nested:
+    """Nest one line's events (int64 arrays, any order, positive durations) by ``rule``."""
+    order = _by_start(start, end)
+    if order is not None:
+        start, end, label = start[order], end[order], label[order]
+    found = _proper(start, end)
+    if found is not None:
+        return Nested(start, end, label, *found)
+    if rule == "contain":
+        return Nested(start, end, label, *_contain_loop(start, end))
+    return _split_loop(start, end, label)
+
+
+def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values, index of each value among them), like ``np.unique``.
+
+    Small non-negative values (metadata ids, node ids) use a lookup table, O(n) instead
+    of a sort; others fall back to ``np.unique``.
+    """
+    if not len(values):
+        return values[:0], np.zeros(0, np.int64)
+    low, high = int(values.min()), int(values.max())
+    if low >= 0 and high <= 4 * len(values) + 1024:
+        present = np.zeros(high + 1, bool)
+        present[values] = True
+        uniq = np.flatnonzero(present)
+        rank = np.cumsum(present) - 1
+        return uniq.astype(values.dtype, copy=False), rank[values]
+    uniq, inverse = np.unique(values, return_inverse=True)
+    return uniq, inverse.astype(np.int64, copy=False)
+
+
+def aggregate(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys, exact int64 sum of ``values`` per key), keys sorted.
+
+    ``np.bincount`` sums in float64: the values are split into high and low 24-bit
+    halves so each partial sum stays exact (below 2**53) for any realistic input.
+    """
+    uniq, inverse = dense_index(keys)
+    hi, lo = np.divmod(values, 1 << 24)
+    size = len(uniq)
+    hi_sum = np.bincount(inverse, weights=hi, minlength=size)
+    lo_sum = np.bincount(inverse, weights=lo, minlength=size)
+    return uniq, hi_sum.astype(np.int64) * (1 << 24) + lo_sum.astype(np.int64)
+
+
+def window_self(
+    nested: Nested,
+    node: np.ndarray,
+    windows: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Self time (ps) per (node, window): ``(nodes, window indexes, ps)``, sparse.
+
+    ``node`` maps each segment to its frame-tree node; ``windows`` is an (n, 2) int64
+    array of disjoint [start, end) ranges in the line's picoseconds, sorted. Each
+    segment adds its overlap with a window to its node and takes it from its parent's.
+    """
+    if not len(nested) or not len(windows):
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    w_start, w_end = windows[:, 0], windows[:, 1]
+    first = np.searchsorted(w_end, nested.start, side="right")
+    last = np.searchsorted(w_start, nested.end, side="left") - 1
+    count = np.maximum(last - first + 1, 0)
+    total = int(count.sum())
+    seg = np.repeat(np.arange(len(nested), dtype=np.int64), count)
+    offsets = np.cumsum(count) - count
+    win = np.repeat(first, count) + (np.arange(total, dtype=np.int64) - np.repeat(offsets, count))
+    overlap = np.minimum(nested.end[seg], w_end[win]) - np.maximum(nested.start[seg], w_start[win])
+    has_parent = nested.parent[seg] >= 0
+    nodes = np.concatenate([node[seg], node[nested.parent[seg[has_parent]]]])
+    wins = np.concatenate([win, win[has_parent]])
+    values = np.concatenate([overlap, -overlap[has_parent]])
+    n_windows = len(windows)
+    keys, sums = aggregate(nodes * n_windows + wins, values)
+    return keys // n_windows, keys % n_windows, sums

@@ -1,0 +1,185 @@
+"""Step windows of an XProf capture, and flame graphs per window (per training step).
+
+The comparison engine treats each step as one sample of every frame's time. These are
+the names it codes against:
+
+``StepWindow(start_ns, end_ns, step)``
+    One step, ``[start_ns, end_ns)`` in nanoseconds since the epoch; ``step`` is the
+    step number when the capture gives one, else None.
+
+``step_windows(capture) -> (windows, source)``
+    The capture's steps ordered by start and made disjoint (a window that begins
+    before the previous one ends starts at that end), with where they came from:
+
+    - ``"device_steps"``: the ``Steps`` line of the device planes (TPU captures). The
+      step number is the event's ``group_id`` stat (what XProf reads), else its
+      ``step_num`` stat or numeric name; one step on several chips is one window from
+      its earliest start to its latest end.
+    - ``"host_step_annotations"``: ``/host:CPU`` events with a ``step_num`` stat, which
+      ``jax.profiler.StepTraceAnnotation("train", step_num=N)`` writes (JAX also adds
+      ``_r=1``); the same step on several threads is one window.
+    - ``"none"`` with ``[]`` when the capture has no step markers.
+
+``windowed_flamegraphs(capture, kind, windows) -> list[FlameGraph]``
+    One graph per window, built by the same reader as ``device_flamegraph`` /
+    ``host_flamegraph`` (same frames, labels, identity and nesting). Each event's self
+    time is split across the windows by how much of it lies inside each, so summing the
+    windows' graphs gives the capture's graph restricted to the windows (exactly, in
+    whole nanoseconds per frame). Cost O(events + windows + output). Windows must be
+    disjoint; empty graphs come back for a kind the capture has no planes of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.xplane import (
+    STEPS,
+    Capture,
+    _headers,
+    _line,
+    _template,
+    device_graphs,
+    host_graphs,
+)
+
+__all__ = ["StepSource", "StepWindow", "step_windows", "windowed_flamegraphs"]
+
+StepSource = Literal["device_steps", "host_step_annotations", "none"]
+_PS_PER_NS = 1000
+_STEP_STATS = ("group_id", "step_num")  # device Steps events: XProf reads group_id
+
+
+@dataclass(frozen=True, slots=True)
+class StepWindow:
+    """One step: ``[start_ns, end_ns)`` in ns since the epoch, and its number if known."""
+
+    start_ns: int
+    end_ns: int
+    step: int | None
+
+
+def _disjoint(spans: dict[object, tuple[int, int, int | None]]) -> list[StepWindow]:
+    """Windows ordered by start; each starts no earlier than the previous one ends."""
+    out: list[StepWindow] = []
+    for first, end, step in sorted(spans.values(), key=lambda s: (s[0], s[1])):
+        start = max(first, out[-1].end_ns) if out else first
+        if end > start:
+            out.append(StepWindow(start, end, step))
+    return out
+
+
+def _number(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _span_ns(base_ns: int, offset_ps: int, duration_ps: int) -> tuple[int, int]:
+    # Whole nanoseconds that cover the event: its start rounded down, its end up.
+    return base_ns + offset_ps // _PS_PER_NS, base_ns - (-(offset_ps + duration_ps) // _PS_PER_NS)
+
+
+def _device_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
+    spans: dict[object, tuple[int, int, int | None]] = {}
+    for plane_number, ref in enumerate(capture.device_planes):
+        plane = capture.plane(ref)
+        stat_names = {m.id: m.name for m in plane.stat_metadata.values()}
+        for header in _headers(capture, plane):
+            if header.name != STEPS:
+                continue
+            base = capture.line_start_ns(header.timestamp_ns)
+            for index, event in enumerate(_line(capture, plane, header.index).events):
+                if event.duration_ps <= 0:
+                    continue
+                found = {stat_names.get(s.metadata_id): s for s in event.stats}
+                step = None
+                for name in _STEP_STATS:
+                    if name in found:
+                        step = _number(getattr(found[name], found[name].WhichOneof("value")))
+                        break
+                if step is None:
+                    meta = plane.event_metadata.get(event.metadata_id)
+                    step = _number(meta.name) if meta is not None else None
+                start, end = _span_ns(base, event.offset_ps, event.duration_ps)
+                # Unnumbered steps cannot be matched across chips: keep each chip's own.
+                key: object = step if step is not None else (plane_number, index)
+                old = spans.get(key)
+                spans[key] = (
+                    (min(old[0], start), max(old[1], end), step) if old else (start, end, step)
+                )
+    if any(isinstance(k, tuple) for k in spans):  # unnumbered: the first chip's steps only
+        first = min(k[0] for k in spans if isinstance(k, tuple))
+        spans = {k: v for k, v in spans.items() if not isinstance(k, tuple) or k[0] == first}
+    return spans
+
+
+def _host_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
+    spans: dict[object, tuple[int, int, int | None]] = {}
+    for ref in capture.host_planes:
+        plane = capture.plane(ref)
+        step_ids = {m.id for m in plane.stat_metadata.values() if m.name == "step_num"}
+        if not step_ids:
+            continue
+        for header in _headers(capture, plane):
+            base = capture.line_start_ns(header.timestamp_ns)
+            for event in _line(capture, plane, header.index).events:
+                if not event.stats or event.duration_ps <= 0:
+                    continue
+                for stat in event.stats:
+                    if stat.metadata_id in step_ids:
+                        step = _number(getattr(stat, stat.WhichOneof("value") or "int64_value"))
+                        start, end = _span_ns(base, event.offset_ps, event.duration_ps)
+                        key: object = step if step is not None else (header.index, start)
+                        old = spans.get(key)
+                        spans[key] = (
+                            (min(old[0], start), max(old[1], end), step)
+                            if old
+                            else (start, end, step)
+                        )
+                        break
+    return spans
+
+
+def step_windows(capture: Capture) -> tuple[list[StepWindow], StepSource]:
+    """The capture's steps (ordered, disjoint) and their source; see the module doc."""
+    device = _device_steps(capture)
+    if device:
+        return _disjoint(device), "device_steps"
+    host = _host_steps(capture)
+    if host:
+        return _disjoint(host), "host_step_annotations"
+    return [], "none"
+
+
+def windowed_flamegraphs(
+    capture: Capture, kind: Literal["device", "host"], windows: Sequence[StepWindow]
+) -> list[FlameGraph]:
+    """One flame graph per window: each event's self time split by time overlap."""
+    if kind not in ("device", "host"):
+        raise ValueError(f"kind {kind!r}: expected 'device' or 'host'")
+    if not windows:
+        return []
+    spans = np.array([(w.start_ns, w.end_ns) for w in windows], np.int64)
+    if (spans[:, 1] < spans[:, 0]).any() or (spans[1:, 0] < spans[:-1, 1]).any():
+        raise ValueError("windows must be ordered by start and must not overlap")
+    build = device_graphs if kind == "device" else host_graphs
+    graphs = build(capture, spans)
+    if graphs is None:
+        template = _template(capture, kind)
+        return [template.copy() for _ in windows]
+    for graph, window in zip(graphs, windows, strict=True):
+        graph.time_nanos = window.start_ns
+        graph.duration_nanos = window.end_ns - window.start_ns
+    return graphs

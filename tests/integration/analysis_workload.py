@@ -1,0 +1,107 @@
+"""JAX CPU workloads for the comparison and analysis tests, one capture per variant.
+
+Usage: python analysis_workload.py OUT_DIR VARIANT [VARIANT ...]
+
+Variants (each writes ``OUT_DIR/<variant>/plugins/profile/<session>/<host>.xplane.pb``,
+except the memory ones, which write ``OUT_DIR/<variant>.pprof.gz``):
+
+* ``compute``: steps of a jitted MLP update; the batch is made in an annotated
+  ``data_loading`` phase inside the step, which costs almost nothing;
+* ``heavy``: the same, plus a heavy jitted function (``heavy_extra``) every step;
+* ``sleepy``: the same as ``compute``, but ``data_loading`` sleeps twice as long as the
+  previous step's compute took (so its share stays near two thirds however loaded the
+  machine is);
+* ``memory_base`` / ``memory_extra``: device-memory profiles of the model's buffers,
+  the second with a 64 MiB buffer allocated by ``allocate_extra_buffer``.
+
+Prints ``DONE <variant> <path>`` per variant.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+STEPS = 16
+SLEEP_RATIO = 2.0  # sleepy: data_loading sleeps this many times the last compute time
+EXTRA_BUFFER_BYTES = 64 * 1024 * 1024
+
+
+@jax.jit
+def update(w: jax.Array, x: jax.Array) -> jax.Array:
+    h = x
+    for _ in range(4):
+        h = jnp.tanh(h @ w)
+    return w - 1e-3 * (x.T @ h) / x.shape[0]
+
+
+@jax.jit
+def heavy_extra(a: jax.Array) -> jax.Array:
+    for _ in range(3):
+        a = jnp.sin(a @ a)
+    return a
+
+
+def data_loading(step: int, sleep_s: float) -> jax.Array:
+    with jax.profiler.TraceAnnotation("data_loading"):
+        if sleep_s:
+            time.sleep(sleep_s)
+        return jnp.full((512, 512), step % 7, jnp.float32)
+
+
+def allocate_extra_buffer() -> jax.Array:
+    return jnp.ones((EXTRA_BUFFER_BYTES // 4,), jnp.float32).block_until_ready()
+
+
+def capture(out: Path, variant: str) -> Path:
+    w = jnp.eye(512, dtype=jnp.float32)
+    a = jnp.ones((512, 512), jnp.float32) / 512
+    compute_s = 0.05
+    # Compile outside the trace: a capture of a steady state.
+    update(w, data_loading(0, 0.0)).block_until_ready()
+    heavy_extra(a).block_until_ready()
+    logdir = out / variant
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level = 2
+    options.python_tracer_level = 0
+    with jax.profiler.trace(str(logdir), profiler_options=options):
+        for step in range(STEPS):
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                sleep_s = SLEEP_RATIO * compute_s if variant == "sleepy" else 0.0
+                x = data_loading(step, sleep_s)
+                started = time.perf_counter()
+                w = update(w, x)
+                if variant == "heavy":
+                    heavy_extra(a).block_until_ready()
+                w.block_until_ready()
+                compute_s = time.perf_counter() - started
+    (path,) = logdir.glob("plugins/profile/*/*.xplane.pb")
+    return path
+
+
+def memory_profile(out: Path, variant: str) -> Path:
+    keep = [jnp.ones((512, 512), jnp.float32), jnp.zeros((1024,), jnp.float32)]
+    if variant == "memory_extra":
+        keep.append(allocate_extra_buffer())
+    path = out / f"{variant}.pprof.gz"
+    path.write_bytes(jax.profiler.device_memory_profile())
+    del keep
+    return path
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    for variant in sys.argv[2:]:
+        if variant.startswith("memory"):
+            path = memory_profile(out, variant)
+        else:
+            path = capture(out, variant)
+        print(f"DONE {variant} {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Each finding's rule on either side of its thresholds (as XProf's smart_suggestion
+rule tests do), the verdict, and unknown facts staying silent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from exporter.analysis import rules
+from exporter.analysis.facts import CaptureFacts
+from exporter.analysis.report import Report
+
+
+def facts(**overrides: Any) -> CaptureFacts:
+    base = CaptureFacts(
+        backend="tpu",
+        files=["h.xplane.pb"],
+        steps={
+            "count": 20,
+            "mean_ms": 100.0,
+            "median_ms": 100.0,
+            "p90_ms": 101.0,
+            "min_ms": 99.0,
+            "max_ms": 102.0,
+            "stdev_ms": 1.0,
+            "cv": 0.01,
+            "outliers": 0,
+            "cycle_mean_ms": 100.0,
+            "source": "device_steps",
+        },
+        breakdown={
+            "cycle_total_ms": 2000.0,
+            "xla_pct": 95.0,
+            "input_wait_pct": 5.0,
+            "data_phase_pct": 3.0,
+            "between_steps_pct": 1.0,
+            "host_other_pct": 1.0,
+        },
+        compiler={"data_formatting_pct": 1.0, "data_formatting_ms": 20.0, "ops": []},
+        recompilation={"compilations": 0, "in_steps": 0, "compile_ms": 0.0, "in_steps_pct": 0.0},
+    )
+    for key, value in overrides.items():
+        current = getattr(base, key)
+        setattr(base, key, current | value if isinstance(current, dict) and value else value)
+    return base
+
+
+def wait(pct: float, data: float | None = None, host: float = 0.5) -> dict[str, float]:
+    """A breakdown where ``pct`` of the step loads data (``data`` of it annotated)."""
+    data = pct - 0.5 if data is None else data
+    between = pct - data
+    return {
+        "xla_pct": 100 - pct - host,
+        "input_wait_pct": pct + host,
+        "data_phase_pct": data,
+        "between_steps_pct": between,
+        "host_other_pct": host,
+    }
+
+
+@pytest.mark.parametrize(
+    ("pct", "priority"),
+    [
+        (rules.INPUT_WAIT_P2_PCT - 0.1, None),
+        (rules.INPUT_WAIT_P2_PCT, "P2"),
+        (rules.INPUT_WAIT_P1_PCT - 0.1, "P2"),
+        (rules.INPUT_WAIT_P1_PCT, "P1"),
+        (rules.INPUT_WAIT_P0_PCT - 0.1, "P1"),
+        (rules.INPUT_WAIT_P0_PCT, "P0"),
+    ],
+)
+def test_input_wait_thresholds(pct: float, priority: str | None) -> None:
+    found = rules.InputWaitRule().apply(facts(breakdown=wait(pct)))
+    assert (found.priority if found else None) == priority
+    if found:
+        assert found.evidence["input_pct"] == pytest.approx(pct)
+        assert f"{pct:.1f}%" in found.title  # the measured share is quoted
+        assert "prefetch" in found.suggestion
+
+
+def test_time_between_step_annotations_is_input_too() -> None:
+    found = rules.InputWaitRule().apply(facts(breakdown=wait(60, data=0)))
+    assert found is not None and found.priority == "P0"
+    assert "between step annotations" in found.detail
+
+
+@pytest.mark.parametrize(
+    ("pct", "priority"),
+    [
+        (rules.HOST_WAIT_P2_PCT - 0.1, None),
+        (rules.HOST_WAIT_P2_PCT, "P2"),
+        (rules.HOST_WAIT_P1_PCT, "P1"),
+        (rules.HOST_WAIT_P0_PCT, "P0"),
+    ],
+)
+def test_host_wait_is_not_called_input(pct: float, priority: str | None) -> None:
+    hot = facts(breakdown=wait(1, host=pct))
+    assert rules.InputWaitRule().apply(hot) is None
+    found = rules.HostWaitRule().apply(hot)
+    assert (found.priority if found else None) == priority
+    if found:
+        assert "Python" in found.suggestion and "prefetch" not in found.suggestion
+        assert f"{pct:.1f}%" in found.title
+
+
+def test_unknown_steps_give_no_input_finding() -> None:
+    assert rules.InputWaitRule().apply(facts(steps=None, breakdown=None)) is None
+
+
+@pytest.mark.parametrize(
+    ("cv", "fires"), [(rules.STEP_CV_P2 - 0.01, False), (rules.STEP_CV_P2, True)]
+)
+def test_step_spread(cv: float, fires: bool) -> None:
+    assert (rules.StepTimeSpreadRule().apply(facts(steps={"cv": cv})) is not None) is fires
+
+
+def test_step_spread_needs_three_steps() -> None:
+    few = facts(steps={"cv": 1.0, "count": rules.STEP_SPREAD_MIN_STEPS - 1})
+    assert rules.StepTimeSpreadRule().apply(few) is None
+
+
+@pytest.mark.parametrize(
+    ("pct", "priority"),
+    [
+        (rules.FORMATTING_P2_PCT - 0.1, None),
+        (rules.FORMATTING_P2_PCT, "P2"),
+        (rules.FORMATTING_P1_PCT, "P1"),
+    ],
+)
+def test_compiler_inefficiency(pct: float, priority: str | None) -> None:
+    found = rules.CompilerInefficiencyRule().apply(facts(compiler={"data_formatting_pct": pct}))
+    assert (found.priority if found else None) == priority
+
+
+@pytest.mark.parametrize(
+    ("in_steps", "pct", "priority"),
+    [(0, 0.0, None), (1, rules.RECOMPILE_P1_PCT - 0.1, "P2"), (2, rules.RECOMPILE_P1_PCT, "P1")],
+)
+def test_recompilation(in_steps: int, pct: float, priority: str | None) -> None:
+    found = rules.RecompilationRule().apply(
+        facts(
+            recompilation={
+                "compilations": in_steps + 1,
+                "in_steps": in_steps,
+                "compile_ms": 50.0,
+                "in_steps_pct": pct,
+            }
+        )
+    )
+    assert (found.priority if found else None) == priority
+
+
+@pytest.mark.parametrize(
+    ("pct", "priority", "risk"),
+    [
+        (rules.OOM_MEDIUM_PCT - 0.1, None, None),
+        (rules.OOM_MEDIUM_PCT, "P1", "MEDIUM"),
+        (rules.OOM_HIGH_PCT, "P0", "HIGH"),
+    ],
+)
+def test_oom_risk(pct: float, priority: str | None, risk: str | None) -> None:
+    memory = {
+        "peak_bytes": int(pct * 2**30),
+        "capacity_bytes": 100 * 2**30,
+        "peak_pct": pct,
+        "source": "test",
+    }
+    found = rules.OomRiskRule().apply(facts(memory=memory))
+    assert (found.priority if found else None) == priority
+    if found:
+        assert risk in found.title
+
+
+def test_no_memory_fact_no_oom_finding() -> None:
+    assert rules.OomRiskRule().apply(facts(memory=None)) is None
+
+
+def baseline(delta: float, step: float | None) -> dict[str, Any]:
+    return {
+        "session": "s-good",
+        "kind": "device",
+        "normalisation": "per_step",
+        "steps": 40,
+        "step_time_change_pct": step,
+        "noise_floor_pts": None,
+        "top_regression": {
+            "frame": "jit_step;fusion.2",
+            "name": "fusion.2",
+            "basis": "self",
+            "self_base_pct": 4.0,
+            "self_head_pct": 4.0 + delta,
+            "delta_self_pts": delta,
+            "q_value": 1e-6,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("delta", "step", "priority"),
+    [
+        (5.0, 10.0, "P1"),
+        (rules.BASELINE_P0_PTS, 10.0, "P0"),
+        (5.0, rules.BASELINE_P0_STEP_PCT, "P0"),
+    ],
+)
+def test_baseline_regression_leads_the_findings(delta: float, step: float, priority: str) -> None:
+    found = rules.apply_rules(facts(breakdown=wait(60)), baseline(delta, step))
+    assert found[0].rule == "BaselineRegressionRule" and found[0].priority == priority
+    assert "fusion.2" in found[0].title and "from 4.0%" in found[0].title
+    assert found[1].priority == "P0"  # the input wait follows
+
+
+def test_verdict_and_summary() -> None:
+    calm = Report({"spec": "x"}, facts(), rules.apply_rules(facts()))
+    assert calm.status == "OPTIMAL" and not calm.findings
+    minor = Report({"spec": "x"}, facts(), rules.apply_rules(facts(steps={"cv": 0.5})))
+    assert minor.status == "OPTIMAL" and minor.counts()["P2"] == 1
+    hot = facts(breakdown=wait(55))
+    urgent = Report({"spec": "x"}, hot, rules.apply_rules(hot))
+    assert urgent.status == "NEEDS_ATTENTION"
+    sentences = [s for s in urgent.summary.split(". ") if s]
+    assert 3 <= len(sentences) <= 6
+    assert "55.0%" in urgent.summary
+    data = urgent.to_json()
+    assert {"status", "summary", "facts", "findings", "baseline"} <= set(data)
+    finding = data["findings"][0]
+    assert {"priority", "title", "detail", "evidence", "impact", "suggestion"} <= set(finding)
+    assert all(isinstance(v, int | float) for v in finding["evidence"].values())
