@@ -217,3 +217,28 @@ def test_hung_logging_api_neither_blocks_nor_crashes_the_sidecar(tmp_path: Path)
         assert found and float(found.group(1)) > 0
         assert 'mlprof_events_total{type="alert_received"} 30.0' in metrics
         assert standin.entries == []
+
+
+def test_a_finished_report_is_a_report_written_event(tmp_path: Path) -> None:
+    """The sidecar hangs the event sink on the report worker's one notification point."""
+    from exporter.analysis.worker import ReportEvent
+
+    telemetry = build_telemetry()
+    lines = _Lines()
+    sidecar = Sidecar(_settings(tmp_path), telemetry, LogEvents(telemetry.meter, stream=lines))
+    try:
+        event = ReportEvent(
+            session_id="s-1", run_id="r-1", workload="w", trigger="alert",
+            status="NEEDS_ATTENTION", findings={"P0": 1, "P2": 2},
+            baseline_session="s-0", top_regression="jit_step;fusion.2",
+        )  # fmt: skip
+        for callback in sidecar.reports.on_report:
+            callback(event)
+    finally:
+        sidecar.reports.close()
+    written = _one(lines.events(), "report_written", session_id="s-1")
+    assert (written["run_id"], written["workload"], written["severity"]) == (
+        "r-1", "w", "WARNING",
+    )  # fmt: skip
+    assert written["data"]["findings"] == {"P0": 1, "P1": 0, "P2": 2}
+    assert written["data"]["status"] == "NEEDS_ATTENTION"
