@@ -178,11 +178,6 @@ def test_same_name_functions_in_different_files_are_two_functions_in_the_pprof()
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the flame graph merges frames by name until issue 10's frame model (item 2, "
-    "branch profiles) lands; then this passes: remove the mark",
-)
 def test_same_name_functions_in_different_files_stay_two_frames() -> None:
     graph = graph_of(_same_name_snapshot())
     leaves = {(node.name, node.file, node.total) for _, node in graph.paths() if not node.children}
