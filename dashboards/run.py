@@ -190,9 +190,10 @@ def _errors() -> table.Panel:
             default_table(
                 "XID and ECC errors",
                 "Per GPU over the time range: XID errors the driver reported (NVML events "
-                "since the sidecar started), the last XID code (the runbook says which mean "
-                "the GPU must be drained), and uncorrectable ECC errors "
-                "(MLAcceleratorEccUncorrectable).",
+                "since the sidecar started) and the last XID code (the runbook says which "
+                "mean the GPU must be drained), uncorrectable ECC errors "
+                "(MLAcceleratorEccUncorrectable), and the row remapper: 1 in Remap pending "
+                "wants a GPU reset, 1 in Remap failed a new board.",
             ),
             [
                 (
@@ -202,6 +203,14 @@ def _errors() -> table.Panel:
                 ),
                 ("Last XID", f"max by (host, chip) (accelerator_xid_last{{{RUN}}})"),
                 ("Uncorrected ECC", f"max by (host, chip) (increase({ecc}[$__range]))"),
+                (
+                    "Remap pending",
+                    f"max by (host, chip) (accelerator_memory_row_remap_pending{{{RUN}}})",
+                ),
+                (
+                    "Remap failed",
+                    f"max by (host, chip) (accelerator_memory_row_remap_failed{{{RUN}}})",
+                ),
             ],
         )
         .sort_by([common_builder.TableSortByFieldState().display_name("XID errors").desc(True)])
@@ -345,9 +354,10 @@ def tpu_runtime() -> RowSpec:
             )
         ),
         default_timeseries(
-            "Host transfers",
-            "Median latency of host-to-device and device-to-host transfers by buffer size: "
-            "slow ones starve the chips of input.",
+            "Host transfers and host compute",
+            "Median latency of host-to-device and device-to-host transfers (slow ones starve "
+            "the chips of input) and of the host-side computation in multi-slice "
+            "collectives (one host slower than the others is a straggler), by buffer size.",
             "s",
         )
         .min(0)
@@ -355,6 +365,13 @@ def tpu_runtime() -> RowSpec:
             prom(
                 f'accelerator_host_transfer_latency_seconds{{{RUN}, percentile="p50"}}',
                 f"{per_host} p50",
+            )
+        )
+        .with_target(
+            prom(
+                f'tpu_host_compute_latency_seconds{{{RUN}, percentile="p50"}}',
+                "{{host}} host compute {{buffer_size}} p50",
+                ref="B",
             )
         ),
         default_timeseries(

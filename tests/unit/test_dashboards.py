@@ -73,17 +73,14 @@ NOT_ON_A_PANEL = {
     "accelerator_memory_copy_utilization": "NVML's coarse memory activity; bandwidth is shown",
     "accelerator_memory_reserved_bytes": "the driver's reserve: part of the limit shown",
     "accelerator_memory_ecc_lifetime_errors_total": "the board's history, not the run's",
-    "accelerator_memory_remapped_rows_total": "repairs done; failed/pending ones matter",
-    "accelerator_memory_row_remap_failed": "rare; MLAcceleratorXidErrors' runbook covers it",
-    "accelerator_memory_row_remap_pending": "rare; MLAcceleratorXidErrors' runbook covers it",
+    "accelerator_memory_remapped_rows_total": "repairs done; pending/failed ones are shown",
     "accelerator_pcie_replays_total": "link retries: the throughput panel shows the effect",
     "accelerator_hlo_execution_count_total": "the execution-time percentiles are shown",
     "accelerator_hlo_execution_time_seconds_total": "the execution-time percentiles are shown",
     "accelerator_host_transfer_count_total": "the transfer latency percentiles are shown",
     "accelerator_host_transfer_time_seconds_total": "the transfer latency percentiles are shown",
-    "tpu_host_compute_latency_seconds": "host-side multi-slice compute: analysis, not paging",
-    "tpu_host_compute_count_total": "host-side multi-slice compute: analysis, not paging",
-    "tpu_host_compute_time_seconds_total": "host-side multi-slice compute: analysis, not paging",
+    "tpu_host_compute_count_total": "the host-compute latency percentiles are shown",
+    "tpu_host_compute_time_seconds_total": "the host-compute latency percentiles are shown",
 }
 PROMETHEUS_OWN = {"ALERTS", "up", "scrape_duration_seconds", "scrape_samples_scraped"}
 # Names other branches emit (contracts in the brief); the e2e test lists their panels as
