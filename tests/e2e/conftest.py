@@ -11,7 +11,8 @@ and the shipped recording rules) and Alertmanager on loopback; three sidecars of
   and its own sidecar, whose shared dir holds the run's ``run.json`` as the SDK writes it
   on every host of a multi-host run;
 - a GPU host: the sidecar with the NVML double as ``pynvml`` (tests/nvml_sidecar.py),
-  its ``run.json`` naming the pid the double reports on its first GPU.
+  its ``run.json`` naming this test process, which the double reports as the run's
+  process on its GPUs.
 
 The TPU and GPU hosts run no workload of their own: their chips are other hosts of the
 same run, so the demo host's duty cycle (the SDK estimate) still drives the alert test.
@@ -23,6 +24,7 @@ asks first (tests/e2e/test_alert_to_capture.py, test_dashboards_live.py).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import time
@@ -38,7 +40,6 @@ import yaml
 from alerts.recording import RECORDING_FILE
 from alerts.render import load_overrides, render_alertmanager_config, render_rules
 from tests.harness import ROOT, Proc, free_port, wait_http
-from tests.nvml_sidecar import RUN_PID
 from tests.pyroscope_receiver import PyroscopeReceiver
 
 TOKEN = "e2e-alert-token"
@@ -180,8 +181,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
         gpu_shared.mkdir()
         (gpu_shared / "run.json").write_text(
-            json.dumps({"run_id": run_id, "name": WORKLOAD, "host": GPU_HOST, "pid": RUN_PID,
-                        "start_unix": time.time()}),
+            json.dumps({"run_id": run_id, "name": WORKLOAD, "host": GPU_HOST,
+                        "pid": os.getpid(), "start_unix": time.time()}),
             encoding="utf-8",
         )  # fmt: skip
         procs["gpu-sidecar"] = Proc.python(

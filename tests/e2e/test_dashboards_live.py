@@ -242,14 +242,17 @@ def infinity_problems(stack: Stack, query: Query, templating: Templating) -> lis
 def test_every_panel_and_variable_shows_live_data(stack: Stack, alert_loop: dict[str, Any]) -> None:
     started = time.monotonic()
     push_more_profiles(stack)
-    # Recording rules evaluated and the pushes counted in a scrape.
+    # Recording rules evaluated, and the alert loop's capture and the pushes counted in a
+    # scrape (on a loaded machine a scrape can come seconds after the session finished).
+    ready = (
+        "run_host:accelerator_duty_cycle:avg",
+        "mlprof_profile_pushes_total",
+        'mlprof_captures_total{trigger="alert"}',
+    )
     wait_until(
-        lambda: (
-            prom_get(stack, "/api/v1/query", query="run_host:accelerator_duty_cycle:avg")["result"]
-            and prom_get(stack, "/api/v1/query", query="mlprof_profile_pushes_total")["result"]
-        ),
+        lambda: all(prom_get(stack, "/api/v1/query", query=q)["result"] for q in ready),
         timeout=60,
-        what="recorded series and profile pushes in Prometheus",
+        what="recorded series, the alert's capture and profile pushes in Prometheus",
     )
     problems: list[str] = []
     checked = {PROMETHEUS: 0, PYROSCOPE: 0, INFINITY: 0, "variables": 0}
