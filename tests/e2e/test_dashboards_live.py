@@ -242,15 +242,17 @@ def infinity_problems(stack: Stack, query: Query, templating: Templating) -> lis
 def test_every_panel_and_variable_shows_live_data(stack: Stack, alert_loop: dict[str, Any]) -> None:
     started = time.monotonic()
     push_more_profiles(stack)
-    # Recording rules evaluated, and the alert loop's capture and the pushes counted in a
-    # scrape (on a loaded machine a scrape can come seconds after the session finished).
+    # Recording rules evaluated, and the alert loop's capture (counted once its pushes are
+    # done) and the pushes scraped. A range query's last step can fall up to a step before
+    # now, so each must have been there a step ago for the panels to see it.
     ready = (
         "run_host:accelerator_duty_cycle:avg",
         "mlprof_profile_pushes_total",
         'mlprof_captures_total{trigger="alert"}',
     )
+    ago = f"offset {2 * SCRAPE_INTERVAL_S}s"  # the panels' step here: the scrape interval
     wait_until(
-        lambda: all(prom_get(stack, "/api/v1/query", query=q)["result"] for q in ready),
+        lambda: all(prom_get(stack, "/api/v1/query", query=f"{q} {ago}")["result"] for q in ready),
         timeout=60,
         what="recorded series, the alert's capture and profile pushes in Prometheus",
     )
