@@ -7,6 +7,9 @@ query through ``$pyroscope``. The ``uid``s are stable: alert annotations
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from string import ascii_uppercase
+
 from grafana_foundation_sdk.builders import common as common_builder
 from grafana_foundation_sdk.builders import dashboard, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
@@ -16,6 +19,7 @@ from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DashboardLinkType,
     DataSourceRef,
+    DataTransformerConfig,
     DynamicConfigValue,
     VariableHide,
     VariableOption,
@@ -24,7 +28,10 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from alerts.render import load_thresholds
+
 __all__ = [
+    "ALERT_THROTTLE_REASONS",
     "CAPTURE_PATH",
     "FLEET_UID",
     "HEALTH_UID",
@@ -45,6 +52,7 @@ __all__ = [
     "field_links",
     "increase",
     "job_variable",
+    "merged_columns",
     "mlprof_dashboard",
     "prom",
     "query_variable",
@@ -75,6 +83,8 @@ RUN = 'workload=~"$workload", run_id=~"$run_id", host=~"$host"'
 SIDECAR = 'job=~"$job"'
 # The series every run has from its first step-log line: the source of the run variables.
 RUN_SERIES = "mlprof_workload_up"
+# Clock event reasons that mean trouble, as MLAcceleratorThrottled has them (a regex).
+ALERT_THROTTLE_REASONS: str = load_thresholds()["alerts"]["MLAcceleratorThrottled"]["reasons"]
 
 
 def prom(
@@ -158,6 +168,27 @@ def default_table(title: str, description: str) -> table.Panel:
         .height(8)
         .filterable(True)
     )
+
+
+def merged_columns(
+    panel: table.Panel, columns: Sequence[tuple[str, str]], first: Sequence[str] = ()
+) -> table.Panel:
+    """A table row per label set, one column per ``(name, expr)`` instant query.
+
+    The queries become targets A, B, ...; Grafana merges their frames on the labels and
+    names each value column; ``first`` are the label columns to put leftmost.
+    """
+    for ref, (_, expr) in zip(ascii_uppercase, columns, strict=False):
+        panel = panel.with_target(prom(expr, ref=ref, instant=True, as_table=True))
+    options: dict[str, object] = {"excludeByName": {"Time": True}}
+    if first:
+        options["indexByName"] = {label: i for i, label in enumerate(first)}
+    options["renameByName"] = {
+        f"Value #{ref}": name for ref, (name, _) in zip(ascii_uppercase, columns, strict=False)
+    }
+    return panel.with_transformation(
+        DataTransformerConfig(id_val="merge", options={})
+    ).with_transformation(DataTransformerConfig(id_val="organize", options=options))
 
 
 # -- variables -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, Dynam
 
 from alerts.recording import DUTY_CYCLE, MEMORY_USED, STEP_TIME_QUANTILE, STEPS_RATE, TOKENS_RATE
 from dashboards.common import (
+    ALERT_THROTTLE_REASONS,
     FLEET_UID,
     PROMETHEUS,
     RUN,
@@ -26,6 +27,7 @@ from dashboards.common import (
     default_timeseries,
     field_links,
     increase,
+    merged_columns,
     mlprof_dashboard,
     prom,
     run_variables,
@@ -48,6 +50,8 @@ RUN_LINK = (
     "&${datasource:queryparam}&${pyroscope:queryparam}&${__url_time_range}"
 )
 RUN_FILTER = RUN  # the recorded per-host series keep workload, run_id and host
+HOST_LABELS = ("workload", "run_id", "host")  # a host's row in the tables, leftmost
+BY_HOST = ", ".join(HOST_LABELS)
 WORKLOAD_FILTER = 'workload=~"$workload"'
 PERCENT = DynamicConfigValue(id_val="unit", value="percentunit")
 ALERTS = 'ALERTS{alertstate="firing", alertname=~"ML.*"}'
@@ -113,39 +117,21 @@ def duty_cycle() -> RowSpec:
         .height(9)
     )
     worst = (
-        default_table(
-            "Hosts, worst duty cycle first",
-            "Each host's duty cycle, device memory headroom and step rate now. Click a run "
-            "to open it in the Run dashboard.",
-        )
-        .with_target(
-            prom(f"sort({DUTY_CYCLE}{{{RUN_FILTER}}})", ref="A", instant=True, as_table=True)
-        )
-        .with_target(
-            prom(f"1 - {MEMORY_USED}{{{RUN_FILTER}}}", ref="B", instant=True, as_table=True)
-        )
-        .with_target(
-            prom(
-                f"sum by (workload, run_id, host) (rate(train_steps_total{{{RUN}}}[{RATE}]))",
-                ref="C",
-                instant=True,
-                as_table=True,
-            )
-        )
-        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
-        .with_transformation(
-            DataTransformerConfig(
-                id_val="organize",
-                options={
-                    "excludeByName": {"Time": True},
-                    "indexByName": {"workload": 0, "run_id": 1, "host": 2},
-                    "renameByName": {
-                        "Value #A": "Duty cycle",
-                        "Value #B": "Memory headroom",
-                        "Value #C": "Steps/s",
-                    },
-                },
-            )
+        merged_columns(
+            default_table(
+                "Hosts, worst duty cycle first",
+                "Each host's duty cycle, device memory headroom and step rate now. Click a run "
+                "to open it in the Run dashboard.",
+            ),
+            [
+                ("Duty cycle", f"sort({DUTY_CYCLE}{{{RUN_FILTER}}})"),
+                ("Memory headroom", f"1 - {MEMORY_USED}{{{RUN_FILTER}}}"),
+                (
+                    "Steps/s",
+                    f"sum by ({BY_HOST}) (rate(train_steps_total{{{RUN}}}[{RATE}]))",
+                ),
+            ],
+            first=HOST_LABELS,
         )
         .sort_by([common_builder.TableSortByFieldState().display_name("Duty cycle").desc(False)])
         .override_by_name("Duty cycle", [PERCENT])
@@ -224,23 +210,15 @@ def training() -> RowSpec:
 def attention() -> RowSpec:
     """Runs that stopped making progress, and the alerts firing now."""
     stalled = (
-        default_table(
-            "Stalled runs",
-            f"Hung: the heartbeat is fresh but no step completed in {STALL_WINDOW} (a "
-            "collective, a data loader or a checkpoint hangs). Silent: no heartbeat for 10 s "
-            "(the process died) — or the run ended, which the metrics cannot tell apart yet.",
-        )
-        .with_target(prom(HUNG, ref="A", instant=True, as_table=True))
-        .with_target(prom(SILENT, ref="B", instant=True, as_table=True))
-        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
-        .with_transformation(
-            DataTransformerConfig(
-                id_val="organize",
-                options={
-                    "excludeByName": {"Time": True},
-                    "renameByName": {"Value #A": "Hung", "Value #B": "Silent"},
-                },
-            )
+        merged_columns(
+            default_table(
+                "Stalled runs",
+                f"Hung: the heartbeat is fresh but no step completed in {STALL_WINDOW} (a "
+                "collective, a data loader or a checkpoint hangs). Silent: no heartbeat for "
+                "10 s (the process died) — or the run ended, which the metrics cannot tell "
+                "apart yet.",
+            ),
+            [("Hung", HUNG), ("Silent", SILENT)],
         )
         .override_by_name("run_id", [field_links(url_link("Open this run", RUN_LINK))])
         .span(12)
@@ -258,6 +236,38 @@ def attention() -> RowSpec:
         .span(12)
     )
     return "Needs attention", [stalled, firing]
+
+
+def accelerator_faults() -> RowSpec:
+    """Hosts whose accelerators report hardware trouble in the time range, worst first."""
+    ecc = f'accelerator_memory_ecc_errors_total{{{RUN}, type="uncorrected"}}'
+    throttled = f'accelerator_clock_throttle{{{RUN}, reason=~"{ALERT_THROTTLE_REASONS}"}}'
+    table = (
+        merged_columns(
+            default_table(
+                "Hosts with accelerator faults",
+                "Hosts whose GPUs reported, in the time range: uncorrectable ECC errors, XID "
+                "errors, or clocks held down for a thermal or power reason (the worst chip's "
+                "share of the range, MLAcceleratorThrottled's reasons). Healthy hosts are not "
+                "listed. Click a run to open it in the Run dashboard.",
+            ),
+            [
+                ("Uncorrected ECC", f"sum by ({BY_HOST}) (increase({ecc}[$__range])) > 0"),
+                (
+                    "XID errors",
+                    f"sum by ({BY_HOST}) "
+                    f"(increase(accelerator_xid_errors_total{{{RUN}}}[$__range])) > 0",
+                ),
+                ("Throttled", f"max by ({BY_HOST}) (avg_over_time({throttled}[$__range])) > 0"),
+            ],
+            first=HOST_LABELS,
+        )
+        .sort_by([common_builder.TableSortByFieldState().display_name("XID errors").desc(True)])
+        .override_by_name("Throttled", [PERCENT])
+        .override_by_name("run_id", [field_links(url_link("Open this run", RUN_LINK))])
+        .no_value("No accelerator faults")
+    )
+    return "Accelerator faults", [table]
 
 
 def captures() -> RowSpec:
@@ -287,7 +297,7 @@ def captures() -> RowSpec:
     ]
 
 
-ROWS = (at_a_glance, duty_cycle, training, attention, captures)
+ROWS = (at_a_glance, duty_cycle, training, attention, accelerator_faults, captures)
 
 
 def fleet_dashboard() -> dashboard.Dashboard:

@@ -20,12 +20,20 @@ from dashboards.common import (
     mlprof_dashboard,
     prom,
     sidecar_url_variable,
+    url_link,
     with_rows,
 )
 
 __all__ = ["ROWS", "health_dashboard"]
 
 RATE = "$__rate_interval"
+# Each source's state, why it is off, and the metrics this machine's hardware does not
+# offer (skipped once, never retried): what a panel of counts cannot say.
+READYZ = url_link(
+    "Sources' state and skipped metrics (/readyz)",
+    "${sidecar_url}/readyz",
+    "The sidecar's readiness: each source's state, its error, and the metrics it skips",
+)
 
 
 def scrapes() -> RowSpec:
@@ -72,7 +80,8 @@ def sources() -> RowSpec:
         .min(0)
         .with_target(
             prom(f'count by (source) ({{__name__=~"accelerator_.+", {SIDECAR}}})', "{{source}}")
-        ),
+        )
+        .links([READYZ]),
         default_timeseries(
             "Source errors", "Failed collections per source (gRPC, NVML, ...).", "none"
         )
@@ -83,7 +92,8 @@ def sources() -> RowSpec:
                 f"sum by (source) (increase(mlprof_source_errors_total{{{SIDECAR}}}[{RATE}]))",
                 "{{source}}",
             )
-        ),
+        )
+        .links([READYZ]),
         default_timeseries(
             "Step-log errors", "Malformed step-log lines skipped, by reason.", "none"
         )

@@ -1,19 +1,27 @@
 """The Run dashboard: one run, host by host — what is it doing, and what happened to it.
 
-Built from row functions (``ROWS``): to add a row of panels (e.g. accelerator health
-once the ``accel`` branch's clocks, temperatures and errors are exported), write one
-function returning ``(title, panels)`` and append it to ``ROWS``.
+Built from row functions (``ROWS``): to add a row of panels, write one function
+returning ``(title, panels)`` and append it to ``ROWS``. The accelerator rows show
+what the NVML and libtpu sources export (docs/metrics.md): GPU health (clocks, heat,
+power, energy, links, XID/ECC errors, memory by process) and the TPU runtime (HLO
+queue and execution, collectives, host transfers, DCN).
 """
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import common as common_builder
-from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.builders import dashboard, statetimeline, table
 from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as models
-from grafana_foundation_sdk.models.dashboard import DataSourceRef
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    ValueMap,
+    ValueMappingResult,
+)
 
 from dashboards.common import (
+    ALERT_THROTTLE_REASONS,
     PROMETHEUS,
     RUN,
     RUN_UID,
@@ -27,6 +35,7 @@ from dashboards.common import (
     field_links,
     increase,
     job_variable,
+    merged_columns,
     mlprof_dashboard,
     prom,
     run_variables,
@@ -36,9 +45,17 @@ from dashboards.common import (
 )
 from dashboards.plugins import INFINITY, InfinityQueryBuilder
 
-__all__ = ["ROWS", "SESSIONS_PATH", "run_dashboard"]
+__all__ = ["ROWS", "SESSIONS_PATH", "THROTTLE_REASONS", "run_dashboard"]
 
 RATE = "$__rate_interval"
+CHIP = "{{host}} chip {{chip}}"
+# Clock event reasons drawn on the throttling timeline: MLAcceleratorThrottled's (thermal,
+# hardware slowdown, power brake) and sw_power_cap, normal for a GPU at full load but
+# what explains its lower clocks. gpu_idle, applications_clocks, sync_boost and
+# display_clocks are settings or idleness, not trouble.
+THROTTLE_REASONS = f"sw_power_cap|{ALERT_THROTTLE_REASONS}"
+# libtpu's distributions as percentile gauges: the median and the tail tpu-info prints.
+MEDIAN_AND_TAIL = 'percentile=~"p50|p999"'
 # The Infinity data source whose base URL is the sidecar (compose: http://sidecar:9464).
 SIDECAR_API = DataSourceRef(type_val=INFINITY, uid="${sidecar}")
 # The run's sessions, newest first (GET /api/v1/sessions; the API's own limit is 10,000).
@@ -79,15 +96,16 @@ def summary() -> RowSpec:
 
 
 def accelerators() -> RowSpec:
-    """Per chip: busy time, tensor cores and device memory."""
+    """Per chip: busy time, tensor cores, memory bandwidth and device memory (GPU and TPU)."""
     chip = "{{host}} chip {{chip}} ({{source}})"
     return "Accelerators", [
         default_timeseries(
             "Duty cycle",
-            "Fraction of time each chip executed work; the SDK estimate comes from the step "
-            "log where no hardware source is available.",
+            "Fraction of time each chip executed work (GPU utilisation for NVML); the SDK "
+            "estimate comes from the step log where no hardware source is available.",
             "percentunit",
         )
+        .span(8)
         .min(0)
         .max(1)
         .with_target(prom(f'accelerator_duty_cycle{{{RUN}, source!="sdk"}}', chip))
@@ -98,27 +116,35 @@ def accelerators() -> RowSpec:
         )
         .links([capture_link().title("Capture a profile of this run")]),
         default_timeseries(
-            "Tensor-core utilisation",
-            "Tensor-core (TPU) or SM (GPU) utilisation per chip.",
+            "Tensor-core and SM utilisation",
+            "Tensor-core (TPU MXU, GPU tensor pipe) utilisation per chip, and on GPUs the "
+            "share of SMs with work assigned: SMs busy with idle tensor cores means the "
+            "kernels do not use them.",
             "percentunit",
         )
+        .span(8)
         .min(0)
         .max(1)
-        .with_target(prom(f"accelerator_tensorcore_utilization{{{RUN}}}", chip)),
+        .with_target(prom(f"accelerator_tensorcore_utilization{{{RUN}}}", chip))
+        .with_target(prom(f"accelerator_sm_utilization{{{RUN}}}", f"{CHIP} SM", ref="B")),
+        default_timeseries(
+            "Memory bandwidth utilisation",
+            "Share of the HBM / DRAM bandwidth in use per chip: near 1 with idle tensor "
+            "cores, the program is memory-bound.",
+            "percentunit",
+        )
+        .span(8)
+        .min(0)
+        .max(1)
+        .with_target(prom(f"accelerator_memory_bandwidth_utilization{{{RUN}}}", chip)),
         default_timeseries(
             "Device memory in use vs limit",
             "HBM / device memory per chip: in use and capacity.",
             "bytes",
         )
         .min(0)
-        .with_target(
-            prom(f"accelerator_memory_usage_bytes{{{RUN}}}", "{{host}} chip {{chip}} in use")
-        )
-        .with_target(
-            prom(
-                f"accelerator_memory_limit_bytes{{{RUN}}}", "{{host}} chip {{chip}} limit", ref="B"
-            )
-        ),
+        .with_target(prom(f"accelerator_memory_usage_bytes{{{RUN}}}", f"{CHIP} in use"))
+        .with_target(prom(f"accelerator_memory_limit_bytes{{{RUN}}}", f"{CHIP} limit", ref="B")),
         default_timeseries(
             "Device memory used",
             "In use as a fraction of the limit; MLAcceleratorMemoryNearCapacity fires above "
@@ -135,6 +161,263 @@ def accelerators() -> RowSpec:
             )
         ),
     ]
+
+
+def _throttling() -> statetimeline.Panel:
+    held = f'accelerator_clock_throttle{{{RUN}, reason=~"{THROTTLE_REASONS}"}}'
+    return (
+        statetimeline.Panel()
+        .title("Clock throttling")
+        .description(
+            "One line per GPU and reason its clocks were held down at some time in the range "
+            "(red while held down): thermal, hardware slowdown, power brake "
+            "(MLAcceleratorThrottled) or the power cap. Empty: no GPU was throttled."
+        )
+        .datasource(PROMETHEUS)
+        .with_target(prom(f"max by (host, chip, reason) ({held}) > 0", f"{CHIP} {{{{reason}}}}"))
+        .mappings([ValueMap({"1": ValueMappingResult(text="held down", color="red")})])
+        .show_value(common.VisibilityMode.NEVER)
+        .merge_values(True)
+        .span(12)
+        .height(8)
+    )
+
+
+def _errors() -> table.Panel:
+    ecc = f'accelerator_memory_ecc_errors_total{{{RUN}, type="uncorrected"}}'
+    return (
+        merged_columns(
+            default_table(
+                "XID and ECC errors",
+                "Per GPU over the time range: XID errors the driver reported (NVML events "
+                "since the sidecar started) and the last XID code (the runbook says which "
+                "mean the GPU must be drained), uncorrectable ECC errors "
+                "(MLAcceleratorEccUncorrectable), and the row remapper: 1 in Remap pending "
+                "wants a GPU reset, 1 in Remap failed a new board.",
+            ),
+            [
+                (
+                    "XID errors",
+                    "max by (host, chip) "
+                    f"(increase(accelerator_xid_errors_total{{{RUN}}}[$__range]))",
+                ),
+                ("Last XID", f"max by (host, chip) (accelerator_xid_last{{{RUN}}})"),
+                ("Uncorrected ECC", f"max by (host, chip) (increase({ecc}[$__range]))"),
+                (
+                    "Remap pending",
+                    f"max by (host, chip) (accelerator_memory_row_remap_pending{{{RUN}}})",
+                ),
+                (
+                    "Remap failed",
+                    f"max by (host, chip) (accelerator_memory_row_remap_failed{{{RUN}}})",
+                ),
+            ],
+        )
+        .sort_by([common_builder.TableSortByFieldState().display_name("XID errors").desc(True)])
+        .span(12)
+    )
+
+
+def gpu_health() -> RowSpec:
+    """The run's GPUs (NVML): clocks, heat, power, energy, links, errors, memory by process."""
+    process = "accelerator_process_memory_usage_bytes"
+    return "GPU health", [
+        _throttling(),
+        _errors(),
+        default_timeseries("Temperature", "GPU die and HBM temperature per GPU.", "celsius")
+        .span(8)
+        .with_target(prom(f"accelerator_temperature_celsius{{{RUN}}}", f"{CHIP} {{{{sensor}}}}")),
+        default_timeseries(
+            "Power draw vs limit",
+            "Board power per GPU and the limit the driver enforces: at the limit, the clocks "
+            "come down (power cap).",
+            "watt",
+        )
+        .span(8)
+        .min(0)
+        .with_target(prom(f"accelerator_power_usage_watts{{{RUN}}}", f"{CHIP} draw"))
+        .with_target(prom(f"accelerator_power_limit_watts{{{RUN}}}", f"{CHIP} limit", ref="B")),
+        default_timeseries(
+            "SM clock", "Streaming-multiprocessor clock per GPU: drops when throttled.", "hertz"
+        )
+        .span(8)
+        .min(0)
+        .with_target(prom(f'accelerator_clock_frequency_hertz{{{RUN}, clock="sm"}}', CHIP)),
+        default_timeseries(
+            "Energy per step",
+            "Energy of all the run's GPUs per training step. Every host of a synchronous run "
+            "counts each step, so steps/s is the hosts' mean.",
+            "joule",
+        )
+        .span(8)
+        .min(0)
+        .with_target(
+            prom(
+                f"sum(rate(accelerator_energy_joules_total{{{RUN}}}[{RATE}])) "
+                f"/ avg(sum by (host) (rate(train_steps_total{{{RUN}}}[{RATE}])))",
+                "J/step",
+            )
+        ),
+        default_timeseries(
+            "PCIe and NVLink throughput",
+            "Host link (PCIe) and GPU-to-GPU link (NVLink, all links) traffic per GPU and "
+            "direction.",
+            "Bps",
+        )
+        .span(8)
+        .min(0)
+        .with_target(
+            prom(
+                f"accelerator_pcie_throughput_bytes_per_second{{{RUN}}}",
+                f"{CHIP} PCIe {{{{direction}}}}",
+            )
+        )
+        .with_target(
+            prom(
+                f"rate(accelerator_nvlink_io_bytes_total{{{RUN}}}[{RATE}])",
+                f"{CHIP} NVLink {{{{direction}}}}",
+                ref="B",
+            )
+        ),
+        default_timeseries(
+            "Device memory by process",
+            "GPU memory per process: the run's own (its pid from run.json), and any other "
+            "process on the run's hosts (a leftover of a crashed run holds memory too).",
+            "bytes",
+        )
+        .span(8)
+        .min(0)
+        .with_target(
+            prom(f"sum by (host, chip, pid) ({process}{{{RUN}}})", f"{CHIP} pid {{{{pid}}}}")
+        )
+        .with_target(
+            prom(
+                f'sum by (host, chip, pid) ({process}{{run_id="", host=~"$host"}}) '
+                f"and on (host) group by (host) (accelerator_memory_limit_bytes{{{RUN}}})",
+                f"{CHIP} pid {{{{pid}}}} (not this run)",
+                ref="B",
+            )
+        ),
+    ]
+
+
+def tpu_runtime() -> RowSpec:
+    """The run's TPUs (libtpu): programs, collectives, transfers and the data-centre network."""
+    per_host = "{{host}} {{direction}} {{buffer_size}}"
+    return "TPU runtime and interconnect", [
+        default_timeseries("HLO queue", "XLA programs waiting to run on each chip's cores.", "none")
+        .span(8)
+        .min(0)
+        .with_target(prom(f"accelerator_hlo_queue_size{{{RUN}}}", f"{CHIP} {{{{core_type}}}}")),
+        default_timeseries(
+            "HLO execution time",
+            "Execution time of XLA programs per chip, median and p99.9 over libtpu's last "
+            "minutes: a chip slower than its peers holds every collective back.",
+            "s",
+        )
+        .span(8)
+        .min(0)
+        .with_target(
+            prom(
+                f"accelerator_hlo_execution_latency_seconds{{{RUN}, {MEDIAN_AND_TAIL}}}",
+                f"{CHIP} {{{{percentile}}}}",
+            )
+        ),
+        default_timeseries(
+            "TensorCore idle time",
+            "Time since each chip's TensorCore last ran a program: growing without bound, "
+            "the chip is waiting (input, host, a hung collective).",
+            "s",
+        )
+        .span(8)
+        .min(0)
+        .with_target(prom(f"accelerator_tensorcore_idle_duration_seconds{{{RUN}}}", CHIP)),
+        default_timeseries(
+            "Collective latency",
+            "End-to-end latency of collectives (ICI and DCN) by buffer size: median and "
+            "p99.9, and the mean over the panel's interval, which "
+            "MLAcceleratorInterconnectLatencyRegression compares with its trailing hour.",
+            "s",
+        )
+        .min(0)
+        .with_target(
+            prom(
+                f"accelerator_collective_latency_seconds{{{RUN}, {MEDIAN_AND_TAIL}}}",
+                "{{host}} {{buffer_size}} {{percentile}}",
+            )
+        )
+        .with_target(
+            prom(
+                _mean("accelerator_collective", "host, buffer_size"),
+                "{{host}} {{buffer_size}} mean",
+                ref="B",
+            )
+        ),
+        default_timeseries(
+            "Host transfers and host compute",
+            "Median latency of host-to-device and device-to-host transfers (slow ones starve "
+            "the chips of input) and of the host-side computation in multi-slice "
+            "collectives (one host slower than the others is a straggler), by buffer size.",
+            "s",
+        )
+        .min(0)
+        .with_target(
+            prom(
+                f'accelerator_host_transfer_latency_seconds{{{RUN}, percentile="p50"}}',
+                f"{per_host} p50",
+            )
+        )
+        .with_target(
+            prom(
+                f'tpu_host_compute_latency_seconds{{{RUN}, percentile="p50"}}',
+                "{{host}} host compute {{buffer_size}} p50",
+                ref="B",
+            )
+        ),
+        default_timeseries(
+            "DCN latency",
+            "Between slices over the data-centre network: median buffer-transfer latency, "
+            "the mean that MLAcceleratorInterconnectLatencyRegression watches, and the "
+            "median minimum round-trip time of the gRPC TCP connections.",
+            "s",
+        )
+        .min(0)
+        .with_target(
+            prom(f'tpu_dcn_transfer_latency_seconds{{{RUN}, percentile="p50"}}', f"{per_host} p50")
+        )
+        .with_target(
+            prom(
+                _mean("tpu_dcn_transfer", "host, direction"), "{{host}} {{direction}} mean", ref="B"
+            )
+        )
+        .with_target(
+            prom(
+                f'tpu_dcn_tcp_min_rtt_seconds{{{RUN}, percentile="p50"}}',
+                "{{host}} TCP min RTT p50",
+                ref="C",
+            )
+        ),
+        default_timeseries(
+            "DCN delivery rate",
+            "Median delivery rate of the DCN gRPC TCP connections per host.",
+            "Bps",
+        )
+        .min(0)
+        .with_target(
+            prom(
+                f'tpu_dcn_tcp_delivery_rate_bytes_per_second{{{RUN}, percentile="p50"}}',
+                "{{host}} p50",
+            )
+        ),
+    ]
+
+
+def _mean(distribution: str, by: str) -> str:
+    """Mean latency over the interval from a distribution's time and count counters."""
+    return (
+        f"sum by ({by}) (rate({distribution}_time_seconds_total{{{RUN}}}[{RATE}])) "
+        f"/ sum by ({by}) (rate({distribution}_count_total{{{RUN}}}[{RATE}]))"
+    )
 
 
 def training() -> RowSpec:
@@ -243,7 +526,7 @@ def sessions() -> RowSpec:
 
 
 # The dashboard's rows, top to bottom. Add a row: one function returning (title, panels).
-ROWS = (summary, accelerators, training, sessions)
+ROWS = (summary, accelerators, gpu_health, tpu_runtime, training, sessions)
 
 
 def run_dashboard() -> dashboard.Dashboard:

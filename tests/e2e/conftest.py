@@ -1,14 +1,21 @@
 """One end-to-end environment for the whole e2e folder (session-scoped: started once).
 
 Debian's Prometheus (the shipped alert rules shortened by ``alerts/overrides/e2e.yaml``,
-and the shipped recording rules) and Alertmanager on loopback; two sidecars of one run:
+and the shipped recording rules) and Alertmanager on loopback; three sidecars of one run:
 
-- the demo workload's host: the JAX demo (profiler server on) and its sidecar with the
-  capture engine, pushing flame graphs to the test Pyroscope receiver;
+- the demo workload's host: the JAX demo (profiler server on, host CPU profiling on)
+  and its sidecar with the capture engine and the ``log`` event sink, pushing flame
+  graphs to the test Pyroscope receiver and forwarding the workload's pyroscope-io
+  uploads there (the workload has no Pyroscope address: it finds the sidecar's);
 - a TPU host: ``mlprof fake-tpu`` (the real libtpu metrics gRPC service, scripted values)
   and its own sidecar, whose shared dir holds the run's ``run.json`` as the SDK writes it
-  on every host of a multi-host run. Its chips are another host of the same run, so
-  the demo host's duty cycle (the SDK estimate) still drives the alert test.
+  on every host of a multi-host run;
+- a GPU host: the sidecar with the NVML double as ``pynvml`` (tests/nvml_sidecar.py),
+  its ``run.json`` naming this test process, which the double reports as the run's
+  process on its GPUs.
+
+The TPU and GPU hosts run no workload of their own: their chips are other hosts of the
+same run, so the demo host's duty cycle (the SDK estimate) still drives the alert test.
 
 ``alert_loop`` runs the alert → capture → flame graph scenario once, for whichever test
 asks first (tests/e2e/test_alert_to_capture.py, test_dashboards_live.py).
@@ -17,6 +24,7 @@ asks first (tests/e2e/test_alert_to_capture.py, test_dashboards_live.py).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import time
@@ -40,6 +48,7 @@ ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 E2E_OVERRIDES = ROOT / "alerts" / "overrides" / "e2e.yaml"
 WORKLOAD = "demo-mlp"
 TPU_HOST = "tpu-host-1"
+GPU_HOST = "gpu-host-1"
 SCRAPE_INTERVAL_S = 1
 
 
@@ -59,6 +68,7 @@ class Stack:
     store: Path
     sidecar_url: str
     tpu_sidecar_url: str
+    gpu_sidecar_url: str
     prometheus_url: str
     alertmanager_url: str
     receiver: PyroscopeReceiver
@@ -66,6 +76,9 @@ class Stack:
     run_id: str
     started: float
     results: dict[str, Any] = field(default_factory=dict)
+    # One connection pool for the many queries (a client per query costs more than most
+    # queries do).
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
 
     def logs(self) -> str:
         return "\n".join(
@@ -96,12 +109,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("e2e")
     prometheus, alertmanager = binary(PROMETHEUS), binary(ALERTMANAGER)
     shared, store = tmp / "shared", tmp / "store"
-    tpu_shared = tmp / "tpu-shared"
+    tpu_shared, gpu_shared = tmp / "tpu-shared", tmp / "gpu-shared"
     sidecar_port, tpu_sidecar_port, profiler_port = free_port(), free_port(), free_port()
+    gpu_sidecar_port = free_port()
     prom_port, am_port, tpu_port = free_port(), free_port(), free_port()
     sidecar_addr = f"127.0.0.1:{sidecar_port}"
     tpu_sidecar_addr = f"127.0.0.1:{tpu_sidecar_port}"
-    run_id = f"e2e-{secrets.token_hex(4)}"  # one run, two hosts (MLPROF_RUN_ID)
+    gpu_sidecar_addr = f"127.0.0.1:{gpu_sidecar_port}"
+    run_id = f"e2e-{secrets.token_hex(4)}"  # one run, three hosts (MLPROF_RUN_ID)
     procs: dict[str, Proc] = {}
     receiver = PyroscopeReceiver().start()
     started = time.time()
@@ -121,15 +136,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "MLPROF_STORE": str(store),
             "MLPROF_RUN_ID": run_id,
         }
+        # Host CPU profiles through the sidecar: no Pyroscope address of its own, uploads
+        # every second (the default 10 s would outlast the scenario's first minute).
+        host_profiling = {
+            "MLPROF_PYROSCOPE_URL": "",
+            "MLPROF_HOST_PROFILING": "1",
+            "MLPROF_HOST_PROFILING_UPLOAD_INTERVAL_S": "1",
+        }
         procs["workload"] = Proc.python(
             ["-m", "exporter.demo.workload", "--shared-dir", str(shared), "--name", WORKLOAD,
              "--profiler-port", str(profiler_port),
              "--batch", "64", "--features", "64", "--hidden", "128"],
             tmp / "workload.log",
-            env=env,
+            env={**env, **host_profiling},
         )  # fmt: skip
         procs["sidecar"] = Proc.python(
-            ["-m", "exporter.cli", "serve"], tmp / "sidecar.log", env=env
+            ["-m", "exporter.cli", "serve"],
+            tmp / "sidecar.log",
+            env={**env, "MLPROF_EVENTS": "log"},
         )
 
         procs["fake-tpu"] = Proc.python(
@@ -155,6 +179,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             },
         )
 
+        gpu_shared.mkdir()
+        (gpu_shared / "run.json").write_text(
+            json.dumps({"run_id": run_id, "name": WORKLOAD, "host": GPU_HOST,
+                        "pid": os.getpid(), "start_unix": time.time()}),
+            encoding="utf-8",
+        )  # fmt: skip
+        procs["gpu-sidecar"] = Proc.python(
+            ["-m", "tests.nvml_sidecar"],
+            tmp / "gpu-sidecar.log",
+            env={
+                **common,
+                "MLPROF_LISTEN": gpu_sidecar_addr,
+                "MLPROF_SHARED_DIR": str(gpu_shared),
+                "MLPROF_STORE": str(tmp / "gpu-store"),
+                "MLPROF_SOURCES": "nvml",
+            },
+        )
+
         am_config = render_alertmanager_config(f"http://{sidecar_addr}/api/v1/alertmanager", TOKEN)
         (tmp / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
         procs["alertmanager"] = Proc(
@@ -170,7 +212,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         rules = tmp / "rules.yml"
         rules.write_text(render_rules(load_overrides(E2E_OVERRIDES)), encoding="utf-8")
         config = prometheus_config(
-            [sidecar_addr, tpu_sidecar_addr], f"127.0.0.1:{am_port}", [rules, RECORDING_FILE]
+            [sidecar_addr, tpu_sidecar_addr, gpu_sidecar_addr],
+            f"127.0.0.1:{am_port}",
+            [rules, RECORDING_FILE],
         )
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         procs["prometheus"] = Proc(
@@ -188,6 +232,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             store,
             f"http://{sidecar_addr}",
             f"http://{tpu_sidecar_addr}",
+            f"http://{gpu_sidecar_addr}",
             f"http://127.0.0.1:{prom_port}",
             f"http://127.0.0.1:{am_port}",
             receiver,
@@ -200,10 +245,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             wait_http(f"{stack.prometheus_url}/-/ready", timeout=30)
             wait_http(f"{stack.sidecar_url}/healthz", timeout=60)
             wait_http(f"{stack.tpu_sidecar_url}/healthz", timeout=60)
+            wait_http(f"{stack.gpu_sidecar_url}/healthz", timeout=60)
         except AssertionError:
             print(stack.logs())
             raise
         yield stack
+        stack.http.close()
         print(stack.logs())
     finally:
         for proc in reversed(list(procs.values())):
@@ -212,7 +259,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def prom_get(stack: Stack, path: str, **params: Any) -> Any:
-    response = httpx.get(f"{stack.prometheus_url}{path}", params=params, timeout=30)
+    response = stack.http.get(f"{stack.prometheus_url}{path}", params=params)
     response.raise_for_status()
     return response.json()["data"]
 

@@ -1,9 +1,9 @@
 """Every panel of every dashboard shows live data (or is listed below with the reason).
 
 In the shared e2e environment (tests/e2e/conftest.py: Prometheus scraping the demo
-host's sidecar and a fake-TPU host's sidecar, alert → capture done, the test Pyroscope
-receiver holding real pushes), after a device-memory profile and a programmatic TPU
-capture were pushed too:
+host's sidecar, a fake-TPU host's and an NVML-double GPU host's, alert → capture done,
+the test Pyroscope receiver holding real pushes and the workload's host CPU profiles),
+after a device-memory profile and a programmatic TPU capture were pushed too:
 
 - every variable's ``label_values`` query runs on Prometheus' API and returns values;
   they resolve in order (``$workload`` → ``$run_id`` → ``$host``) as Grafana does;
@@ -68,11 +68,15 @@ EXPECTED_EMPTY: dict[tuple[str, str, str], str] = {
     (RUN, "Input wait share", "A"): "lands with hardening",
     (RUN, "Input wait per step", "A"): "lands with hardening",
     (RUN, "Input wait per step", "B"): "lands with hardening",
-    # lands with hostprof (pyroscope-io host CPU profiles, the events sink)
-    (PROFILES, "Host CPU: $run_id", "A"): "lands with hostprof",
-    (PROFILES, "Host CPU: baseline $baseline_run_id", "A"): "lands with hostprof",
-    (HEALTH, "Events", "A"): "lands with hostprof",
-    (HEALTH, "Events dropped", "A"): "lands with hostprof",
+    # The GPU host is the NVML double: healthy boards, fixed in time. Injecting an XID
+    # or an ECC error would fire MLAcceleratorXidErrors / EccUncorrectable into the
+    # alert test's Alertmanager; GPU 0 is held down only by its power cap, which is not
+    # one of MLAcceleratorThrottled's reasons.
+    (FLEET, "Hosts with accelerator faults", "A"): "no uncorrectable ECC error",
+    (FLEET, "Hosts with accelerator faults", "B"): "no XID error",
+    (FLEET, "Hosts with accelerator faults", "C"): "no thermal or power throttling",
+    # Health's "Events dropped" has data: the sink's counter is exported at 0 from the
+    # start (exporter/sinks/events.py); the log sink drops only when stderr fails.
 }
 # Session-table columns whose field the sidecar does not write yet.
 EXPECTED_MISSING_COLUMNS = {
@@ -115,9 +119,9 @@ def push_more_profiles(stack: Stack) -> None:
         return {s.labels["__name__"] for s in list(stack.receiver.received)}
 
     wait_until(
-        lambda: {"device", "wall", "memory"} <= names(),
+        lambda: {"device", "wall", "memory", "process_cpu"} <= names(),
         timeout=120,
-        what="device, host and memory flame graphs at the receiver",
+        what="device, host, memory and host CPU (pyroscope-io via the sidecar) profiles",
     )
 
 
@@ -238,14 +242,19 @@ def infinity_problems(stack: Stack, query: Query, templating: Templating) -> lis
 def test_every_panel_and_variable_shows_live_data(stack: Stack, alert_loop: dict[str, Any]) -> None:
     started = time.monotonic()
     push_more_profiles(stack)
-    # Recording rules evaluated and the pushes counted in a scrape.
+    # Recording rules evaluated, and the alert loop's capture (counted once its pushes are
+    # done) and the pushes scraped. A range query's last step can fall up to a step before
+    # now, so each must have been there a step ago for the panels to see it.
+    ready = (
+        "run_host:accelerator_duty_cycle:avg",
+        "mlprof_profile_pushes_total",
+        'mlprof_captures_total{trigger="alert"}',
+    )
+    ago = f"offset {2 * SCRAPE_INTERVAL_S}s"  # the panels' step here: the scrape interval
     wait_until(
-        lambda: (
-            prom_get(stack, "/api/v1/query", query="run_host:accelerator_duty_cycle:avg")["result"]
-            and prom_get(stack, "/api/v1/query", query="mlprof_profile_pushes_total")["result"]
-        ),
+        lambda: all(prom_get(stack, "/api/v1/query", query=f"{q} {ago}")["result"] for q in ready),
         timeout=60,
-        what="recorded series and profile pushes in Prometheus",
+        what="recorded series, the alert's capture and profile pushes in Prometheus",
     )
     problems: list[str] = []
     checked = {PROMETHEUS: 0, PYROSCOPE: 0, INFINITY: 0, "variables": 0}
@@ -280,9 +289,18 @@ def test_every_panel_and_variable_shows_live_data(stack: Stack, alert_loop: dict
     problems += [f"EXPECTED_EMPTY names no query: {k}" for k in sorted(listed - seen)]
 
     # Every name the unit test says the exporter emits is really in Prometheus.
-    for metric in sorted(EMITTED - NOT_IN_SCENARIO):
-        if not prom_get(stack, "/api/v1/query", query=f"count({metric})")["result"]:
-            problems.append(f"the exporter emits no {metric} here (tests/unit EMITTED)")
+    wanted = sorted(EMITTED - NOT_IN_SCENARIO)
+    found = prom_get(
+        stack, "/api/v1/query", query=f'group by (__name__) ({{__name__=~"{"|".join(wanted)}"}})'
+    )["result"]
+    missing = set(wanted) - {series["metric"]["__name__"] for series in found}
+    problems += [f"the exporter emits no {m} here (tests/unit EMITTED)" for m in sorted(missing)]
+    # The demo host's events go through the log sink (MLPROF_EVENTS=log), which counted
+    # the alert loop's capture.
+    for query in ('mlprof_events_dropped_total{sink="log"}',
+                  'mlprof_events_total{type="capture_finished"} > 0'):  # fmt: skip
+        if not prom_get(stack, "/api/v1/query", query=query)["result"]:
+            problems.append(f"no events: {query} is empty")
     print(
         f"\ndashboards live: {checked[PROMETHEUS]} PromQL queries, {checked[PYROSCOPE]} "
         f"flame graphs, {checked[INFINITY]} session tables, {checked['variables']} variables "

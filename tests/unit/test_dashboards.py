@@ -23,6 +23,7 @@ from alerts.render import load_thresholds
 from dashboards import common, generate, run
 from dashboards.generate import CONFIGMAP, DASHBOARDS_DIR, FILES, render
 from dashboards.profiles import PROFILES
+from exporter.metrics.catalog import METRICS, prometheus_name
 from tests.grafana_queries import (
     ALL,
     INFINITY,
@@ -33,14 +34,20 @@ from tests.grafana_queries import (
     queries,
     variable_queries,
 )
+from tests.harness import ROOT
 
-# Prometheus names the exporter emits today (checked live against `mlprof serve` in
+# Every name the accelerator sources emit, as their golden expositions show it
+# (tests/fixtures: the fake TPU runtime's and the NVML double's, checked against the
+# catalogue by tests/unit/test_metrics_doc.py).
+GOLDEN_NAMES = {
+    line.split("{")[0].split(" ")[0]
+    for golden in (ROOT / "tests" / "fixtures").glob("*.prom")
+    for line in golden.read_text(encoding="utf-8").splitlines()
+    if line and not line.startswith("#")
+}
+# Prometheus names the exporter emits (checked live against `mlprof serve` in
 # tests/e2e/test_dashboards_live.py), plus Prometheus' own series.
-EMITTED = {
-    "accelerator_duty_cycle",
-    "accelerator_tensorcore_utilization",
-    "accelerator_memory_usage_bytes",
-    "accelerator_memory_limit_bytes",
+EMITTED = GOLDEN_NAMES | {
     "train_step_duration_seconds_bucket",
     "train_steps_total",
     "train_tokens_total",
@@ -53,7 +60,27 @@ EMITTED = {
     "mlprof_step_log_errors_total",
     "mlprof_source_errors_total",
     "mlprof_alerts_received_total",
+    "mlprof_events_total",
+    "mlprof_events_dropped_total",
     "target_info",
+}
+# Emitted names no query names (the Exporter health dashboard still counts every
+# accelerator_* series per source), each with the reason.
+NOT_ON_A_PANEL = {
+    "accelerator_info": "labels only (model, UUID, driver), for joins",
+    "accelerator_codec_utilization": "video encoders and decoders: not what training uses",
+    "accelerator_engine_utilization": "the SM and tensor-core panel says more",
+    "accelerator_memory_copy_utilization": "NVML's coarse memory activity; bandwidth is shown",
+    "accelerator_memory_reserved_bytes": "the driver's reserve: part of the limit shown",
+    "accelerator_memory_ecc_lifetime_errors_total": "the board's history, not the run's",
+    "accelerator_memory_remapped_rows_total": "repairs done; pending/failed ones are shown",
+    "accelerator_pcie_replays_total": "link retries: the throughput panel shows the effect",
+    "accelerator_hlo_execution_count_total": "the execution-time percentiles are shown",
+    "accelerator_hlo_execution_time_seconds_total": "the execution-time percentiles are shown",
+    "accelerator_host_transfer_count_total": "the transfer latency percentiles are shown",
+    "accelerator_host_transfer_time_seconds_total": "the transfer latency percentiles are shown",
+    "tpu_host_compute_count_total": "the host-compute latency percentiles are shown",
+    "tpu_host_compute_time_seconds_total": "the host-compute latency percentiles are shown",
 }
 PROMETHEUS_OWN = {"ALERTS", "up", "scrape_duration_seconds", "scrape_samples_scraped"}
 # Names other branches emit (contracts in the brief); the e2e test lists their panels as
@@ -63,8 +90,6 @@ CONTRACTS = {
     "mlprof_report_findings",  # analysis
     "train_step_wait_seconds_bucket",  # hardening
     "train_input_wait_share",  # hardening
-    "mlprof_events_total",  # hostprof
-    "mlprof_events_dropped_total",  # hostprof
 }
 RECORDED = {
     recording.STEP_TIME_QUANTILE,
@@ -75,7 +100,12 @@ RECORDED = {
 }
 PROMQL_WORDS = {
     "avg", "sum", "max", "min", "count", "by", "on", "and", "or", "unless", "rate", "increase",
-    "histogram_quantile", "avg_over_time", "sort", "bottomk", "le", "__name__",
+    "histogram_quantile", "avg_over_time", "sort", "bottomk", "le", "__name__", "group",
+}  # fmt: skip
+# Labels in by (...) and on (...) clauses.
+BY_LABELS = {
+    "host", "trigger", "status", "sink", "instance", "outcome", "reason", "source", "priority",
+    "type", "workload", "run_id", "quantile", "chip", "pid", "direction", "buffer_size",
 }  # fmt: skip
 
 
@@ -120,11 +150,13 @@ def prometheus_exprs(dashboard: dict[str, Any]) -> list[str]:
     return exprs
 
 
-def metric_names(expr: str) -> set[str]:
+def metric_names(expr: str, *, patterns: bool = True) -> set[str]:
+    """The metric names ``expr`` reads; with ``patterns``, what a ``__name__=~`` matches."""
     # Drop strings, ranges, matchers and offsets.
     bare = re.sub(r'"[^"]*"|\[[^\]]*\]|\{[^}]*\}|\boffset\s+\w+', "", expr)
-    names = {w for w in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare) if w not in PROMQL_WORDS}
-    for pattern in re.findall(r'__name__=~"([^"]+)"', expr):  # a name pattern: what it matches
+    words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare))
+    names = words - PROMQL_WORDS - BY_LABELS
+    for pattern in re.findall(r'__name__=~"([^"]+)"', expr) if patterns else []:
         matched = {n for n in EMITTED | CONTRACTS if re.fullmatch(pattern, n)}
         names |= matched or {pattern}
     return names
@@ -265,16 +297,50 @@ def test_promql_check_rejects_a_broken_query(tmp_path: Path) -> None:
 
 def test_queries_use_only_metrics_the_exporter_emits() -> None:
     used: set[str] = set()
+    named: set[str] = set()  # named in a query, not only matched by a __name__ pattern
     for dashboard in ALL_DASHBOARDS.values():
         for expr in prometheus_exprs(dashboard):
             used |= metric_names(expr)
-    used -= {"host", "trigger", "status", "sink", "instance", "outcome", "reason", "source",
-             "priority", "type", "workload", "run_id", "quantile"}  # fmt: skip  # by-labels
+            named |= metric_names(expr, patterns=False)
     known = EMITTED | PROMETHEUS_OWN | CONTRACTS | RECORDED
     assert used <= known, f"unknown metrics: {sorted(used - known)}"
-    # Every emitted name has a panel (the accelerator ones through __name__=~"accelerator_.+").
-    assert EMITTED - used <= {"target_info"}, f"no panel shows {sorted(EMITTED - used)}"
+    assert {n for n in GOLDEN_NAMES if n.startswith(("accelerator_", "tpu_"))} >= {
+        prometheus_name(spec) for spec in METRICS.values()
+    }, "a catalogue metric is missing from the goldens"
+    # Every emitted name has a panel, or a reason why not.
+    assert set(NOT_ON_A_PANEL) <= EMITTED
+    shown = EMITTED - set(NOT_ON_A_PANEL)
+    assert shown <= named, f"no panel shows {sorted(shown - named)}: add one or say why not"
+    shown_now = named & set(NOT_ON_A_PANEL)
+    assert not shown_now, f"shown now: drop {sorted(shown_now)} from NOT_ON_A_PANEL"
     assert used >= CONTRACTS | RECORDED
+
+
+# A catalogue unit -> the Grafana unit of a panel that plots that gauge as it is.
+GRAFANA_UNIT = {"s": "s", "By": "bytes", "W": "watt", "Cel": "celsius", "Hz": "hertz",
+                "By/s": "Bps"}  # fmt: skip
+
+
+def test_accelerator_panels_have_their_metrics_units() -> None:
+    """A temperature in degrees, a clock in hertz: each gauge's panel has its unit."""
+    by_name = {prometheus_name(spec): spec for spec in METRICS.values()}
+    checked = 0
+    for name, dashboard in ALL_DASHBOARDS.items():
+        for panel in dashboard["panels"]:
+            if panel["type"] != "timeseries":
+                continue
+            for target in panel["targets"]:
+                specs = [by_name[n] for n in metric_names(target["expr"]) if n in by_name]
+                if len(specs) != 1 or specs[0].kind != "gauge" or "/" in target["expr"]:
+                    continue  # a ratio or a rate: its own unit
+                expected = GRAFANA_UNIT.get(specs[0].unit)
+                if specs[0].unit == "1" and "utilization" in specs[0].name:
+                    expected = "percentunit"
+                if expected is not None:
+                    unit = panel["fieldConfig"]["defaults"]["unit"]
+                    assert unit == expected, (name, panel["title"], target["refId"])
+                    checked += 1
+    assert checked >= 15
 
 
 def test_fleet_reads_recorded_series_not_every_bucket() -> None:
