@@ -250,8 +250,23 @@ class ReportWorker:
             seconds=seconds,
             session_created=record.created.timestamp(),
         )
+        self._record_verdict(
+            record.id,
+            {"status": event.status, "findings": event.findings, "file": REPORT_JSON},
+        )
         self._count(event)
         return event
+
+    def _record_verdict(self, session_id: str, verdict: dict[str, Any]) -> None:
+        """The verdict in ``session.json`` too: session lists show it without the report."""
+
+        def change(record: SessionRecord) -> None:
+            record.report = verdict
+
+        try:
+            self.store.update_record(session_id, change)
+        except (OSError, ValueError) as exc:  # the report itself is written: not fatal
+            log.warning("session %s: cannot record the report's verdict: %s", session_id, exc)
 
     def _failed(
         self, record: SessionRecord, workload: str | None, error: str, seconds: float
@@ -278,6 +293,7 @@ class ReportWorker:
             seconds=seconds,
             session_created=record.created.timestamp(),
         )
+        self._record_verdict(record.id, {"status": "error", "error": error})
         self._count(event)
         return event
 

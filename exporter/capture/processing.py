@@ -144,11 +144,13 @@ class SessionProcessor:
             for name in target.files:
                 if name.endswith(CAPTURE_SUFFIX):
                     artifacts.extend(self._convert_one(record, target.host, target.run_id, name))
-        record = self.store.read_record(session_id) or record  # keep concurrent edits
-        record.artifacts = [a for a in record.artifacts if a.get("kind") != "flamegraph"]
-        record.artifacts.extend(artifacts)
-        record.processed = utcnow()
-        self.store.write_record(record)
+
+        def record_artifacts(current: SessionRecord) -> None:
+            current.artifacts = [a for a in current.artifacts if a.get("kind") != "flamegraph"]
+            current.artifacts.extend(artifacts)
+            current.processed = utcnow()
+
+        record = self.store.update_record(session_id, record_artifacts) or record
         self.processed += 1
         log.info("session %s: %d flame graphs", session_id, len(artifacts))
         return record

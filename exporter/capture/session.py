@@ -95,6 +95,9 @@ class SessionRecord(BaseModel):
     targets: list[TargetResult] = Field(default_factory=list)
     artifacts: list[dict[str, Any]] = Field(default_factory=list)
     processed: datetime | None = None  # when conversion/push hooks finished
+    # The analysis report's verdict once written: {"status", "findings": {P0..P2},
+    # "file"} or {"status": "error", "error"}; the report itself is analysis.json.
+    report: dict[str, Any] | None = None
 
     @property
     def finished_ok(self) -> bool:

@@ -22,7 +22,7 @@ import posixpath
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -57,7 +57,8 @@ class SessionStore:
         self.is_local = isinstance(fs, LocalFileSystem)
         self.root = os.path.realpath(root) if self.is_local else str(root).rstrip("/")
         self.profile_root = posixpath.join(self.root, PROFILE_DIR)
-        self._lock = threading.Lock()
+        # Re-entrant: update_record holds it around read, change and write_record.
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"SessionStore({self.url!r})"
@@ -107,6 +108,22 @@ class SessionStore:
         except ValidationError as exc:
             log.warning("%s: not a session record (%s)", path, exc.errors()[0]["msg"])
             return None
+
+    def update_record(
+        self, session_id: str, change: Callable[[SessionRecord], None]
+    ) -> SessionRecord | None:
+        """Read, ``change`` and write a record as one step; None when there is none.
+
+        Hooks of one session (flame graphs, the report) edit its record from their own
+        threads: each sees the other's edit instead of writing back a stale copy.
+        """
+        with self._lock:
+            record = self.read_record(session_id)
+            if record is None:
+                return None
+            change(record)
+            self.write_record(record)
+            return record
 
     def session_ids(self) -> list[str]:
         """Ids of every session directory in the store, sorted."""

@@ -58,16 +58,6 @@ EXPECTED_EMPTY: dict[tuple[str, str, str], str] = {
     (FLEET, "Stalled runs", "B"): "no heartbeat is lost",
     # The demo workload records its loss only; MFU comes from run.record("mfu", ...).
     (RUN, "MFU", "A"): "the demo records no MFU",
-    # lands with analysis
-    (FLEET, "Reports", "A"): "lands with analysis",
-    (FLEET, "Open findings", "A"): "lands with analysis",
-    (RUN, "Findings of the newest report", "A"): "lands with analysis",
-    (RUN, "annotation: Reports", "Anno"): "lands with analysis",
-    (HEALTH, "Reports", "A"): "lands with analysis",
-    # lands with hardening
-    (RUN, "Input wait share", "A"): "lands with hardening",
-    (RUN, "Input wait per step", "A"): "lands with hardening",
-    (RUN, "Input wait per step", "B"): "lands with hardening",
     # The GPU host is the NVML double: healthy boards, fixed in time. Injecting an XID
     # or an ECC error would fire MLAcceleratorXidErrors / EccUncorrectable into the
     # alert test's Alertmanager; GPU 0 is held down only by its power cap, which is not
@@ -79,11 +69,7 @@ EXPECTED_EMPTY: dict[tuple[str, str, str], str] = {
     # start (exporter/sinks/events.py); the log sink drops only when stderr fails.
 }
 # Session-table columns whose field the sidecar does not write yet.
-EXPECTED_MISSING_COLUMNS = {
-    # lands with analysis: the field name of a session's report verdict is to be
-    # confirmed against the analysis branch's session record at merge.
-    "report.status": "lands with analysis",
-}
+EXPECTED_MISSING_COLUMNS: dict[str, str] = {}
 # Names of the exporter that this scenario cannot show (the unit test's EMITTED list).
 NOT_IN_SCENARIO = {"train_mfu"}  # the demo records no MFU
 

@@ -129,6 +129,19 @@ def test_alert_session_report_is_compared_with_the_baseline(
     assert data["links"]["Grafana dashboard"].startswith("http://grafana.example:3000/d/")
     files = store.files("slow")
     assert {"analysis.json", "summary.html"} <= set(files)
+    # The verdict is in session.json too (session lists and Grafana's session table),
+    # beside the flame graphs the other hook recorded: neither write lost the other.
+    record = wait_until(
+        lambda: (r := store.read_record("slow")) and r.report and r.processed and r,
+        timeout=60,
+        what="session.json with the report's verdict and the flame graphs",
+    )
+    assert record.report == {
+        "status": "NEEDS_ATTENTION",
+        "findings": data["finding_counts"],
+        "file": "analysis.json",
+    }
+    assert any(a.get("kind") == "flamegraph" for a in record.artifacts)
     page = httpx.get(f"{url}/api/v1/sessions/slow/report", headers={"Accept": "text/html"})
     assert page.headers["content-type"].startswith("text/html")
     assert 'class="NEEDS_ATTENTION"' in page.text and "data_loading" in page.text
@@ -148,6 +161,8 @@ def test_a_failed_analysis_is_recorded_not_fatal(sidecar: tuple[str, SessionStor
     answer = report(url, "broken")
     assert answer.status_code == 500 and "the analysis failed" in answer.json()["detail"]
     assert "analysis-error.json" in store.files("broken")
+    broken = store.read_record("broken")
+    assert broken is not None and broken.report and broken.report["status"] == "error"
     assert httpx.get(f"{url}/healthz").is_success
     assert httpx.get(f"{url}/api/v1/sessions/nope/report").status_code == 404
 
