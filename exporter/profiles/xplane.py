@@ -34,6 +34,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO
@@ -240,8 +241,9 @@ class Capture:
                     continue  # the conversion itself names a corrupt line
                 if header.timestamp_ns <= 0:
                     continue
-                stop = header.timestamp_ns + max(0, header.duration_ps) // _PS_PER_NS
-                first = min(first or header.timestamp_ns, header.timestamp_ns)
+                begin = self.line_start_ns(header.timestamp_ns)
+                stop = begin + max(0, header.duration_ps) // _PS_PER_NS
+                first = min(first or begin, begin)
                 last = max(last, stop)
         return (first, last - first) if first else None
 
@@ -369,19 +371,19 @@ def _stat_values(plane: Plane, stats: Iterable[xplane_pb2.XStat]) -> dict[str, s
     return out
 
 
-_ID_DUR_OFF = np.dtype([("id", "<i8"), ("dur", "<i8"), ("off", "<i8")])
 _GET_ID_DUR_OFF = attrgetter("metadata_id", "duration_ps", "offset_ps")
 
 
 def _columns(events: Sequence[xplane_pb2.XEvent]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """metadata ids, starts (ps), ends (ps) of the events that last, as int64 arrays.
 
-    One pass: ``attrgetter`` reads the fields in C and ``np.fromiter`` packs them into a
-    structured array, so no list of Python ints is ever built (24 bytes per event).
+    One pass: ``attrgetter`` reads the fields in C and ``np.fromiter`` packs them into one
+    int64 array, so no list of Python ints is ever built (24 bytes per event).
     Instant events (markers, zero duration) carry no time and are left out.
     """
-    rows = np.fromiter(map(_GET_ID_DUR_OFF, events), _ID_DUR_OFF, len(events))
-    return _lasting(rows["id"], rows["off"], rows["dur"])
+    flat = np.fromiter(chain.from_iterable(map(_GET_ID_DUR_OFF, events)), np.int64, 3 * len(events))
+    rows = flat.reshape(-1, 3)
+    return _lasting(rows[:, 0], rows[:, 2], rows[:, 1])
 
 
 def _line_columns(
@@ -458,10 +460,14 @@ class _Frames:
     def assign(self, nested: Nested, tuple_ids: np.ndarray, root: int) -> np.ndarray:
         """The node of each segment, level by level (a parent's node before its child's)."""
         n = len(nested)
-        node = np.zeros(n, np.int64)
         depth = nested.depth
         top = int(depth.max()) if n else 0
-        order = np.argsort(depth, kind="stable")
+        if top == 0:  # a flat line (most device lines): one level, no sorting
+            return self._level(np.full(n, root, np.int64), tuple_ids)
+        node = np.zeros(n, np.int64)
+        # Depths are small: as uint16 numpy sorts them by radix, in linear time.
+        small = depth.astype(np.uint16) if top < 1 << 16 else depth
+        order = np.argsort(small, kind="stable")
         bounds = np.searchsorted(depth[order], np.arange(min(top, MAX_EVENT_DEPTH) + 2))
         for level in range(min(top, MAX_EVENT_DEPTH) + 1):
             idx = order[bounds[level] : bounds[level + 1]]
@@ -480,6 +486,12 @@ class _Frames:
     def add_line(self, base_ns: int, nested: Nested, tuple_ids: np.ndarray, root: int) -> None:
         """Add one line's segments (times in ps after ``base_ns``) below node ``root``."""
         if not len(nested):
+            return
+        if self.windows_ns is None and not nested.depth.any() and (tuple_ids != FOLD).all():
+            # A flat line, whole capture: self time is duration, summed per frame tuple.
+            tuples, sums = aggregate(tuple_ids, nested.end - nested.start)
+            nodes = np.array([self.node(root, t) for t in tuples.tolist()], np.int64)
+            self._parts.append((nodes, np.zeros(len(nodes), np.int64), sums))
             return
         node = self.assign(nested, tuple_ids, root)
         if self.windows_ns is None:
@@ -764,18 +776,23 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             ],
             np.int64,
         )
-        program = by_meta_program[meta_index]
-        unnamed = program < 0
-        if unnamed.any():
-            module = programs.module_of(starts[unnamed], base_ns)
-            program[unnamed] = programs.names_of(module, name_index)
-        classes, label = dense_index(program * len(metas) + meta_index)
-        del ids, meta_index, program
+        if (by_meta_program >= 0).all() and (by_meta_program == by_meta_program[0]).all():
+            # Every op names the same program (the common case): classes are the ops.
+            classes = by_meta_program[0] * len(metas) + np.arange(len(metas), dtype=np.int64)
+            label = meta_index
+        else:
+            program = by_meta_program[meta_index]
+            unnamed = program < 0
+            if unnamed.any():
+                module = programs.module_of(starts[unnamed], base_ns)
+                program[unnamed] = programs.names_of(module, name_index)
+            classes, label = dense_index(program * len(metas) + meta_index)
+            del program
+        del ids, meta_index
         nested = nest(starts, ends, label, "contain")
         del starts, ends, label
         class_program = (classes // len(metas)).tolist()
         class_info = [line_infos[int(c)] for c in (classes % len(metas)).tolist()]
-        tuple_ids = np.empty(len(nested), np.int64)
         top = nested.parent < 0
         root_ids = np.array(
             [
@@ -784,7 +801,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             ],
             np.int64,
         )
-        tuple_ids[top] = root_ids[nested.label[top]]
+        tuple_ids = root_ids[nested.label]  # top-level ops; nested ones are set below
         if not top.all():
             nested_in = ~top
             width = len(classes)
