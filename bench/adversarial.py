@@ -4,8 +4,9 @@ The shapes of issue 11 (A.2), each converted by a whole ``mlprof flamegraph`` pr
 (CPU seconds and peak RSS), for this checkout and, with ``--before REV``, for the
 ``exporter`` package of another git revision in the same run (ratios printed):
 
-- ``many-programs``: a device plane with N programs x N distinct ops, placed by their
-  ``XLA Modules`` runs (the old reader asked ``np.bincount`` for programs x ops cells);
+- ``many-programs`` (N = 6,000 and 20,000): a device plane with N programs x N distinct
+  ops, placed by their ``XLA Modules`` runs (the old reader asked ``np.bincount`` for
+  programs x ops cells: 3 GiB at N = 20,000);
 - ``nested-host``: one host thread with events nested 20,000 deep;
 - ``deep-pprof``: a memory pprof with 3,000 stacks, one of each depth up to 3,000.
 
@@ -147,6 +148,7 @@ def main() -> None:
     scale = 4 if args.quick else 1
     shapes = {
         "many-programs": (_device_many_programs, 6000 // scale, "xplane.pb"),
+        "many-programs-large": (_device_many_programs, 20_000 // scale, "xplane.pb"),
         "nested-host": (_host_nested, 20_000 // scale, "xplane.pb"),
         "deep-pprof": (_deep_pprof, 3000 // scale, "pprof.gz"),
     }

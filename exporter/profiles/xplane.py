@@ -59,10 +59,13 @@ __all__ = [
     "PlaneRef",
     "device_flamegraph",
     "device_graphs",
+    "graph_template",
     "host_flamegraph",
     "host_graphs",
+    "line_headers",
     "load_capture",
     "parse_xspace",
+    "read_line",
 ]
 
 DEVICE_PLANE_RE = re.compile(r"^/device:(TPU|GPU):\d+$")
@@ -276,7 +279,8 @@ class _LineHeader:
     timestamp_ns: int
 
 
-def _headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
+def line_headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
+    """Each line's index, ids, names and timestamp; the events are not kept."""
     out = []
     for index, raw in enumerate(plane.lines):
         header = xplane_pb2.XLineHeader()
@@ -293,7 +297,8 @@ def _headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
     return out
 
 
-def _line(capture: Capture, plane: Plane, index: int) -> xplane_pb2.XLine:
+def read_line(capture: Capture, plane: Plane, index: int) -> xplane_pb2.XLine:
+    """Parse line ``index`` of ``plane`` (InputError naming it when corrupt)."""
     line = xplane_pb2.XLine()
     try:
         line.ParseFromString(plane.lines[index])
@@ -390,7 +395,7 @@ def _line_columns(
     capture: Capture, plane: Plane, index: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_columns` of line ``index``; the parsed line is freed on return."""
-    return _columns(_line(capture, plane, index).events)
+    return _columns(read_line(capture, plane, index).events)
 
 
 def _lasting(
@@ -559,7 +564,8 @@ class _Frames:
         graph.recompute_totals()
 
 
-def _template(capture: Capture, kind: str) -> FlameGraph:
+def graph_template(capture: Capture, kind: str) -> FlameGraph:
+    """An empty device-time or host-time graph stamped with the capture's time range."""
     start, duration = capture.time_range()
     if kind == "device":
         return FlameGraph(
@@ -656,7 +662,7 @@ def _programs(capture: Capture, plane: Plane, modules_index: int | None) -> _Pro
     out = _Programs()
     if modules_index is None:
         return out
-    modules = _line(capture, plane, modules_index)
+    modules = read_line(capture, plane, modules_index)
     out.base_ns = capture.line_start_ns(modules.timestamp_ns)
     m_ids, m_starts, m_ends = _columns(modules.events)
     for meta_id in set(m_ids.tolist()):
@@ -727,7 +733,7 @@ def _gpu_tuple_ids(
 def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
     """Add one device plane's op time to ``frames``."""
     plane = capture.plane(ref)
-    headers = _headers(capture, plane)
+    headers = line_headers(capture, plane)
     by_name = {h.name: h.index for h in headers}
     gpu_stats: dict[str, int] = {}
     if XLA_OPS in by_name:
@@ -736,7 +742,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         op_lines = [h.index for h in headers if h.name not in _NON_OP_LINES]
         gpu_stats = _gpu_stat_ids(plane)
     if STEPS in by_name:
-        steps = _line(capture, plane, by_name[STEPS])
+        steps = read_line(capture, plane, by_name[STEPS])
         capture.steps = max(capture.steps, sum(1 for e in steps.events if e.duration_ps > 0))
         del steps
     programs = _programs(capture, plane, by_name.get(XLA_MODULES))
@@ -744,7 +750,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
     for line_index in op_lines:
         base_ns = capture.line_start_ns(headers[line_index].timestamp_ns)
         if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
-            line = _line(capture, plane, line_index)
+            line = read_line(capture, plane, line_index)
             kernel_ids = _gpu_tuple_ids(plane, line, frames, gpu_stats)
             _, starts, ends = _columns(line.events)
             del line
@@ -837,7 +843,7 @@ def device_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[Flame
     frames = _Frames(windows_ns)
     for ref in planes:
         _device_plane(capture, ref, frames)
-    return frames.graphs(_template(capture, "device"))
+    return frames.graphs(graph_template(capture, "device"))
 
 
 # -- host time -----------------------------------------------------------------------
@@ -877,7 +883,7 @@ def _thread_names(headers: Sequence[_LineHeader]) -> list[str]:
 
 def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
     plane = capture.plane(ref)
-    headers = _headers(capture, plane)
+    headers = line_headers(capture, plane)
     labels: dict[int, FrameLabel] = {}
     for header, thread in zip(headers, _thread_names(headers), strict=True):
         base_ns = capture.line_start_ns(header.timestamp_ns)
@@ -927,4 +933,4 @@ def host_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGr
     frames = _Frames(windows_ns)
     for ref in planes:
         _host_plane(capture, ref, frames)
-    return frames.graphs(_template(capture, "host"))
+    return frames.graphs(graph_template(capture, "host"))
