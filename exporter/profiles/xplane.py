@@ -358,21 +358,25 @@ def _stat_int(stat: xplane_pb2.XStat) -> int:
     return 0
 
 
-def _stat_values(plane: Plane, stats: Iterable[xplane_pb2.XStat]) -> dict[str, str | int | float]:
-    names = plane.stat_metadata
+def _stat_values(
+    plane: Plane,
+    stats: Iterable[xplane_pb2.XStat],
+    names: dict[int, str] | None = None,
+    wanted: frozenset[str] | None = None,
+) -> dict[str, str | int | float]:
+    """Stats by name (``ref_value`` resolved); ``names`` maps the plane's stat ids."""
+    if names is None:
+        names = {m.id: m.name for m in plane.stat_metadata.values()}
     out: dict[str, str | int | float] = {}
     for stat in stats:
-        meta = names.get(stat.metadata_id)
-        if meta is None:
+        name = names.get(stat.metadata_id)
+        if name is None or (wanted is not None and name not in wanted):
             continue
         kind = stat.WhichOneof("value")
         if kind == "ref_value":
-            ref = names.get(stat.ref_value)
-            out[meta.name] = ref.name if ref is not None else ""
-        elif kind == "bytes_value":
-            continue
-        elif kind is not None:
-            out[meta.name] = getattr(stat, kind)
+            out[name] = names.get(stat.ref_value, "")
+        elif kind is not None and kind != "bytes_value":
+            out[name] = getattr(stat, kind)
     return out
 
 
@@ -593,11 +597,15 @@ class _OpInfo:
     name: str
 
 
-def _op_info(plane: Plane, meta_id: int) -> _OpInfo:
+_OP_STATS = frozenset({"hlo_category", "tf_op", "name_scope", "program_id"})
+_PROGRAM_STAT = frozenset({"program_id"})
+
+
+def _op_info(plane: Plane, meta_id: int, names: dict[int, str]) -> _OpInfo:
     meta = plane.event_metadata.get(meta_id)
     if meta is None:
         return _OpInfo(None, (), "uncategorized", f"<op {meta_id}>")
-    stats = _stat_values(plane, meta.stats)
+    stats = _stat_values(plane, meta.stats, names, _OP_STATS)
     op = meta.name or meta.display_name or f"<op {meta_id}>"
     category = str(stats.get("hlo_category") or "uncategorized")
     scope = str(stats.get("tf_op") or stats.get("name_scope") or "")
@@ -665,13 +673,14 @@ def _programs(capture: Capture, plane: Plane, modules_index: int | None) -> _Pro
     modules = read_line(capture, plane, modules_index)
     out.base_ns = capture.line_start_ns(modules.timestamp_ns)
     m_ids, m_starts, m_ends = _columns(modules.events)
+    names = {m.id: m.name for m in plane.stat_metadata.values()}
     for meta_id in set(m_ids.tolist()):
         meta = plane.event_metadata.get(meta_id)
         if meta is None:
             continue
         name = _program_name(meta.name or meta.display_name)
         out.by_meta[meta_id] = name
-        pid = _stat_values(plane, meta.stats).get("program_id")
+        pid = _stat_values(plane, meta.stats, names, _PROGRAM_STAT).get("program_id")
         if pid is None:
             match = re.search(r"\((-?\d+)\)$", meta.name)
             pid = int(match.group(1)) if match else None
@@ -747,6 +756,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         del steps
     programs = _programs(capture, plane, by_name.get(XLA_MODULES))
     infos: dict[int, _OpInfo] = {}
+    stat_names: dict[int, str] | None = None
     for line_index in op_lines:
         base_ns = capture.line_start_ns(headers[line_index].timestamp_ns)
         if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
@@ -765,9 +775,11 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         if not len(ids):
             continue
         metas, meta_index = dense_index(ids)
+        if stat_names is None:
+            stat_names = {m.id: m.name for m in plane.stat_metadata.values()}
         for meta_id in metas.tolist():
             if meta_id not in infos:
-                infos[meta_id] = _op_info(plane, meta_id)
+                infos[meta_id] = _op_info(plane, meta_id, stat_names)
         line_infos = [infos[m] for m in metas.tolist()]
         # Each event's program: its metadata's program_id, else the module run around it.
         names = [
