@@ -431,6 +431,7 @@ class _Frames:
         self._nodes: dict[tuple[int, int], int] = {}
         self.tuples: list[Labels] = []
         self._tuple_ids: dict[Labels, int] = {}
+        self._op_tuples: dict[tuple[_OpInfo, str | None, _OpInfo | None], int] = {}
         self.cut = self.tuple_id((FrameLabel(CUT_FRAME),))
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
@@ -439,6 +440,14 @@ class _Frames:
         if found is None:
             found = self._tuple_ids[labels] = len(self.tuples)
             self.tuples.append(labels)
+        return found
+
+    def op_tuple(self, info: _OpInfo, program: str | None, outer: _OpInfo | None) -> int:
+        """The tuple id of an op's frames (cached: the chips of a capture share their ops)."""
+        key = (info, program, outer)
+        found = self._op_tuples.get(key)
+        if found is None:
+            found = self._op_tuples[key] = self.tuple_id(_op_labels(info, program, outer))
         return found
 
     def node(self, parent: int, tuple_id: int) -> int:
@@ -814,7 +823,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         top = nested.parent < 0
         root_ids = np.array(
             [
-                frames.tuple_id(_op_labels(info, names[p], None))
+                frames.op_tuple(info, names[p], None)
                 for p, info in zip(class_program, class_info, strict=True)
             ],
             np.int64,
@@ -828,7 +837,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             )
             pair_ids = np.array(
                 [
-                    frames.tuple_id(_op_labels(class_info[k % width], None, class_info[k // width]))
+                    frames.op_tuple(class_info[k % width], None, class_info[k // width])
                     for k in pairs.tolist()
                 ],
                 np.int64,
