@@ -231,3 +231,27 @@ def test_html_keeps_same_named_frames_of_two_files_apart(tmp_path: Path) -> None
     assert foos == [("main;foo@a.py:10", "100"), ("main;foo@b.py:3", "50")]
     zoomed = _frames(_chromium_dom(page, "zoom=" + quote("main;foo@b.py:3")))
     assert [(f["path"], f["total"]) for f in zoomed] == [("main;foo@b.py:3", "50")]
+
+
+def test_flamegraph_of_a_capture_imports_only_what_it_needs(capture: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from exporter.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ['pydantic', 'exporter.config', 'exporter.cli_capture', 'httpx', "
+        "'exporter.profiles.memory', 'exporter.profiles.html']\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "flamegraph", str(capture), "-o", str(tmp_path / "f")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"  # settings, capture commands, memory, HTML: not loaded
+    assert (tmp_path / "f").read_text().startswith("jit_train_step;")
+    # Listing the commands still finds the capture commands.
+    listed = mlprof("--help")
+    assert "capture" in listed.stdout and "sessions" in listed.stdout
