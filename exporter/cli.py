@@ -13,13 +13,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from exporter import __version__, schema
-from exporter.config import Settings, load_settings
 from exporter.errors import ConfigError, MlprofError
+
+if TYPE_CHECKING:  # settings (pydantic) load when a command needs them, not at start-up
+    from exporter.config import Settings
 
 __all__ = ["main"]
 
@@ -27,7 +29,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Group(click.Group):
-    """Prints MlprofError as one line with its exit code instead of a traceback."""
+    """Prints MlprofError as one line with its exit code instead of a traceback.
+
+    The capture commands (``exporter.cli_capture``) and the analysis commands
+    (``exporter.cli_analysis``: compare, analyze, baseline) are registered when first
+    looked up or listed, so ``mlprof flamegraph`` does not import what it does not use.
+    """
+
+    def _load_lazy(self) -> None:
+        from exporter.cli_analysis import COMMANDS as ANALYSIS
+        from exporter.cli_capture import COMMANDS as CAPTURE
+
+        for command in (*CAPTURE, *ANALYSIS):
+            if command.name not in self.commands:
+                self.add_command(command)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            self._load_lazy()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load_lazy()
+        return super().list_commands(ctx)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -57,6 +81,8 @@ def settings_options(func: F) -> F:
 
 
 def _settings(config_file: Path | None, **overrides: Any) -> Settings:
+    from exporter.config import load_settings
+
     if config_file is not None and not config_file.is_file():
         raise ConfigError(f"--config {config_file}: no such file")
     return load_settings(config_file, **overrides)
@@ -321,9 +347,16 @@ def flamegraph(
     from exporter.profiles.convert import flamegraph_from_path, render, resolve_input
     from exporter.profiles.pprof import InflateLimits
 
-    settings = _settings(None, store=store)
-    input_path = resolve_input(input_text, settings.store)
-    limits = InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio)
+    # Settings (and pydantic) only when needed: a session id to look up in the store, or
+    # a memory profile whose inflation they bound.
+    input_path = Path(input_text)
+    if not input_path.exists():
+        input_path = resolve_input(input_text, _settings(None, store=store).store)
+
+    def limits() -> InflateLimits:
+        settings = _settings(None, store=store)
+        return InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio)
+
     graph = flamegraph_from_path(input_path, kind, per_step, limits)  # type: ignore[arg-type]
     if max_nodes is not None:
         graph = graph.truncated(max_nodes)
@@ -418,16 +451,9 @@ def fake_tpu(chips: int | None, listen: str, script_file: Path | None, basic: bo
         fake.stop(grace_s=1.0)
 
 
-# Capture commands live beside the capture API client (capture, snapshot, sessions, targets).
-from exporter.cli_capture import COMMANDS as _CAPTURE_COMMANDS  # noqa: E402
-
-for _command in _CAPTURE_COMMANDS:
-    main.add_command(_command)
-
-from exporter.cli_analysis import COMMANDS as _ANALYSIS_COMMANDS  # noqa: E402  compare, analyze, baseline
-
-for _command in _ANALYSIS_COMMANDS:
-    main.add_command(_command)
+# Capture commands live beside the capture API client (capture, snapshot, sessions,
+# targets), analysis commands beside the analysis (compare, analyze, baseline); _Group
+# registers both when they are first looked up.
 
 if __name__ == "__main__":
     main()

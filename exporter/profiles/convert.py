@@ -9,22 +9,19 @@ whose hosts are merged.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from google.protobuf.message import DecodeError
 
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
-from exporter.profiles.html import render_html
-from exporter.profiles.memory import load_memory_profile
-from exporter.profiles.pprof import InflateLimits, encode_pprof
-from exporter.profiles.torch_memory import (
-    SNAPSHOT_SUFFIXES,
-    is_torch_snapshot,
-    load_torch_memory_profile,
-)
-from exporter.profiles.xplane import Capture, device_flamegraph, host_flamegraph, load_capture
+from exporter.profiles.torch_memory import SNAPSHOT_SUFFIXES, is_torch_snapshot
+
+if TYPE_CHECKING:  # the readers and writers load when an input or format needs them
+    from exporter.profiles.pprof import InflateLimits
+    from exporter.profiles.xplane import Capture
 
 __all__ = [
     "FORMATS",
@@ -55,6 +52,8 @@ def flamegraph_from_capture(
             f"{capture.source}: is an XProf capture; --kind memory needs a device-memory "
             "pprof (from jax.profiler.device_memory_profile())"
         )
+    from exporter.profiles.xplane import device_flamegraph, host_flamegraph
+
     planes = ", ".join(capture.plane_names) or "none"
     if kind in (None, "device"):
         graph = device_flamegraph(capture)
@@ -131,11 +130,12 @@ def flamegraph_from_path(
     path: Path,
     kind: Kind | None = None,
     per_step: bool = False,
-    limits: InflateLimits | None = None,
+    limits: InflateLimits | Callable[[], InflateLimits] | None = None,
 ) -> FlameGraph:
     """Build the flame graph of a capture, memory profile or session directory.
 
-    ``limits`` bound how far a compressed memory profile may inflate.
+    ``limits`` (or a function giving them, called only for a memory profile) bound how
+    far a compressed memory profile may inflate.
     """
     if not path.exists():
         raise InputError(f"{path}: no such file, directory or session in the store")
@@ -155,8 +155,14 @@ def flamegraph_from_path(
                     f"{path}: is a device-memory profile; it has no {kind} time (use --kind memory)"
                 )
             if is_torch_snapshot(path):
+                from exporter.profiles.torch_memory import load_torch_memory_profile
+
                 return load_torch_memory_profile(path)
-            return load_memory_profile(path, limits)
+            from exporter.profiles.memory import load_memory_profile
+
+            return load_memory_profile(path, limits() if callable(limits) else limits)
+        from exporter.profiles.xplane import load_capture
+
         with load_capture(path) as capture:
             return flamegraph_from_capture(capture, kind, per_step)
     except (DecodeError, ValueError, IndexError, KeyError, UnicodeDecodeError) as exc:
@@ -169,7 +175,11 @@ def render(graph: FlameGraph, fmt: str, title: str = "Flame graph") -> bytes:
     if fmt == "folded":
         return graph.to_folded().encode("utf-8")
     if fmt == "pprof":
+        from exporter.profiles.pprof import encode_pprof
+
         return encode_pprof(graph)
     if fmt == "html":
+        from exporter.profiles.html import render_html
+
         return render_html(graph, title).encode("utf-8")
     raise ValueError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")

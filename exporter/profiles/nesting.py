@@ -66,26 +66,38 @@ def _proper(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     """(parent, depth) of events sorted by start when they nest properly, else None."""
     n = len(start)
     parent = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int64)
     if n < 2:
-        return parent, np.zeros(n, np.int64)
+        return parent, depth
     running_end = np.maximum.accumulate(end)
-    if not (start[1:] < running_end[:-1]).any():
-        return parent, np.zeros(n, np.int64)  # flat: nothing overlaps
-    # Open events at each start: those begun before it minus those ended by then.
-    depth = np.arange(n, dtype=np.int64) - np.searchsorted(np.sort(end), start, side="right")
-    if (depth < 0).any():
+    overlaps = start[1:] < running_end[:-1]
+    if not overlaps.any():
+        return parent, depth  # flat: nothing overlaps
+    # Only events in a run of overlapping ones (a while and its body) need the work.
+    grouped = np.zeros(n, bool)
+    grouped[1:] |= overlaps
+    grouped[:-1] |= overlaps
+    index = np.flatnonzero(grouped)
+    s, e = start[index], end[index]
+    m = len(index)
+    # Open events at each start: those begun before it minus those ended by then (runs
+    # do not overlap each other, so counting within the selection is exact).
+    sub_depth = np.arange(m, dtype=np.int64) - np.searchsorted(np.sort(e), s, side="right")
+    if (sub_depth < 0).any():
         return None
     # The parent is the latest earlier event one level up: search (depth, index) keys.
-    key = np.sort(depth * n + np.arange(n, dtype=np.int64))
-    inner = np.flatnonzero(depth > 0)
-    pos = np.searchsorted(key, (depth[inner] - 1) * n + inner) - 1
+    key = np.sort(sub_depth * m + np.arange(m, dtype=np.int64))
+    inner = np.flatnonzero(sub_depth > 0)
+    pos = np.searchsorted(key, (sub_depth[inner] - 1) * m + inner) - 1
     found = key[np.maximum(pos, 0)]
-    if ((pos < 0) | (found // n != depth[inner] - 1)).any():
+    if ((pos < 0) | (found // m != sub_depth[inner] - 1)).any():
         return None
-    parent[inner] = found % n
+    sub_parent = found % m
     # Laminar iff every event ends within its parent (see the module tests for why).
-    if (end[inner] > end[parent[inner]]).any():
+    if (e[inner] > e[sub_parent]).any():
         return None
+    parent[index[inner]] = index[sub_parent]
+    depth[index] = sub_depth
     return parent, depth
 
 
@@ -215,6 +227,14 @@ def window_self(
         empty = np.zeros(0, np.int64)
         return empty, empty, empty
     w_start, w_end = windows[:, 0], windows[:, 1]
+    has_parent = nested.parent >= 0
+    if len(windows) == 1 and w_start[0] <= nested.start[0] and nested.end.max() <= w_end[0]:
+        # One window holding every segment (a whole-capture graph): no splitting.
+        duration = nested.end - nested.start
+        nodes = np.concatenate([node, node[nested.parent[has_parent]]])
+        values = np.concatenate([duration, -duration[has_parent]])
+        keys, sums = aggregate(nodes, values)
+        return keys, np.zeros(len(keys), np.int64), sums
     first = np.searchsorted(w_end, nested.start, side="right")
     last = np.searchsorted(w_start, nested.end, side="left") - 1
     count = np.maximum(last - first + 1, 0)

@@ -66,6 +66,8 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
         sample_type.unit = strings(part.unit)
     profile.period_type.type = strings(graph.period_type)
     profile.period_type.unit = strings(graph.period_unit)
+    if graph.companions:
+        profile.default_sample_type = strings(graph.sample_type)
     profile.period = graph.period
     profile.time_nanos = graph.time_nanos
     profile.duration_nanos = graph.duration_nanos

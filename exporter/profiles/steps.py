@@ -41,11 +41,11 @@ from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import (
     STEPS,
     Capture,
-    _headers,
-    _line,
-    _template,
     device_graphs,
+    graph_template,
     host_graphs,
+    line_headers,
+    read_line,
 )
 
 __all__ = ["StepSource", "StepWindow", "step_windows", "windowed_flamegraphs"]
@@ -96,11 +96,11 @@ def _device_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]
     for plane_number, ref in enumerate(capture.device_planes):
         plane = capture.plane(ref)
         stat_names = {m.id: m.name for m in plane.stat_metadata.values()}
-        for header in _headers(capture, plane):
+        for header in line_headers(capture, plane):
             if header.name != STEPS:
                 continue
             base = capture.line_start_ns(header.timestamp_ns)
-            for index, event in enumerate(_line(capture, plane, header.index).events):
+            for index, event in enumerate(read_line(capture, plane, header.index).events):
                 if event.duration_ps <= 0:
                     continue
                 found = {stat_names.get(s.metadata_id): s for s in event.stats}
@@ -132,9 +132,9 @@ def _host_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
         step_ids = {m.id for m in plane.stat_metadata.values() if m.name == "step_num"}
         if not step_ids:
             continue
-        for header in _headers(capture, plane):
+        for header in line_headers(capture, plane):
             base = capture.line_start_ns(header.timestamp_ns)
-            for event in _line(capture, plane, header.index).events:
+            for event in read_line(capture, plane, header.index).events:
                 if not event.stats or event.duration_ps <= 0:
                     continue
                 for stat in event.stats:
@@ -177,7 +177,7 @@ def windowed_flamegraphs(
     build = device_graphs if kind == "device" else host_graphs
     graphs = build(capture, spans)
     if graphs is None:
-        template = _template(capture, kind)
+        template = graph_template(capture, kind)
         return [template.copy() for _ in windows]
     for graph, window in zip(graphs, windows, strict=True):
         graph.time_nanos = window.start_ns

@@ -34,6 +34,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO
@@ -58,10 +59,13 @@ __all__ = [
     "PlaneRef",
     "device_flamegraph",
     "device_graphs",
+    "graph_template",
     "host_flamegraph",
     "host_graphs",
+    "line_headers",
     "load_capture",
     "parse_xspace",
+    "read_line",
 ]
 
 DEVICE_PLANE_RE = re.compile(r"^/device:(TPU|GPU):\d+$")
@@ -240,8 +244,9 @@ class Capture:
                     continue  # the conversion itself names a corrupt line
                 if header.timestamp_ns <= 0:
                     continue
-                stop = header.timestamp_ns + max(0, header.duration_ps) // _PS_PER_NS
-                first = min(first or header.timestamp_ns, header.timestamp_ns)
+                begin = self.line_start_ns(header.timestamp_ns)
+                stop = begin + max(0, header.duration_ps) // _PS_PER_NS
+                first = min(first or begin, begin)
                 last = max(last, stop)
         return (first, last - first) if first else None
 
@@ -274,7 +279,8 @@ class _LineHeader:
     timestamp_ns: int
 
 
-def _headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
+def line_headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
+    """Each line's index, ids, names and timestamp; the events are not kept."""
     out = []
     for index, raw in enumerate(plane.lines):
         header = xplane_pb2.XLineHeader()
@@ -291,7 +297,8 @@ def _headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
     return out
 
 
-def _line(capture: Capture, plane: Plane, index: int) -> xplane_pb2.XLine:
+def read_line(capture: Capture, plane: Plane, index: int) -> xplane_pb2.XLine:
+    """Parse line ``index`` of ``plane`` (InputError naming it when corrupt)."""
     line = xplane_pb2.XLine()
     try:
         line.ParseFromString(plane.lines[index])
@@ -351,44 +358,48 @@ def _stat_int(stat: xplane_pb2.XStat) -> int:
     return 0
 
 
-def _stat_values(plane: Plane, stats: Iterable[xplane_pb2.XStat]) -> dict[str, str | int | float]:
-    names = plane.stat_metadata
+def _stat_values(
+    plane: Plane,
+    stats: Iterable[xplane_pb2.XStat],
+    names: dict[int, str] | None = None,
+    wanted: frozenset[str] | None = None,
+) -> dict[str, str | int | float]:
+    """Stats by name (``ref_value`` resolved); ``names`` maps the plane's stat ids."""
+    if names is None:
+        names = {m.id: m.name for m in plane.stat_metadata.values()}
     out: dict[str, str | int | float] = {}
     for stat in stats:
-        meta = names.get(stat.metadata_id)
-        if meta is None:
+        name = names.get(stat.metadata_id)
+        if name is None or (wanted is not None and name not in wanted):
             continue
         kind = stat.WhichOneof("value")
         if kind == "ref_value":
-            ref = names.get(stat.ref_value)
-            out[meta.name] = ref.name if ref is not None else ""
-        elif kind == "bytes_value":
-            continue
-        elif kind is not None:
-            out[meta.name] = getattr(stat, kind)
+            out[name] = names.get(stat.ref_value, "")
+        elif kind is not None and kind != "bytes_value":
+            out[name] = getattr(stat, kind)
     return out
 
 
-_ID_DUR_OFF = np.dtype([("id", "<i8"), ("dur", "<i8"), ("off", "<i8")])
 _GET_ID_DUR_OFF = attrgetter("metadata_id", "duration_ps", "offset_ps")
 
 
 def _columns(events: Sequence[xplane_pb2.XEvent]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """metadata ids, starts (ps), ends (ps) of the events that last, as int64 arrays.
 
-    One pass: ``attrgetter`` reads the fields in C and ``np.fromiter`` packs them into a
-    structured array, so no list of Python ints is ever built (24 bytes per event).
+    One pass: ``attrgetter`` reads the fields in C and ``np.fromiter`` packs them into one
+    int64 array, so no list of Python ints is ever built (24 bytes per event).
     Instant events (markers, zero duration) carry no time and are left out.
     """
-    rows = np.fromiter(map(_GET_ID_DUR_OFF, events), _ID_DUR_OFF, len(events))
-    return _lasting(rows["id"], rows["off"], rows["dur"])
+    flat = np.fromiter(chain.from_iterable(map(_GET_ID_DUR_OFF, events)), np.int64, 3 * len(events))
+    rows = flat.reshape(-1, 3)
+    return _lasting(rows[:, 0], rows[:, 2], rows[:, 1])
 
 
 def _line_columns(
     capture: Capture, plane: Plane, index: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_columns` of line ``index``; the parsed line is freed on return."""
-    return _columns(_line(capture, plane, index).events)
+    return _columns(read_line(capture, plane, index).events)
 
 
 def _lasting(
@@ -420,6 +431,7 @@ class _Frames:
         self._nodes: dict[tuple[int, int], int] = {}
         self.tuples: list[Labels] = []
         self._tuple_ids: dict[Labels, int] = {}
+        self._op_tuples: dict[tuple[_OpInfo, str | None, _OpInfo | None], int] = {}
         self.cut = self.tuple_id((FrameLabel(CUT_FRAME),))
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
@@ -428,6 +440,14 @@ class _Frames:
         if found is None:
             found = self._tuple_ids[labels] = len(self.tuples)
             self.tuples.append(labels)
+        return found
+
+    def op_tuple(self, info: _OpInfo, program: str | None, outer: _OpInfo | None) -> int:
+        """The tuple id of an op's frames (cached: the chips of a capture share their ops)."""
+        key = (info, program, outer)
+        found = self._op_tuples.get(key)
+        if found is None:
+            found = self._op_tuples[key] = self.tuple_id(_op_labels(info, program, outer))
         return found
 
     def node(self, parent: int, tuple_id: int) -> int:
@@ -458,10 +478,14 @@ class _Frames:
     def assign(self, nested: Nested, tuple_ids: np.ndarray, root: int) -> np.ndarray:
         """The node of each segment, level by level (a parent's node before its child's)."""
         n = len(nested)
-        node = np.zeros(n, np.int64)
         depth = nested.depth
         top = int(depth.max()) if n else 0
-        order = np.argsort(depth, kind="stable")
+        if top == 0:  # a flat line (most device lines): one level, no sorting
+            return self._level(np.full(n, root, np.int64), tuple_ids)
+        node = np.zeros(n, np.int64)
+        # Depths are small: as uint16 numpy sorts them by radix, in linear time.
+        small = depth.astype(np.uint16) if top < 1 << 16 else depth
+        order = np.argsort(small, kind="stable")
         bounds = np.searchsorted(depth[order], np.arange(min(top, MAX_EVENT_DEPTH) + 2))
         for level in range(min(top, MAX_EVENT_DEPTH) + 1):
             idx = order[bounds[level] : bounds[level + 1]]
@@ -480,6 +504,12 @@ class _Frames:
     def add_line(self, base_ns: int, nested: Nested, tuple_ids: np.ndarray, root: int) -> None:
         """Add one line's segments (times in ps after ``base_ns``) below node ``root``."""
         if not len(nested):
+            return
+        if self.windows_ns is None and not nested.depth.any() and (tuple_ids != FOLD).all():
+            # A flat line, whole capture: self time is duration, summed per frame tuple.
+            tuples, sums = aggregate(tuple_ids, nested.end - nested.start)
+            nodes = np.array([self.node(root, t) for t in tuples.tolist()], np.int64)
+            self._parts.append((nodes, np.zeros(len(nodes), np.int64), sums))
             return
         node = self.assign(nested, tuple_ids, root)
         if self.windows_ns is None:
@@ -547,7 +577,8 @@ class _Frames:
         graph.recompute_totals()
 
 
-def _template(capture: Capture, kind: str) -> FlameGraph:
+def graph_template(capture: Capture, kind: str) -> FlameGraph:
+    """An empty device-time or host-time graph stamped with the capture's time range."""
     start, duration = capture.time_range()
     if kind == "device":
         return FlameGraph(
@@ -575,11 +606,15 @@ class _OpInfo:
     name: str
 
 
-def _op_info(plane: Plane, meta_id: int) -> _OpInfo:
+_OP_STATS = frozenset({"hlo_category", "tf_op", "name_scope", "program_id"})
+_PROGRAM_STAT = frozenset({"program_id"})
+
+
+def _op_info(plane: Plane, meta_id: int, names: dict[int, str]) -> _OpInfo:
     meta = plane.event_metadata.get(meta_id)
     if meta is None:
         return _OpInfo(None, (), "uncategorized", f"<op {meta_id}>")
-    stats = _stat_values(plane, meta.stats)
+    stats = _stat_values(plane, meta.stats, names, _OP_STATS)
     op = meta.name or meta.display_name or f"<op {meta_id}>"
     category = str(stats.get("hlo_category") or "uncategorized")
     scope = str(stats.get("tf_op") or stats.get("name_scope") or "")
@@ -644,16 +679,17 @@ def _programs(capture: Capture, plane: Plane, modules_index: int | None) -> _Pro
     out = _Programs()
     if modules_index is None:
         return out
-    modules = _line(capture, plane, modules_index)
+    modules = read_line(capture, plane, modules_index)
     out.base_ns = capture.line_start_ns(modules.timestamp_ns)
     m_ids, m_starts, m_ends = _columns(modules.events)
+    names = {m.id: m.name for m in plane.stat_metadata.values()}
     for meta_id in set(m_ids.tolist()):
         meta = plane.event_metadata.get(meta_id)
         if meta is None:
             continue
         name = _program_name(meta.name or meta.display_name)
         out.by_meta[meta_id] = name
-        pid = _stat_values(plane, meta.stats).get("program_id")
+        pid = _stat_values(plane, meta.stats, names, _PROGRAM_STAT).get("program_id")
         if pid is None:
             match = re.search(r"\((-?\d+)\)$", meta.name)
             pid = int(match.group(1)) if match else None
@@ -715,7 +751,7 @@ def _gpu_tuple_ids(
 def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
     """Add one device plane's op time to ``frames``."""
     plane = capture.plane(ref)
-    headers = _headers(capture, plane)
+    headers = line_headers(capture, plane)
     by_name = {h.name: h.index for h in headers}
     gpu_stats: dict[str, int] = {}
     if XLA_OPS in by_name:
@@ -724,15 +760,16 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         op_lines = [h.index for h in headers if h.name not in _NON_OP_LINES]
         gpu_stats = _gpu_stat_ids(plane)
     if STEPS in by_name:
-        steps = _line(capture, plane, by_name[STEPS])
+        steps = read_line(capture, plane, by_name[STEPS])
         capture.steps = max(capture.steps, sum(1 for e in steps.events if e.duration_ps > 0))
         del steps
     programs = _programs(capture, plane, by_name.get(XLA_MODULES))
     infos: dict[int, _OpInfo] = {}
+    stat_names: dict[int, str] | None = None
     for line_index in op_lines:
         base_ns = capture.line_start_ns(headers[line_index].timestamp_ns)
         if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
-            line = _line(capture, plane, line_index)
+            line = read_line(capture, plane, line_index)
             kernel_ids = _gpu_tuple_ids(plane, line, frames, gpu_stats)
             _, starts, ends = _columns(line.events)
             del line
@@ -747,9 +784,11 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         if not len(ids):
             continue
         metas, meta_index = dense_index(ids)
+        if stat_names is None:
+            stat_names = {m.id: m.name for m in plane.stat_metadata.values()}
         for meta_id in metas.tolist():
             if meta_id not in infos:
-                infos[meta_id] = _op_info(plane, meta_id)
+                infos[meta_id] = _op_info(plane, meta_id, stat_names)
         line_infos = [infos[m] for m in metas.tolist()]
         # Each event's program: its metadata's program_id, else the module run around it.
         names = [
@@ -764,27 +803,32 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             ],
             np.int64,
         )
-        program = by_meta_program[meta_index]
-        unnamed = program < 0
-        if unnamed.any():
-            module = programs.module_of(starts[unnamed], base_ns)
-            program[unnamed] = programs.names_of(module, name_index)
-        classes, label = dense_index(program * len(metas) + meta_index)
-        del ids, meta_index, program
+        if (by_meta_program >= 0).all() and (by_meta_program == by_meta_program[0]).all():
+            # Every op names the same program (the common case): classes are the ops.
+            classes = by_meta_program[0] * len(metas) + np.arange(len(metas), dtype=np.int64)
+            label = meta_index
+        else:
+            program = by_meta_program[meta_index]
+            unnamed = program < 0
+            if unnamed.any():
+                module = programs.module_of(starts[unnamed], base_ns)
+                program[unnamed] = programs.names_of(module, name_index)
+            classes, label = dense_index(program * len(metas) + meta_index)
+            del program
+        del ids, meta_index
         nested = nest(starts, ends, label, "contain")
         del starts, ends, label
         class_program = (classes // len(metas)).tolist()
         class_info = [line_infos[int(c)] for c in (classes % len(metas)).tolist()]
-        tuple_ids = np.empty(len(nested), np.int64)
         top = nested.parent < 0
         root_ids = np.array(
             [
-                frames.tuple_id(_op_labels(info, names[p], None))
+                frames.op_tuple(info, names[p], None)
                 for p, info in zip(class_program, class_info, strict=True)
             ],
             np.int64,
         )
-        tuple_ids[top] = root_ids[nested.label[top]]
+        tuple_ids = root_ids[nested.label]  # top-level ops; nested ones are set below
         if not top.all():
             nested_in = ~top
             width = len(classes)
@@ -793,7 +837,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             )
             pair_ids = np.array(
                 [
-                    frames.tuple_id(_op_labels(class_info[k % width], None, class_info[k // width]))
+                    frames.op_tuple(class_info[k % width], None, class_info[k // width])
                     for k in pairs.tolist()
                 ],
                 np.int64,
@@ -820,7 +864,7 @@ def device_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[Flame
     frames = _Frames(windows_ns)
     for ref in planes:
         _device_plane(capture, ref, frames)
-    return frames.graphs(_template(capture, "device"))
+    return frames.graphs(graph_template(capture, "device"))
 
 
 # -- host time -----------------------------------------------------------------------
@@ -860,7 +904,7 @@ def _thread_names(headers: Sequence[_LineHeader]) -> list[str]:
 
 def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
     plane = capture.plane(ref)
-    headers = _headers(capture, plane)
+    headers = line_headers(capture, plane)
     labels: dict[int, FrameLabel] = {}
     for header, thread in zip(headers, _thread_names(headers), strict=True):
         base_ns = capture.line_start_ns(header.timestamp_ns)
@@ -910,4 +954,4 @@ def host_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGr
     frames = _Frames(windows_ns)
     for ref in planes:
         _host_plane(capture, ref, frames)
-    return frames.graphs(_template(capture, "host"))
+    return frames.graphs(graph_template(capture, "host"))

@@ -93,7 +93,10 @@ def test_memory_profiles_are_pushed_and_requested(
         "trigger": "periodic",
         "profile_source": "device_memory",
     }
-    assert series.folded() == {"tpu:0;train_step;init_params": 5120}
+    # One pprof, both sample types: live allocations (count) and live bytes.
+    assert series.sample_types == [("inuse_objects", "count"), ("inuse_space", "bytes")]
+    assert series.folded(1) == {"tpu:0;train_step;init_params": 5120}
+    assert series.folded(0) == {"tpu:0;train_step;init_params": 2}
 
     response = httpx.post(f"{url}/api/v1/memory-profiles", timeout=10)
     assert response.status_code == 202
@@ -191,7 +194,7 @@ def test_pyroscope_down_then_up_loses_nothing(tmp_path: Path) -> None:
             second.stop()
         received = list(receiver.received)
     # Exactly the three: the restarted sidecar remembered it had converted them already.
-    assert sorted(sum(s.folded().values()) for s in received) == sizes
+    assert sorted(sum(s.folded(1).values()) for s in received) == sizes
     assert not list((tmp_path / "spool").glob("*.spool"))
 
 
