@@ -35,10 +35,12 @@ def _options(command: click.Command) -> list[click.Option]:
 
 @pytest.mark.parametrize("path", [["capture"], ["snapshot", "take"], ["sessions"], ["targets"]])
 def test_every_capture_option_is_described(path: list[str]) -> None:
-    command: click.Command = main
+    command: click.Command | None = main
+    ctx = click.Context(main)
     for name in path:
         assert isinstance(command, click.Group)
-        command = command.commands[name]
+        command = command.get_command(ctx, name)  # capture commands register lazily
+    assert command is not None
     undescribed = [o.opts[-1] for o in _options(command) if not o.help]
     assert undescribed == [], f"mlprof {' '.join(path)}: no help for {undescribed}"
 
