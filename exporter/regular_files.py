@@ -12,6 +12,7 @@ b'{"run_id": ...}'
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -28,13 +29,23 @@ class NotRegularFileError(OSError):
     """The path is a FIFO, device, socket or directory: not something to read."""
 
 
-def open_regular(path: Path) -> BinaryIO:
+def open_regular(path: Path, *, follow_symlinks: bool = True) -> BinaryIO:
     """Open ``path`` for reading if it is a regular file; never blocks on a FIFO.
 
+    With ``follow_symlinks=False`` a symbolic link is refused too: a workload must not
+    point the sidecar at a file outside the shared directory.
     Raises FileNotFoundError when it is missing, NotRegularFileError when it is not a
     regular file, and OSError for anything else the system refuses.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise NotRegularFileError(f"{path}: not a regular file (a symbolic link)") from None
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

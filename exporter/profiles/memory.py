@@ -15,7 +15,6 @@ Pyroscope splits into ``memory:inuse_space:bytes:space:bytes`` and
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from exporter.errors import InputError
@@ -23,6 +22,7 @@ from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, label_python
 from exporter.profiles.pprof import InflateLimits, decode_pprof, graphs_from_pprof
 from exporter.proto import profile_pb2
+from exporter.regular_files import NotRegularFileError, open_regular
 
 __all__ = ["in_use_bytes", "load_memory_profile", "memory_flamegraph"]
 
@@ -105,32 +105,29 @@ def memory_flamegraph(
     return space
 
 
-def load_memory_profile(path: Path, limits: InflateLimits | None = None) -> FlameGraph:
+def load_memory_profile(
+    path: Path, limits: InflateLimits | None = None, *, follow_symlinks: bool = True
+) -> FlameGraph:
     """Read a memory pprof file and build its flame graph.
 
     Only a regular file is read (a FIFO or device in the shared directory would block
-    or never end), and none larger than ``limits.max_bytes``.
+    or never end), and none larger than ``limits.max_bytes``; the sidecar's watcher
+    refuses symbolic links too (``follow_symlinks=False``).
     """
     limits = limits or InflateLimits()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open_regular(path, follow_symlinks=follow_symlinks) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > limits.max_bytes:
+                raise InputError(
+                    f"{path}: refused, {size} bytes is over MLPROF_MAX_PROFILE_BYTES="
+                    f"{limits.max_bytes}"
+                )
+            data = handle.read(limits.max_bytes + 1)
+    except NotRegularFileError as exc:
+        raise InputError(f"{exc}, expected a memory pprof") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read memory profile ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError(f"{path}: not a regular file, expected a memory pprof")
-        if info.st_size > limits.max_bytes:
-            raise InputError(
-                f"{path}: refused, {info.st_size} bytes is over MLPROF_MAX_PROFILE_BYTES="
-                f"{limits.max_bytes}"
-            )
-        try:
-            data = handle.read(limits.max_bytes + 1)
-        except OSError as exc:
-            raise InputError(
-                f"{path}: cannot read memory profile ({exc.strerror or exc})"
-            ) from None
     if not data:
         raise InputError(f"{path}: empty file, expected a device-memory pprof")
     return memory_flamegraph(data, str(path), limits)

@@ -203,9 +203,11 @@ class MemoryProfileWatcher:
         labels = self.labels_for(meta, path)
         try:
             if path.name.endswith(schema.MEMORY_SNAPSHOT_SUFFIX):
+                if path.is_symlink():  # the pprof path refuses links when it opens
+                    raise InputError(f"{path}: not a regular file (a symbolic link)")
                 graph = load_torch_memory_profile(path)
             else:
-                graph = load_memory_profile(path, self.limits)
+                graph = load_memory_profile(path, self.limits, follow_symlinks=False)
             if meta.get("time"):
                 graph.time_nanos = int(float(meta["time"]) * 1e9)
         except InputError as exc:

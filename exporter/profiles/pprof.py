@@ -298,10 +298,17 @@ def graphs_from_pprof(
     parent_of: list[int] = [-1]
     key_of: list[int | str] = [0]
     values: dict[int, list[int]] = {}
-    for sample in profile.sample:
+    for number, sample in enumerate(profile.sample):
         counts = [sample.value[c] if c < len(sample.value) else 0 for c in columns]
         if not any(counts):
             continue
+        if min(counts) < 0:
+            # A flame graph of negative time or bytes is a diff (pprof -diff_base), not a
+            # profile: refuse it rather than show negative totals as if they were real.
+            raise ValueError(
+                f"sample {number} has a negative value ({min(counts)}): a diff profile? "
+                "expected a profile of non-negative samples"
+            )
         node = 0
         steps: list[int | str] = list(prefix(sample)) if prefix else []
         steps.extend(reversed(sample.location_id))

@@ -44,7 +44,6 @@ import io
 import os
 import pickle
 import re
-import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -60,6 +59,7 @@ from exporter.profiles.frames import (
     label_python,
 )
 from exporter.proto import profile_pb2
+from exporter.regular_files import NotRegularFileError, open_regular
 
 if TYPE_CHECKING:
     from exporter.profiles.flamegraph import FlameGraph
@@ -481,13 +481,12 @@ def _read_bounded(path: Path) -> bytes:
     """The file's bytes, up to one past the cap; only a regular file (a FIFO in the shared
     directory would block the reader)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise InputError(f"{path}: not a regular file, expected a memory snapshot")
+        with open_regular(path) as handle:
+            size = os.fstat(handle.fileno()).st_size
             # Sized from the file, not the cap: read(n) allocates n bytes up front.
-            return handle.read(min(info.st_size, MAX_SNAPSHOT_BYTES) + 1)
+            return handle.read(min(size, MAX_SNAPSHOT_BYTES) + 1)
+    except NotRegularFileError as exc:
+        raise InputError(f"{exc}, expected a memory snapshot") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read memory snapshot ({exc.strerror or exc})") from None
 

@@ -100,6 +100,20 @@ def test_truncated_memory_profile_is_one_line_exit_1(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr and str(bad) in done.stderr
 
 
+def test_negative_sample_values_are_refused_not_shown(tmp_path: Path) -> None:
+    """A diff profile (negative bytes) once gave negative totals with exit 0."""
+    graph = FlameGraph(sample_type="inuse_space", unit="bytes", profile_name="memory")
+    graph.add(["main", "alloc"], 100)
+    profile = decode_pprof(encode_pprof(graph))
+    profile.sample[0].value[0] = -100
+    source = tmp_path / "diff.pprof"
+    source.write_bytes(profile.SerializeToString())
+    done = mlprof("flamegraph", str(source), "--kind", "memory")
+    assert done.returncode == 1, done.stdout
+    assert "negative value (-100)" in done.stderr and str(source) in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 def test_torch_memory_snapshot(tmp_path: Path) -> None:
     """`mlprof flamegraph SNAPSHOT --kind memory`: live bytes per stack, the pprof keeps
     block counts, and a snapshot that would run code is one line, exit 1, not run."""

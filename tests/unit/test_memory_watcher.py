@@ -151,3 +151,19 @@ def test_unknown_trigger_from_the_workload_is_published_as_programmatic(tmp_path
 def test_request_in_a_dir_that_cannot_exist_names_it(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"shared dir /proc/mlprof-x: cannot write"):
         request_memory_profile(Path("/proc/mlprof-x"))
+
+
+def test_a_link_out_of_the_shared_dir_is_not_followed(tmp_path: Path) -> None:
+    """A workload must not make the sidecar read and push a file from elsewhere."""
+    outside = tmp_path / "elsewhere.pprof.gz"
+    outside.write_bytes(_pprof(4096))
+    shared = tmp_path / "shared"
+    link = _write(shared, "h-1-1-1", b"")
+    link.unlink()
+    link.symlink_to(outside)
+    published: list[FlameGraph] = []
+    (result,) = MemoryProfileWatcher(shared, lambda g, labels: published.append(g)).poll()
+    assert result.graph is None and "symbolic link" in result.error
+    assert published == []
+    # The CLI, given the same path by its user, follows the link.
+    assert load_memory_profile(link).root.total == 4096
