@@ -59,6 +59,11 @@ CAPTURE_SUFFIX: Final = ".xplane.pb"
 # Runs whose newest report's findings are exported; the oldest are dropped beyond this
 # (label cardinality stays bounded on a long-lived sidecar).
 MAX_RUNS_EXPORTED: Final = 200
+# A session left without a report (a sidecar restarted with reports queued) is analysed
+# when the store is next scanned, if it finished within this window. Older ones (a store
+# that predates reports, a long outage) would hold a core for hours at start-up: they
+# get their report when someone asks for it (GET /api/v1/sessions/{id}/report).
+BACKFILL_MAX_AGE_S: Final = 24 * 3600.0
 DASHBOARD_UID: Final = "mlprof-overview"
 
 
@@ -141,9 +146,24 @@ class ReportWorker:
             )
 
     # -- hook --------------------------------------------------------------------
-    def __call__(self, record: SessionRecord) -> Future[ReportEvent | None] | None:
-        """Queue a finished session once; the hook returns at once."""
+    def __call__(
+        self, record: SessionRecord, *, on_request: bool = False
+    ) -> Future[ReportEvent | None] | None:
+        """Queue a finished session once; the hook returns at once.
+
+        A session that has its verdict already is skipped; one that was processed long
+        ago (see BACKFILL_MAX_AGE_S) only ``on_request``.
+        """
         if not self.settings.enabled or record.status == "running" or not record.finished_ok:
+            return None
+        if record.report is not None:
+            return None
+        ended = record.finished or record.created
+        if (
+            not on_request
+            and record.processed is not None
+            and time.time() - ended.timestamp() > BACKFILL_MAX_AGE_S
+        ):
             return None
         with self._lock:
             if record.id in self._seen:

@@ -79,6 +79,9 @@ def get_report(request: Request, session_id: str) -> Response:
     if ERROR_FILE in files:
         error = json.loads(store.fs.cat_file(f"{store.session_dir(session_id)}/{ERROR_FILE}"))
         return JSONResponse({"detail": f"the analysis failed: {error.get('error')}"}, 500)
+    record = store.read_record(session_id)
+    if sidecar.settings.reports and record is not None and record.report is None:
+        sidecar.reports(record, on_request=True)  # queued once; a no-op if it is already
     state = "pending" if sidecar.settings.reports else "off (MLPROF_REPORTS=false)"
     return JSONResponse(
         {"session_id": session_id, "report": state}, 202 if sidecar.settings.reports else 404

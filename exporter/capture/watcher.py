@@ -147,7 +147,9 @@ class SessionWatcher:
             ):
                 continue  # its kept files are imported first (see _import_programmatic)
             self._settled.add(session_id)
-            if record.processed is None and record.status != "failed":
+            # Unprocessed, or processed but without a report (a restart lost the queued
+            # report): the hooks skip what they have done already.
+            if record.status != "failed" and (record.processed is None or record.report is None):
                 for hook in self.on_complete:
                     hook(record)
                 count += 1

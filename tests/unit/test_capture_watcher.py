@@ -60,7 +60,7 @@ def test_a_programmatic_record_cannot_name_another_session_or_outside_files(
     tmp_path: Path,
 ) -> None:
     store = SessionStore(tmp_path / "store")
-    victim = _finished("s-victim")
+    victim = _finished("s-victim").model_copy(update={"report": {"status": "OPTIMAL"}})
     store.write_record(victim)
     directory = _programmatic(tmp_path / "logdir", "warmup-1", "done")
     forged = SessionRecord.model_validate_json((directory / "session.json").read_bytes())
@@ -130,3 +130,28 @@ def test_session_hooks_run_once_per_session_and_survive_a_failing_hook() -> None
     for session_id in ["a", "a", "b", "a"]:
         hooks(SessionRecord(id=session_id, status="done"))
     assert calls == ["a", "b"]
+
+
+def test_a_session_a_restart_left_without_its_report_is_handed_over_again(
+    tmp_path: Path,
+) -> None:
+    """Flame graphs were made, the queued report was lost with the old sidecar."""
+    from datetime import timedelta
+
+    from exporter.analysis.worker import ReportWorker
+
+    store = SessionStore(tmp_path / "store")
+    store.write_record(_finished("s-unreported"))
+    store.write_record(_finished("s-reported").model_copy(update={"report": {"status": "OPTIMAL"}}))
+    old = _finished("s-old").model_copy(update={"created": utcnow() - timedelta(days=3)})
+    store.write_record(old)
+    worker = ReportWorker(store)
+    queued: list[str] = []
+    watcher = SessionWatcher(store, tmp_path / "logdir")
+    watcher.on_complete.append(lambda r: worker(r) and queued.append(r.id))
+    try:
+        watcher.poll()
+        assert queued == ["s-unreported"]  # reported: done; three days old: on request only
+        assert worker(old, on_request=True) is not None
+    finally:
+        worker.close()
