@@ -174,7 +174,8 @@ class InputWaitRule(Rule):
 
     def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
         b, step_ms, detail = _wait_parts(facts)
-        share = self.share(facts)
+        # The evidence holds the number the title quotes: both rounded once, here.
+        share = round(self.share(facts), 1)
         where = (
             "the annotated data phase"
             if b["data_phase_pct"] >= b["between_steps_pct"]
@@ -186,7 +187,7 @@ class InputWaitRule(Rule):
             f"Steps wait for input: {share:.1f}% of step time loads data while no XLA "
             "computation runs",
             f"{detail} The input wait is mostly {where}.",
-            _wait_evidence(facts, b, step_ms) | {"input_pct": round(share, 2)},
+            _wait_evidence(facts, b, step_ms) | {"input_pct": share},
             _speedup(share, step_ms),
             "Overlap input with compute: prefetch the next batches to the device (a "
             "background thread, flax.jax_utils.prefetch_to_device), use more input workers "

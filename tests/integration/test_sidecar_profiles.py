@@ -143,9 +143,16 @@ def test_torch_memory_snapshots_are_pushed_like_profiles(
         "trigger": "programmatic",
         "profile_source": "device_memory",
     }
-    assert series.folded() == {
+    table = series.profile.string_table
+    types = [table[t.type] for t in series.profile.sample_type]
+    assert types == ["inuse_objects", "inuse_space"]
+    assert series.folded(1) == {
         "cuda:1;<module>;train;train_step;step": 4096,
         "cuda:1;<module>;train;train_step;forward": 1024,
+    }
+    assert series.folded(0) == {  # live blocks per stack
+        "cuda:1;<module>;train;train_step;step": 1,
+        "cuda:1;<module>;train;train_step;forward": 1,
     }
 
 
