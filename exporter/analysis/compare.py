@@ -123,6 +123,11 @@ class Comparison:
     tests: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict)
 
     @property
+    def min_delta_pts(self) -> float:
+        """How many points of share a change needs to be large, for these two sides."""
+        return noise.MIN_DELTA_PTS[_noise_view(self.base, self.head)]
+
+    @property
     def top_regression(self) -> Entry | None:
         """The most important regression that is large and significant, if any."""
         return next((e for e in self.regressions if e.regression), None)
@@ -152,7 +157,7 @@ class Comparison:
                 "method": "mann-whitney-u across steps, benjamini-hochberg across frames",
                 "fdr_alpha": noise.FDR_ALPHA,
                 "min_steps": noise.MIN_STEPS,
-                "min_delta_pts": noise.MIN_DELTA_PTS[self.kind],
+                "min_delta_pts": self.min_delta_pts,
                 "min_relative_change_pct": 100 * noise.MIN_RELATIVE_CHANGE,
                 "verdict": self.verdict_possible,
             }
@@ -184,6 +189,12 @@ def _shares(values: np.ndarray) -> np.ndarray:
     return 100 * values / root if root > 0 else np.zeros_like(values)
 
 
+def _noise_view(base: Side, head: Side) -> str:
+    """The noisier of the two sides' views decides how large a change must be."""
+    views = {base.view, head.view}
+    return max(views, key=lambda view: noise.MIN_DELTA_PTS[view])
+
+
 def compare_sides(base: Side, head: Side) -> Comparison:
     """Compare ``head`` against ``base`` (see the module docstring)."""
     if base.kind != head.kind:
@@ -213,7 +224,7 @@ def compare_sides(base: Side, head: Side) -> Comparison:
             f"{min(len(base.steps), len(head.steps))} steps on one side: fewer than "
             f"{noise.MIN_STEPS}, so no change is called significant"
         )
-    min_pts = noise.MIN_DELTA_PTS[base.kind]
+    min_pts = noise.MIN_DELTA_PTS[_noise_view(base, head)]
     bs, bt, hs, ht = tree.means()
     shares = {
         "bs": _shares_of(bs, bt),

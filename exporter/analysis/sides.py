@@ -88,6 +88,12 @@ class Side:
     step_source: str = "none"  # device_steps | host_step_annotations | none
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Which noise model fits the values (see analysis.noise.MIN_DELTA_PTS): the kind,
+    # or "xla_host" for the device view of a CPU capture (XLA thunks on host threads).
+    view: str = ""
+
+    def __post_init__(self) -> None:
+        self.view = self.view or self.kind
 
     def describe(self) -> dict[str, object]:
         """The side as the comparison JSON shows it (``base``/``head``)."""
@@ -160,8 +166,9 @@ def sample_cycles(cycles: list[StepWindow], limit: int = MAX_STEP_SAMPLES) -> li
 
 def capture_side(
     capture: Capture, kind: Kind | None = None, cache: dict[str, Any] | None = None
-) -> tuple[Literal["device", "host"], FlameGraph, list[FlameGraph], list[int], str]:
-    """One capture's kind, whole graph, per-cycle graphs, cycle lengths and step source.
+) -> tuple[Literal["device", "host"], FlameGraph, list[FlameGraph], list[int], str, str]:
+    """One capture's kind, whole graph, per-cycle graphs, cycle lengths, step source and
+    noise view (``xla_host`` for the device view of a CPU capture, else the kind).
 
     ``device`` on a capture without device planes (JAX on CPU) is the XLA computations
     that ran on its host threads (:mod:`exporter.analysis.xla_host`); it is also the
@@ -195,12 +202,12 @@ def capture_side(
             [whole] = xla_host.graphs(events, None, start)
             whole.duration_nanos = duration
             steps = xla_host.graphs(events, spans, start) if spans else []
-            return "device", whole, steps, lengths, source if spans else "none"
+            return "device", whole, steps, lengths, source if spans else "none", "xla_host"
         if kind == "device":
             flamegraph_from_capture(capture, "device")  # raises the reader's own error
     chosen: Literal["device", "host"] = kind or ("device" if capture.device_planes else "host")
     if not cycles:
-        return chosen, flamegraph_from_capture(capture, chosen), [], [], "none"
+        return chosen, flamegraph_from_capture(capture, chosen), [], [], "none", chosen
     if len(cycles) == len(step_cycles(windows)):
         # One pass over the capture: the cycles plus what lies before the first and after
         # the last; their sum is the whole graph.
@@ -215,10 +222,10 @@ def capture_side(
         for graph in graphs[1:]:
             whole.merge(graph)
         whole.time_nanos, whole.duration_nanos = capture.time_range()
-        return chosen, whole, graphs[1:-1], lengths, source
+        return chosen, whole, graphs[1:-1], lengths, source, chosen
     whole = flamegraph_from_capture(capture, chosen)
     graphs = windowed_flamegraphs(capture, chosen, cycles)
-    return chosen, whole, list(graphs), lengths, source
+    return chosen, whole, list(graphs), lengths, source, chosen
 
 
 def _read_capture(path: Path, kind: Kind | None, side: Side | None) -> Side:
@@ -235,10 +242,13 @@ def _read_capture_kinds(
     cache: dict[str, Any] = {}
     with load_capture(path) as capture:
         for kind, side in zip(kinds, sides, strict=True):
-            chosen, whole, steps, step_ns, source = capture_side(
+            chosen, whole, steps, step_ns, source, view = capture_side(
                 capture, side.kind if side is not None else kind, cache
             )
-            out.append(_merge_capture(path, side, chosen, whole, steps, step_ns, source))
+            merged = _merge_capture(path, side, chosen, whole, steps, step_ns, source)
+            if side is None or view != side.kind:
+                merged.view = view  # one CPU capture makes the whole side as noisy
+            out.append(merged)
     return out
 
 
