@@ -162,13 +162,18 @@ def prometheus_has_data(stack: Stack, query: Query, expr: str, templating: Templ
 _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 
 
-def profile_type(series: ReceivedSeries) -> str:
+def profile_types(series: ReceivedSeries) -> set[str]:
+    """The profile type ids Pyroscope stores a push under: one per sample type (its
+    ``CreateProfileLabels`` splits a pprof of several types, e.g. memory's
+    ``inuse_objects`` and ``inuse_space``)."""
     table = series.profile.string_table
-    [(sample, unit)] = series.sample_types[:1]
     period = series.profile.period_type
-    return ":".join(
-        [series.labels["__name__"], sample, unit, table[period.type], table[period.unit]]
-    )
+    return {
+        ":".join(
+            [series.labels["__name__"], sample, unit, table[period.type], table[period.unit]]
+        )  # fmt: skip
+        for sample, unit in series.sample_types
+    }
 
 
 def selector_matches(selector: str, labels: dict[str, str]) -> bool:
@@ -192,7 +197,7 @@ def pyroscope_has_data(stack: Stack, query: Query, templating: Templating) -> bo
     type_id = query.target["profileTypeId"]
     selector = templating.promql(query.target["labelSelector"])
     return any(
-        profile_type(s) == type_id and selector_matches(selector, s.labels)
+        type_id in profile_types(s) and selector_matches(selector, s.labels)
         for s in list(stack.receiver.received)
     )
 
