@@ -169,9 +169,7 @@ def profile_types(series: ReceivedSeries) -> set[str]:
     table = series.profile.string_table
     period = series.profile.period_type
     return {
-        ":".join(
-            [series.labels["__name__"], sample, unit, table[period.type], table[period.unit]]
-        )  # fmt: skip
+        ":".join([series.labels["__name__"], sample, unit, table[period.type], table[period.unit]])
         for sample, unit in series.sample_types
     }
 
