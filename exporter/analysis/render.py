@@ -11,12 +11,12 @@ the differential one) embedded as ``srcdoc`` frames: one file, no external resou
 from __future__ import annotations
 
 import html
-import json
 from importlib import resources
 from typing import Any, Final
 
 from exporter.analysis.compare import Comparison, Entry
 from exporter.analysis.report import Report
+from exporter.profiles.html import flame_graph_page, render_html, script_json
 
 __all__ = [
     "EMBED_MAX_FRAMES",
@@ -31,11 +31,6 @@ __all__ = [
 EMBED_MAX_FRAMES: Final = 2000
 # In share mode the page greys frames within the noise floor; per step, within this.
 PER_STEP_COLOUR_FLOOR_PTS: Final = 0.5
-
-
-def _payload(data: object) -> str:
-    # Inside <script>, "</" could close the element early; JSON allows "<\/".
-    return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
 
 
 def _fmt_value(value: float, unit: str) -> str:
@@ -204,7 +199,7 @@ def comparison_html(comparison: Comparison, title: str | None = None) -> str:
         else "not tested (too small on both sides to be a regression)",
         "root": _diff_tree(comparison, EMBED_MAX_FRAMES),
     }
-    return template.replace("__TITLE__", html.escape(title)).replace("__DATA__", _payload(payload))
+    return flame_graph_page(template, title, payload)
 
 
 def _esc(value: object) -> str:
@@ -317,8 +312,6 @@ def _baseline(report: Report) -> str:
 
 
 def _graphs(report: Report) -> str:
-    from exporter.profiles.html import render_html
-
     out = []
     for kind, graph in report.facts.graphs.items():
         shown = graph.truncated(EMBED_MAX_FRAMES)
@@ -370,7 +363,7 @@ def report_html(report: Report, title: str | None = None) -> str:
     ):
         page = page.replace(key, parts[key])
     return page.replace(
-        "__DATA__", _payload({"status": data["status"], "findings": data["finding_counts"]})
+        "__DATA__", script_json({"status": data["status"], "findings": data["finding_counts"]})
     )
 
 
