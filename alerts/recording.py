@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from alerts.render import load_thresholds
+from alerts.render import load_thresholds, write_or_check
 
 __all__ = [
     "DUTY_CYCLE",
@@ -169,14 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.prometheus_rule
         else render_recording_rules()
     )
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.is_file() else ""
-        if current != text:
-            print(f"{args.output} is stale: run `python -m alerts.recording`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text, encoding="utf-8")
-    return 0
+    return write_or_check(args.output, text, args.check, "python -m alerts.recording")
 
 
 if __name__ == "__main__":

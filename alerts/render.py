@@ -45,6 +45,7 @@ __all__ = [
     "render_alertmanager_config",
     "render_prometheus_rule",
     "render_rules",
+    "write_or_check",
 ]
 
 ALERTS_DIR = Path(__file__).resolve().parent
@@ -655,6 +656,18 @@ def render_alertmanager_config(
 # -- command line --------------------------------------------------------------------
 
 
+def write_or_check(output: Path, text: str, check: bool, command: str) -> int:
+    """Write ``text`` to ``output``, or with ``check`` exit 1 when ``output`` differs."""
+    if check:
+        current = output.read_text(encoding="utf-8") if output.is_file() else ""
+        if current != text:
+            print(f"{output} is stale: run `{command}`", file=sys.stderr)
+            return 1
+        return 0
+    output.write_text(text, encoding="utf-8")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Render (or check) the rules file; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m alerts.render", description=__doc__)
@@ -678,14 +691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuleConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.is_file() else ""
-        if current != text:
-            print(f"{args.output} is stale: run `python -m alerts.render`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text, encoding="utf-8")
-    return 0
+    return write_or_check(args.output, text, args.check, "python -m alerts.render")
 
 
 if __name__ == "__main__":
