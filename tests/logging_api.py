@@ -19,9 +19,10 @@ import json
 import re
 import threading
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.http_standin import HttpStandIn
 
 __all__ = ["LoggingApiStandIn"]
 
@@ -58,7 +59,7 @@ def _check_entry(entry: dict[str, Any], defaults: dict[str, Any]) -> dict[str, A
     return merged
 
 
-class LoggingApiStandIn:
+class LoggingApiStandIn(HttpStandIn):
     """``entries`` lists every entry accepted (request defaults merged in)."""
 
     def __init__(self) -> None:
@@ -68,39 +69,11 @@ class LoggingApiStandIn:
         self._cond = threading.Condition()
         self._open = threading.Event()
         self._open.set()
-        standin = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                return
-
-            def do_POST(self) -> None:
-                standin._handle(self)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> LoggingApiStandIn:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
         self.release()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+        super().stop()
 
     def hold(self) -> None:
         """Keep every request waiting (until ``release``), as a hung endpoint does."""

@@ -23,13 +23,13 @@ import re
 import threading
 import zlib
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from exporter.proto import profile_pb2, pyroscope_push_pb2
+from tests.http_standin import HttpStandIn
 
 __all__ = ["PUSH_PATH", "QUERY_PATH", "PyroscopeReceiver", "ReceivedSeries", "RejectedPush"]
 
@@ -200,7 +200,7 @@ def _validate_profile(profile: profile_pb2.Profile) -> int:
     return truncated
 
 
-class PyroscopeReceiver:
+class PyroscopeReceiver(HttpStandIn):
     """A push endpoint on 127.0.0.1 in a thread; ``received`` lists accepted series.
 
     ``fail_next(n, status)`` answers the next ``n`` pushes with ``status`` (e.g. 503).
@@ -215,48 +215,7 @@ class PyroscopeReceiver:
         self._fail: list[int] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:  # keep test output clean
-                return
-
-            def do_POST(self) -> None:
-                receiver._handle(self)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> PyroscopeReceiver:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> PyroscopeReceiver:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        super().__init__(port)
 
     def fail_next(self, count: int, status: int = 503) -> None:
         with self._lock:
