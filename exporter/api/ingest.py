@@ -19,6 +19,7 @@ Push errors are Connect's JSON (``{"code", "message"}``), which the agents log.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, HTTPException, Request
@@ -58,7 +59,12 @@ class _RefusedError(Exception):
         self.message = message
 
 
-def _forward(sidecar: Sidecar, request: pyroscope_push_pb2.PushRequest) -> PushResult:
+def _forward(sidecar: Sidecar, parse: Callable[[], pyroscope_push_pb2.PushRequest]) -> PushResult:
+    """Parse an upload and forward it through the sink; a refusal raises ``_RefusedError``."""
+    try:
+        request = parse()
+    except IngestError as exc:
+        raise _RefusedError(exc.status, exc.message) from None
     sink = sidecar.pyroscope
     if sink is None:
         raise _RefusedError(503, "the sidecar pushes no profiles: MLPROF_PYROSCOPE_URL is unset")
@@ -104,16 +110,8 @@ async def push(request: Request) -> Response:
         return _connect_error(exc.status_code, str(exc.detail))
     ctype = request.headers.get("content-type", "")
     encoding = request.headers.get("content-encoding", "")
-
-    def work() -> PushResult:
-        try:
-            parsed = push_from_connect(body, ctype, encoding)
-        except IngestError as exc:
-            raise _RefusedError(exc.status, exc.message) from None
-        return _forward(sidecar, parsed)
-
     try:
-        await run_in_threadpool(work)
+        await run_in_threadpool(_forward, sidecar, lambda: push_from_connect(body, ctype, encoding))
     except _RefusedError as exc:
         return _connect_error(exc.status, exc.message)
     return Response(
@@ -139,16 +137,12 @@ async def ingest(request: Request) -> JSONResponse:
     query = dict(request.query_params)
     ctype = request.headers.get("content-type", "")
     encoding = request.headers.get("content-encoding", "")
-
-    def work() -> PushResult:
-        try:
-            parsed = push_from_ingest(query, body, ctype, encoding, now_s=int(time.time()))
-        except IngestError as exc:
-            raise _RefusedError(exc.status, exc.message) from None
-        return _forward(sidecar, parsed)
-
     try:
-        result = await run_in_threadpool(work)
+        result = await run_in_threadpool(
+            _forward,
+            sidecar,
+            lambda: push_from_ingest(query, body, ctype, encoding, now_s=int(time.time())),
+        )
     except _RefusedError as exc:
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
     return JSONResponse({"status": result.status})
