@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from exporter import __version__, schema
+from exporter.cli_output import write_output
 from exporter.errors import ConfigError, MlprofError
 
 if TYPE_CHECKING:  # settings (pydantic) load when a command needs them, not at start-up
@@ -362,20 +363,9 @@ def flamegraph(
         graph = graph.truncated(max_nodes)
     title = f"{input_path.name} ({graph.sample_type}, {graph.unit})"
     data = render(graph, fmt, title)
-    if output is None:
-        if fmt == "pprof" and sys.stdout.isatty():
-            raise ConfigError("--format pprof is binary: give -o FILE or redirect stdout")
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        return
-    try:
-        output.write_bytes(data)
-    except OSError as exc:
-        raise MlprofError(f"-o {output}: cannot write ({exc.strerror})") from None
-    click.echo(
-        f"wrote {output} ({graph.node_count} frames, total {graph.root.total} {graph.unit})",
-        err=True,
-    )
+    if output is None and fmt == "pprof" and sys.stdout.isatty():
+        raise ConfigError("--format pprof is binary: give -o FILE or redirect stdout")
+    write_output(data, output, f"{graph.node_count} frames, total {graph.root.total} {graph.unit}")
 
 
 @main.command("memory-profile")

@@ -8,12 +8,12 @@ and Pyroscope selections (``MLPROF_PYROSCOPE_URL``); no sidecar is needed. Exit 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from exporter.cli_output import write_output
 from exporter.config import Settings, load_settings
 from exporter.errors import ConfigError, InputError, MlprofError
 
@@ -54,18 +54,6 @@ def _context(
         time_until=time_until,
         profile_type=profile_type,
     )
-
-
-def _emit(data: bytes, output: Path | None, what: str) -> None:
-    if output is None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        return
-    try:
-        output.write_bytes(data)
-    except OSError as exc:
-        raise MlprofError(f"-o {output}: cannot write ({exc.strerror})") from None
-    click.echo(f"wrote {output} ({what})", err=True)
 
 
 format_option = click.option(
@@ -144,7 +132,9 @@ def compare(
     else:
         data = comparison_text(comparison, top).encode()
     regressions = sum(e.regression for e in comparison.regressions)
-    _emit(data, output, f"{comparison.kind}, {comparison.normalisation}, {regressions} regressions")
+    write_output(
+        data, output, f"{comparison.kind}, {comparison.normalisation}, {regressions} regressions"
+    )
     if fail_pct is not None:
         failing = comparison.failing(fail_pct)
         if failing:
@@ -185,7 +175,9 @@ def analyze(
     else:
         data = report_text(report).encode()
     counts = report.counts()
-    _emit(data, output, f"{report.status}, {counts['P0']} P0, {counts['P1']} P1, {counts['P2']} P2")
+    write_output(
+        data, output, f"{report.status}, {counts['P0']} P0, {counts['P1']} P1, {counts['P2']} P2"
+    )
 
 
 @click.group()
