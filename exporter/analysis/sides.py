@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from exporter.errors import ConfigError, InputError
+from exporter.profiles.convert import CAPTURE_SUFFIX, KINDS, Kind, is_pprof
 from exporter.profiles.flamegraph import FlameGraph
 
 if TYPE_CHECKING:
@@ -47,9 +48,6 @@ __all__ = [
     "step_cycles",
 ]
 
-Kind = Literal["device", "host", "memory"]
-KINDS: tuple[Kind, ...] = ("device", "host", "memory")
-CAPTURE_SUFFIX = ".xplane.pb"
 RUN_PREFIX = "run:"
 PYROSCOPE_PREFIX = "pyroscope:"
 # Steps kept as samples per capture. A rank test across 200 steps a side already
@@ -287,7 +285,7 @@ def load_sides(
         sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
         if plain and path.is_dir()
         else [path]
-        if plain and not _is_pprof(path)
+        if plain and not is_pprof(path)
         else []
     )
     if not captures or "memory" in kinds:
@@ -338,18 +336,6 @@ def _read_pprof(path: Path, kind: Kind | None) -> Side:
             f"(use --kind {found})"
         )
     return Side(str(path), source, found, graph, files=[str(path)])
-
-
-def _is_pprof(path: Path) -> bool:
-    if path.name.endswith(CAPTURE_SUFFIX):
-        return False
-    if path.name.endswith((".pprof.gz", ".pprof", ".pb.gz")):
-        return True
-    try:
-        with path.open("rb") as handle:
-            return handle.read(2) == b"\x1f\x8b"
-    except OSError:
-        return False
 
 
 def _read_directory(directory: Path, kind: Kind | None, spec: str, source: str) -> Side:
@@ -478,7 +464,7 @@ def load_side(spec: str, kind: Kind | None = None, context: SideContext | None =
                 "session" if (path / "session.json").exists() or path != Path(spec) else "directory"
             )
             return _read_directory(path, kind, spec, source)
-        if _is_pprof(path):
+        if is_pprof(path):
             return _read_pprof(path, kind)
         return _read_capture(path, kind, None)
     except (ValueError, IndexError, KeyError, UnicodeDecodeError) as exc:

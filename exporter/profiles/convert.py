@@ -28,6 +28,7 @@ __all__ = [
     "KINDS",
     "flamegraph_from_capture",
     "flamegraph_from_path",
+    "is_pprof",
     "render",
     "resolve_input",
 ]
@@ -36,7 +37,8 @@ Kind = Literal["device", "host", "memory"]
 KINDS: tuple[Kind, ...] = ("device", "host", "memory")
 FORMATS = ("folded", "pprof", "html")
 CAPTURE_SUFFIX = ".xplane.pb"
-MEMORY_SUFFIXES = (".pprof.gz", ".pprof", ".pb.gz", *SNAPSHOT_SUFFIXES)
+PPROF_SUFFIXES = (".pprof.gz", ".pprof", ".pb.gz")
+MEMORY_SUFFIXES = (*PPROF_SUFFIXES, *SNAPSHOT_SUFFIXES)
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -100,18 +102,23 @@ def resolve_input(text: str, store: str | None = None) -> Path:
     return path
 
 
-def _is_memory_file(path: Path) -> bool:
+def is_pprof(path: Path) -> bool:
+    """Whether ``path`` is a pprof: by its suffix, else by gzip's magic bytes."""
     if path.name.endswith(CAPTURE_SUFFIX):
         return False
-    if path.name.endswith(MEMORY_SUFFIXES):
+    if path.name.endswith(PPROF_SUFFIXES):
         return True
     try:
         with path.open("rb") as handle:
-            if handle.read(2) == GZIP_MAGIC:
-                return True
+            return handle.read(2) == GZIP_MAGIC
     except OSError:
         return False
-    return is_torch_snapshot(path)
+
+
+def _is_memory_file(path: Path) -> bool:
+    if path.name.endswith(CAPTURE_SUFFIX):
+        return False
+    return is_pprof(path) or is_torch_snapshot(path)
 
 
 def _session_files(directory: Path, kind: Kind | None) -> list[Path]:
