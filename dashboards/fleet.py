@@ -60,7 +60,12 @@ HUNG = (
     "and on (workload, run_id, host) "
     f"sum by (workload, run_id, host) (increase(train_steps_total{{{RUN}}}[{STALL_WINDOW}])) == 0"
 )
-SILENT = f"max by (workload, run_id, host) (mlprof_workload_up{{{RUN}}}) == 0"
+# Down and not ended: a run whose end line was read finished; it did not die.
+SILENT = (
+    f"max by (workload, run_id, host) (mlprof_workload_up{{{RUN}}}) == 0 "
+    "unless on (workload, run_id, host) "
+    f"max by (workload, run_id, host) (mlprof_run_ended{{{RUN}}}) == 1"
+)
 
 
 def at_a_glance() -> RowSpec:
@@ -215,8 +220,8 @@ def attention() -> RowSpec:
                 "Stalled runs",
                 f"Hung: the heartbeat is fresh but no step completed in {STALL_WINDOW} (a "
                 "collective, a data loader or a checkpoint hangs). Silent: no heartbeat for "
-                "10 s (the process died) — or the run ended, which the metrics cannot tell "
-                "apart yet.",
+                "10 s and no end line (the process died; a run that finished is not "
+                "listed).",
             ),
             [("Hung", HUNG), ("Silent", SILENT)],
         )

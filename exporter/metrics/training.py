@@ -196,6 +196,15 @@ class TrainingMetrics:
             unit="1",
             description="1 while the workload's step log shows a live, unfinished run.",
         )
+        # up == 0 alone cannot tell a run that finished from one whose process died; the
+        # end line (Run.close) can, so dashboards and rules ask "down and not ended".
+        meter.create_observable_gauge(
+            "mlprof.run.ended",
+            [self._observe_ended],
+            unit="1",
+            description="1 once the run's step log has its end line (the run finished), "
+            "else 0: a run that is down and not ended died.",
+        )
 
     # -- StepLogConsumer ---------------------------------------------------------
     def handle(self, record: dict[str, Any], source: str) -> None:
@@ -445,6 +454,9 @@ class TrainingMetrics:
         return self._observe(
             lambda s: 0 if s.ended or now - s.last_heartbeat > HEARTBEAT_TIMEOUT_S else 1
         )
+
+    def _observe_ended(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self._observe(lambda s: 1 if s.ended else 0)
 
     def _observe_wait_share(self, options: CallbackOptions) -> Iterable[Observation]:
         return self._observe(self._wait_share)

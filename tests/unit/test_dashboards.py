@@ -54,6 +54,7 @@ EMITTED = GOLDEN_NAMES | {
     "train_loss",
     "train_mfu",
     "mlprof_workload_up",
+    "mlprof_run_ended",
     "mlprof_captures_total",
     "mlprof_profile_pushes_total",
     "mlprof_spool_size_bytes",

@@ -184,6 +184,27 @@ def test_series_expire_after_the_ttl_and_end_marks_down(shared: Path) -> None:
     assert car.value("train_steps_total") is None
 
 
+def test_a_finished_run_is_told_from_a_dead_one(shared: Path) -> None:
+    # Both are down (no fresh heartbeat); only the finished one wrote its end line.
+    with sdk.run("w", shared_dir=shared, run_id="done", host="h") as run, run.step(tokens=1):
+        pass
+    (shared / "steps" / "h-dead.jsonl").write_text(step_line(1) + step_line(2))
+    car = Sidecar(shared)
+    car.now = max(p.stat().st_mtime for p in (shared / "steps").iterdir()) + 1
+    car.tailer.poll()
+    assert car.value("mlprof_workload_up") == 1  # r1 looks alive while its file is fresh
+    car.now += 60
+    done = {"run_id": "done", "workload": "w", "host": "h"}
+    assert car.value("mlprof_workload_up", done) == 0
+    assert car.value("mlprof_run_ended", done) == 1
+    assert car.value("mlprof_workload_up") == 0  # r1: heartbeat lost
+    assert car.value("mlprof_run_ended") == 0  # ... and no end line: the process died
+    restarted = Sidecar(shared, clock=car.now)  # the end is remembered across a restart
+    restarted.tailer.poll()
+    assert restarted.value("mlprof_run_ended", done) == 1
+    assert restarted.value("mlprof_run_ended") == 0
+
+
 def test_sdk_log_is_read_back_exactly(shared: Path) -> None:
     with sdk.run("w", shared_dir=shared, run_id="r1", host="h", configs={"lr": 0.1}) as run:
         for _ in range(50):
