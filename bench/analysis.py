@@ -4,7 +4,8 @@ On a synthetic TPU-shaped capture (2 million op events by default) and on a real
 capture, each in a fresh child process (wall time, peak RSS):
 
 * ``convert``: the project's own flame-graph conversion of the file (device + host),
-  the reference the analysis is held to (aim: analysis within 2x of it);
+  the reference the analysis is held to (aim: analysis within 2x of it); this and
+  ``analyze`` are the median of three runs;
 * ``analyze``: ``mlprof analyze`` without XProf (facts, step breakdown, rules, graphs);
 * ``compare``: two captures of the same shape, per step (every step a sample);
 * ``xprof``: XProf's converters that a report runs (overview_page,
@@ -81,9 +82,16 @@ def child(kind: str, *paths: Path) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def measure(label: str, a: Path, b: Path, xprof: bool) -> bool:
-    convert = child("convert", a)
-    analyze = child("analyze", a)
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+
+
+def measure(label: str, a: Path, b: Path, xprof: bool, repeat: int = 3) -> bool:
+    # convert and analyze alternate, so a slow spell of a shared machine hits both alike;
+    # each figure is the run of median wall time
+    pairs = [(child("convert", a), child("analyze", a)) for _ in range(repeat)]
+    convert = _median([c for c, _ in pairs])
+    analyze = _median([r for _, r in pairs])
     compare = child("compare", a, b)
     ratio = analyze["seconds"] / convert["seconds"]
     print(f"{label}:")

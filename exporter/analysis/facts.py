@@ -23,13 +23,15 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
 from exporter.profiles.flamegraph import FlameGraph
+
+if TYPE_CHECKING:
+    from exporter.profiles.xplane import PlaneRef
 
 __all__ = [
     "COMPILE_EVENT_RE",
@@ -66,8 +68,6 @@ _NON_OP_LINES = frozenset(
         "Sparse Core Ops",
     }
 )
-_GET = attrgetter("metadata_id", "offset_ps", "duration_ps")
-_ROW = np.dtype([("id", "<i8"), ("off", "<i8"), ("dur", "<i8")])
 
 
 @dataclass
@@ -171,41 +171,39 @@ def _subtract(
     return np.asarray(out_s, np.int64), np.asarray(out_e, np.int64)
 
 
-def _device_busy(capture: Any, cycles: Sequence[tuple[int, int]]) -> tuple[np.ndarray, int]:
-    """Per cycle, XLA-busy ns averaged over device planes; and the device count."""
-    from exporter.proto import xplane_pb2
+class _DeviceBusy:
+    """Each device plane's XLA-busy intervals (ns), taken from the lines the device
+    conversion reads (``Capture.on_op_line``): the op events are read once, not twice.
 
-    per_device = []
-    for ref in capture.device_planes:
-        plane = capture.plane(ref)
-        starts_all, ends_all = [], []
-        headers = []
-        for index, raw in enumerate(plane.lines):
-            header = xplane_pb2.XLineHeader()
-            header.ParseFromString(raw)
-            headers.append((index, header.name, capture.line_start_ns(header.timestamp_ns)))
-        names = {name for _, name, _ in headers}
-        wanted = [
-            h
-            for h in headers
-            if (h[1] == "XLA Ops" if "XLA Ops" in names else h[1] not in _NON_OP_LINES)
+    A line's intervals are merged as it arrives (nested ops vanish into their parents),
+    so what is kept is small.
+    """
+
+    def __init__(self) -> None:
+        self.planes: dict[PlaneRef, list[tuple[np.ndarray, np.ndarray]]] = {}
+
+    def __call__(
+        self, ref: PlaneRef, base_ns: int, starts_ps: np.ndarray, ends_ps: np.ndarray
+    ) -> None:
+        start = base_ns + starts_ps // _PS_PER_NS
+        self.planes.setdefault(ref, []).append(
+            _union(start, start + (ends_ps - starts_ps) // _PS_PER_NS)
+        )
+
+    def per_cycle(self, cycles: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Per cycle, XLA-busy ns averaged over the device planes."""
+        per_device = [
+            _covered(
+                *_union(
+                    np.concatenate([s for s, _ in lines]), np.concatenate([e for _, e in lines])
+                ),
+                cycles,
+            )
+            for lines in self.planes.values()
         ]
-        for index, _, stamp in wanted:
-            line = xplane_pb2.XLine()
-            line.ParseFromString(plane.lines[index])
-            rows = np.fromiter(map(_GET, line.events), _ROW, len(line.events))
-            capture.events_read += len(line.events)
-            del line
-            start = stamp + rows["off"] // _PS_PER_NS
-            starts_all.append(start)
-            ends_all.append(start + rows["dur"] // _PS_PER_NS)
-        if not starts_all:
-            continue
-        merged = _union(np.concatenate(starts_all), np.concatenate(ends_all))
-        per_device.append(_covered(*merged, cycles))
-    if not per_device:
-        return np.zeros(len(cycles), np.int64), 0
-    return np.mean(per_device, axis=0), len(per_device)
+        if not per_device:
+            return np.zeros(len(cycles), np.int64)
+        return np.mean(per_device, axis=0)  # type: ignore[no-any-return]
 
 
 def _host_events(capture: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -258,18 +256,26 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
         windows, source = step_windows(capture)
         cycles = [(w.start_ns, w.end_ns) for w in step_cycles(windows)]
         annotations = sorted((w.start_ns, w.end_ns) for w in windows if w.end_ns > w.start_ns)
+        start, duration = capture.time_range()
+        device: FlameGraph | None = None
         if capture.device_planes:
             facts.backend = next(
                 (p.name.split(":")[1].lower() for p in capture.device_planes), "unknown"
             )
-            busy, _ = _device_busy(capture, cycles)
+            capture.on_op_line = device_busy = _DeviceBusy()
+            try:
+                device = device_flamegraph(capture)
+            finally:
+                capture.on_op_line = None
+            busy = device_busy.per_cycle(cycles)
             xla_starts = xla_ends = np.zeros(0, np.int64)
-            events = xla_host.XlaEvents(xla_starts, xla_ends, xla_starts, xla_starts, [])
         else:
             facts.backend = "cpu"
             events = xla_host.xla_host_events(capture)
             xla_starts, xla_ends = _union(events.start, events.end)
             busy = _covered(xla_starts, xla_ends, cycles)
+            if len(events):
+                device = xla_host.graphs(events, None, start)[0]
         data, compiles = _host_events(capture)
         data_starts, data_ends = _union(
             np.asarray([s for s, _ in data], np.int64), np.asarray([e for _, e in data], np.int64)
@@ -277,13 +283,7 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
         if len(xla_starts):
             data_starts, data_ends = _subtract(data_starts, data_ends, xla_starts, xla_ends)
         data_phase = _covered(data_starts, data_ends, cycles)
-        start, duration = capture.time_range()
-        graphs: dict[str, FlameGraph | None] = {
-            "device": device_flamegraph(capture)
-            if capture.device_planes
-            else (xla_host.graphs(events, None, start)[0] if len(events) else None),
-            "host": host_flamegraph(capture),
-        }
+        graphs = {"device": device, "host": host_flamegraph(capture)}
         for kind, whole in graphs.items():
             if whole is None:
                 continue

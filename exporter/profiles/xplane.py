@@ -154,6 +154,10 @@ class Capture:
     events_read: int = 0
     steps: int = 0  # events on a device plane's Steps line (set by device_flamegraph)
     handle: BinaryIO | None = None  # the open file planes are read from, if any
+    # Called with each device op line the conversion reads: (plane, the line's start in
+    # ns, its lasting events' starts and ends in ps). The analysis takes device busy
+    # time from it rather than reading every op event a second time.
+    on_op_line: Callable[[PlaneRef, int, np.ndarray, np.ndarray], None] | None = None
     _start_ns: int | None = None  # profile_start_time, read when first needed
 
     def close(self) -> None:
@@ -773,6 +777,8 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             kernel_ids = _gpu_tuple_ids(plane, line, frames, gpu_stats)
             _, starts, ends = _columns(line.events)
             del line
+            if capture.on_op_line is not None:
+                capture.on_op_line(ref, base_ns, starts, ends)
             nested = nest(starts, ends, kernel_ids, "contain")
             tuple_ids = nested.label.copy()
             inner = np.flatnonzero(nested.parent >= 0)  # a kernel inside a kernel: itself
@@ -781,6 +787,8 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             frames.add_line(base_ns, nested, tuple_ids, 0)
             continue
         ids, starts, ends = _line_columns(capture, plane, line_index)
+        if capture.on_op_line is not None:
+            capture.on_op_line(ref, base_ns, starts, ends)
         if not len(ids):
             continue
         metas, meta_index = dense_index(ids)
