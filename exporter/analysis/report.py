@@ -212,11 +212,14 @@ def analyze(
         head_spec = str(paths[0]) if len(paths) == 1 else spec
         bases = _load_kinds(baseline, kinds, context, facts)
         heads = _load_kinds(head_spec, [k for k in kinds if k in bases], context, facts)
+        timings["load_s"] = round(time.perf_counter() - started, 3)
         for kind, head in heads.items():
+            begun = time.perf_counter()
             try:
                 comparisons[kind] = compare_sides(bases[kind], head)
             except ValueError as exc:
                 facts.unavailable[f"baseline_{kind}"] = str(exc)
+            timings[f"compare_{kind}_s"] = round(time.perf_counter() - begun, 3)
         summary = baseline_summary(comparisons, baseline, baseline_session, baseline_reason)
     findings = apply_rules(facts, summary)
     timings["compare_s"] = round(time.perf_counter() - started, 3)

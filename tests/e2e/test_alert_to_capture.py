@@ -180,7 +180,7 @@ def run_loop(stack: Stack) -> dict[str, Any]:
     print(
         f"alert→report: ALERT-TO-REPORT LATENCY {(written - fired).total_seconds():.2f}s "
         f"(firing to analysis.json written; the analysis itself took "
-        f"{report['analysis_seconds']:.2f}s)"
+        f"{report['analysis_seconds']:.2f}s: {report.get('timings')})"
     )
 
     return {"session_id": session_id, "pushed": len(series), "run": run, "report": report}
