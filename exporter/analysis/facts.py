@@ -55,19 +55,6 @@ DATA_FORMATTING_CATEGORY: Final = "data formatting"
 COMPILE_EVENT_RE: Final = re.compile(r"^(backend_compile\w*|\w*Client::Compile)$")
 TOP_OPS: Final = 10
 _PS_PER_NS = 1000
-_NON_OP_LINES = frozenset(
-    {
-        "XLA Modules",
-        "Steps",
-        "XLA TraceMe",
-        "Framework Ops",
-        "Framework Name Scope",
-        "Source code",
-        "Host Offload Ops",
-        "SparseCore Steps",
-        "Sparse Core Ops",
-    }
-)
 
 
 @dataclass
