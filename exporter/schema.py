@@ -8,6 +8,10 @@ Layout of the shared directory::
     runs/<run_id>.json            every run, so old step logs keep their identity;
                                   "ended_unix" is added when the run closes (the sidecar
                                   then stops treating its profiler port as a target)
+    procs/<host>-<pid>.json       the same record for each process of a run (several
+                                  processes of one run, e.g. one per GPU, share
+                                  runs/<run_id>.json: each has its own profiler port
+                                  and pid); "ended_unix" when that process closes
     steps/<host>-<pid>.jsonl      one JSON object per line, appended by the SDK
     sidecar/state.json            the sidecar's tail offsets and totals (sidecar only)
     memory/<host>-<pid>-<ms>-<n>.pprof.gz   a device-memory profile (gzip pprof), or
@@ -49,6 +53,7 @@ __all__ = [
     "MEMORY_PROFILE_SUFFIX",
     "MEMORY_SNAPSHOT_SUFFIX",
     "PHASE_LABEL",
+    "PROCS_DIR",
     "PROFILE_SESSIONS_DIR",
     "REQUESTS_DIR",
     "REQUEST_SUFFIX",
@@ -67,6 +72,7 @@ SCHEMA_VERSION: Final = 1
 
 RUN_FILE: Final = "run.json"
 RUNS_DIR: Final = "runs"
+PROCS_DIR: Final = "procs"
 STEPS_DIR: Final = "steps"
 STEP_LOG_SUFFIX: Final = ".jsonl"
 SIDECAR_DIR: Final = "sidecar"

@@ -136,11 +136,14 @@ class StaticDiscovery:
 
 
 class LocalRunDiscovery:
-    """Every live run beside the sidecar with a profiler server, from ``runs/*.json``.
+    """Every live run process beside the sidecar with a profiler server.
 
-    A run is live while its step log (``steps/<host>-<pid>.jsonl``, touched by the SDK
-    every second) is fresh and its run file does not say it ended. Its profiler server
-    is at ``127.0.0.1:<profiler_port>``. When two live runs name the same port (an SDK
+    Each process of a run has its record in ``procs/<host>-<pid>.json`` (several
+    processes of one run, one per GPU, each serve on their own port); a run written by
+    an SDK without them is found through ``runs/<run_id>.json``. A process is live while
+    its step log (``steps/<host>-<pid>.jsonl``, touched by the SDK every second) is fresh
+    and its record does not say it ended. Its profiler server is at
+    ``127.0.0.1:<profiler_port>``. When two live processes name the same port (an SDK
     that did not check it), the one that started first holds it: the later one's
     server could not bind.
     """
@@ -159,20 +162,24 @@ class LocalRunDiscovery:
         self.address_host = address_host
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._clock = clock
-        self._cache: dict[str, tuple[int, dict[str, Any] | None]] = {}  # name -> mtime, info
+        self._cache: dict[str, tuple[int, dict[str, Any] | None]] = {}  # path -> mtime, info
 
     def discover(self) -> list[ProfilerTarget]:
-        runs_dir = self.shared_dir / schema.RUNS_DIR
-        try:
-            paths = sorted(runs_dir.glob("*.json"))
-        except OSError as exc:
-            raise RuntimeError(f"{runs_dir}: cannot list run files ({exc.strerror})") from None
-        live: list[dict[str, Any]] = []
+        paths: list[Path] = []
+        for directory in (self.shared_dir / schema.RUNS_DIR, self.shared_dir / schema.PROCS_DIR):
+            try:
+                paths += sorted(directory.glob("*.json"))
+            except OSError as exc:
+                raise RuntimeError(f"{directory}: cannot list run files ({exc.strerror})") from None
+        # One record per process: its own (procs/, listed last) over its run's, which
+        # the run's last process to write it shares with none of the others.
+        by_process: dict[tuple[Any, Any], dict[str, Any]] = {}
         for path in paths:
             info = self._info(path)
-            if info is not None and self._live(info):
-                live.append(info)
-        names = {p.name for p in paths}
+            if info is not None:
+                by_process[(info.get("host"), info.get("pid"))] = info
+        live = [info for info in by_process.values() if self._live(info)]
+        names = {str(p) for p in paths}
         self._cache = {n: v for n, v in self._cache.items() if n in names}
         owners: dict[int, dict[str, Any]] = {}
         for info in sorted(live, key=lambda i: _float(i.get("start_unix"))):
@@ -185,7 +192,7 @@ class LocalRunDiscovery:
             mtime = path.stat().st_mtime_ns
         except OSError:
             return None
-        cached = self._cache.get(path.name)
+        cached = self._cache.get(str(path))
         if cached is not None and cached[0] == mtime:
             return cached[1]
         try:
@@ -196,7 +203,7 @@ class LocalRunDiscovery:
         port = info.get("profiler_port") if isinstance(info, dict) else None
         valid = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
         found = info if valid and info.get("run_id") else None
-        self._cache[path.name] = (mtime, found)
+        self._cache[str(path)] = (mtime, found)
         return found
 
     def _live(self, info: dict[str, Any]) -> bool:

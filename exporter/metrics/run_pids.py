@@ -1,8 +1,10 @@
 """Which run a process id belongs to: the ``pid`` the SDK writes into every run record.
 
-``sdk.run`` writes ``run.json`` and ``runs/<run_id>.json`` with the workload's ``pid``
-and ``start_unix``. NVML reports the processes using a GPU by pid; this maps them to
-``run_id`` and ``workload`` so per-process memory lands on the run's series.
+``sdk.run`` writes ``run.json``, ``runs/<run_id>.json`` and, for each process of the
+run, ``procs/<host>-<pid>.json`` with the process's ``pid`` and ``start_unix``. NVML
+reports the processes using a GPU by pid; this maps them to ``run_id`` and
+``workload`` so per-process memory lands on the run's series (every process of a run
+that runs one process per GPU).
 
 Pids are those of the pid namespace the SDK ran in. They match NVML's where the
 workload and the sidecar share the host's pid namespace (bare metal, ``hostPID``, a
@@ -81,7 +83,7 @@ class RunPids:
         self.shared_dir = shared_dir
         self._started = started
         self._lock = threading.Lock()
-        self._stamp: tuple[float | None, float | None] = (None, None)
+        self._stamp: tuple[float | None, ...] = ()
         self._files: dict[Path, tuple[float, int, int | None, _Run | None]] = {}
         self._by_pid: dict[int, list[_Run]] = {}
 
@@ -101,8 +103,8 @@ class RunPids:
         return {"run_id": newest.run_id, "workload": newest.workload}
 
     def _refresh(self) -> None:
-        runs_dir = self.shared_dir / schema.RUNS_DIR
-        stamp = (_mtime(runs_dir), _mtime(self.shared_dir / schema.RUN_FILE))
+        dirs = (self.shared_dir / schema.RUNS_DIR, self.shared_dir / schema.PROCS_DIR)
+        stamp = (*map(_mtime, dirs), _mtime(self.shared_dir / schema.RUN_FILE))
         # A change within the file system's timestamp granularity can leave the mtime as
         # it was (git's "racy" case): while the newest stamp is that young, look anyway.
         racy = time.time() - max((m for m in stamp if m is not None), default=0.0) < RACY_S
@@ -110,13 +112,14 @@ class RunPids:
             return
         self._stamp = stamp
         paths = [self.shared_dir / schema.RUN_FILE]
-        try:
-            with os.scandir(runs_dir) as entries:
-                paths += sorted(
-                    Path(e.path) for e in entries if e.name.endswith(".json") and e.is_file()
-                )[-MAX_RECORDS:]
-        except OSError:
-            pass
+        for directory in dirs:
+            try:
+                with os.scandir(directory) as entries:
+                    paths += sorted(
+                        Path(e.path) for e in entries if e.name.endswith(".json") and e.is_file()
+                    )[-MAX_RECORDS:]
+            except OSError:
+                pass
         files: dict[Path, tuple[float, int, int | None, _Run | None]] = {}
         for path in paths:
             try:

@@ -269,8 +269,13 @@ class Run:
         atexit.register(self.close)
         return self
 
+    def _process_file(self) -> Path:
+        # Named like the step log: the sidecar pairs a process's record with its heartbeat.
+        return self.shared_dir / schema.PROCS_DIR / f"{self.host}-{os.getpid()}.json"
+
     def _write_run_files(self) -> None:
         _write_json(self.shared_dir / schema.RUNS_DIR / f"{self.run_id}.json", self._info)
+        _write_json(self._process_file(), self._info)
         _write_json(self.shared_dir / schema.RUN_FILE, self._info)
 
     def _complete_system_info(self) -> None:
@@ -294,9 +299,10 @@ class Run:
         if self._memory is not None and self._memory.torch_history:
             stop_history()
             self._memory.torch_history = False
-        # The sidecar's target discovery skips ended runs (their port may be reused).
+        # The sidecar's target discovery skips ended processes (their port may be reused).
         self._info["ended_unix"] = ended
         with contextlib.suppress(OSError):
+            _write_json(self._process_file(), self._info)
             _write_json(self.shared_dir / schema.RUNS_DIR / f"{self.run_id}.json", self._info)
         if self._profiler_started:
             import jax.profiler
