@@ -69,6 +69,24 @@ def test_local_discovery_lists_every_live_run(tmp_path: Path) -> None:
     ]
 
 
+def test_a_process_record_speaks_for_its_process(tmp_path: Path) -> None:
+    """procs/<host>-<pid>.json over the run's shared record: that file is the last
+    writer's, and may not say that this process ended."""
+    _run_file(tmp_path, "r1", 9123, pid=11)  # runs/r1.json: written by pid 11, live
+    procs = tmp_path / "procs"
+    procs.mkdir()
+    record = json.loads((tmp_path / "runs" / "r1.json").read_text())
+    (procs / "trainer-0-11.json").write_text(json.dumps(record | {"ended_unix": 2000.0}))
+    (procs / "trainer-0-12.json").write_text(
+        json.dumps(record | {"pid": 12, "profiler_port": 9124})
+    )
+    (tmp_path / "steps" / "trainer-0-12.jsonl").touch()
+    os.mkfifo(procs / "trainer-0-13.json")  # never opened for reading
+    assert [(t.address, t.run_id) for t in LocalRunDiscovery(tmp_path).discover()] == [
+        ("127.0.0.1:9124", "r1")
+    ]
+
+
 def test_targets_found_twice_merge_their_facts(tmp_path: Path) -> None:
     """Issue 11 B: a static address that is also a local run keeps the run's identity."""
     _run_file(tmp_path, "r1", 9123, pid=11)
