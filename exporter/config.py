@@ -173,6 +173,12 @@ class Settings(BaseSettings):
     targets: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Static profiler targets, host:port,..."
     )
+    local_targets_host: str = Field(
+        "127.0.0.1",
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description="Host at which the shared directory's runs serve their profiler "
+        "ports (the workload's service name when it runs in another container).",
+    )
     collect_interval_s: float = Field(
         5.0, gt=0, le=3600, description="How often sources are read and step logs tailed."
     )

@@ -43,7 +43,7 @@ def discoveries_from_settings(settings: Settings) -> list[Discovery]:
     """Static targets, the local run, and DNS / k8s discovery when configured."""
     found: list[Discovery] = [
         StaticDiscovery(settings.targets, settings.profiler_port),
-        LocalRunDiscovery(settings.shared_dir),
+        LocalRunDiscovery(settings.shared_dir, settings.local_targets_host),
     ]
     if settings.discovery_dns:
         found.append(DnsDiscovery(settings.discovery_dns, settings.profiler_port))

@@ -250,3 +250,22 @@ def test_shipped_rbac_grants_what_k8s_discovery_uses_and_no_more() -> None:
     assert binding["roleRef"]["name"] == kinds["Role"]["metadata"]["name"]
     assert binding["subjects"][0]["name"] == kinds["ServiceAccount"]["metadata"]["name"]
     assert kinds["Service"]["spec"]["clusterIP"] == "None"  # headless: one record per pod
+
+
+def test_local_runs_of_another_container_are_reached_at_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compose: the runs are the workload container's, not the sidecar's loopback."""
+    from exporter.capture.service import discoveries_from_settings
+    from exporter.config import load_settings
+    from exporter.errors import ConfigError
+
+    _run_file(tmp_path, "r1", 9123, pid=11)
+    monkeypatch.setenv("MLPROF_SHARED_DIR", str(tmp_path))
+    monkeypatch.setenv("MLPROF_LOCAL_TARGETS_HOST", "workload")
+    registry = TargetRegistry(discoveries_from_settings(load_settings()))
+    registry.refresh(check=False)
+    assert [(t.address, t.run_id) for t in registry.known()] == [("workload:9123", "r1")]
+    monkeypatch.setenv("MLPROF_LOCAL_TARGETS_HOST", "workload:1/x")
+    with pytest.raises(ConfigError, match="MLPROF_LOCAL_TARGETS_HOST"):
+        load_settings()

@@ -52,6 +52,10 @@ def test_compose_sidecar_environment_is_valid(monkeypatch: pytest.MonkeyPatch) -
     assert settings.listen_host == "0.0.0.0" and settings.token  # off loopback only with a token
     target_hosts = {t.split(":")[0] for t in settings.targets}
     assert target_hosts <= set(compose["services"]), "targets must name compose services"
+    # The runs in the shared volume are the workload container's: reached by its name.
+    assert settings.local_targets_host in compose["services"]
+    workload_volumes = compose["services"]["workload"]["volumes"]
+    assert workload_volumes == compose["services"]["sidecar"]["volumes"]
 
 
 def test_compose_mounts_exist() -> None:
