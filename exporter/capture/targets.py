@@ -143,9 +143,10 @@ class LocalRunDiscovery:
     an SDK without them is found through ``runs/<run_id>.json``. A process is live while
     its step log (``steps/<host>-<pid>.jsonl``, touched by the SDK every second) is fresh
     and its record does not say it ended. Its profiler server is at
-    ``127.0.0.1:<profiler_port>``. When two live processes name the same port (an SDK
-    that did not check it), the one that started first holds it: the later one's
-    server could not bind.
+    ``<address_host>:<profiler_port>`` (``MLPROF_LOCAL_TARGETS_HOST``, 127.0.0.1 unless
+    the workload runs in another container). When two live processes name the same
+    port (an SDK that did not check it), the one that started first holds it: the later
+    one's server could not bind.
     """
 
     name = "local"
@@ -171,8 +172,8 @@ class LocalRunDiscovery:
                 paths += sorted(directory.glob("*.json"))
             except OSError as exc:
                 raise RuntimeError(f"{directory}: cannot list run files ({exc.strerror})") from None
-        # One record per process: its own (procs/, listed last) over its run's, which
-        # the run's last process to write it shares with none of the others.
+        # One record per process (host, pid): its own procs/ record, listed last, wins
+        # over runs/<run_id>.json, which is whichever process of the run wrote last.
         by_process: dict[tuple[Any, Any], dict[str, Any]] = {}
         for path in paths:
             info = self._info(path)
