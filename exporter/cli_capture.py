@@ -149,6 +149,12 @@ def capture(
         return
     record = _wait(client, status_url, started, timeout_s)
     _report(record, as_json)
+    if not as_json:
+        # The analysis runs after the capture, in the sidecar: say where its answer lands.
+        click.echo(
+            f"  report: {client.base_url}/api/v1/sessions/{session_id}/report "
+            "(written shortly after; HTML in a browser, JSON otherwise)"
+        )
 
 
 def _wait(client: Any, status_url: str, started: dict[str, Any], timeout_s: float) -> Any:

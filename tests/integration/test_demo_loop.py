@@ -180,6 +180,16 @@ def test_ctrl_c_stops_the_demo_and_its_workload_cleanly(tmp_path: Path) -> None:
         )  # fmt: skip
         assert shell.returncode == 0, (command, shell.stdout, shell.stderr)
         assert ": done" in shell.stdout
+        # The report line it prints is where the capture's analysis appears.
+        report_url = next(
+            ln.split()[1] for ln in shell.stdout.splitlines() if ln.startswith("  report: ")
+        )
+        report = wait_until(
+            lambda: (r := httpx.get(report_url, timeout=10)).status_code == 200 and r.json(),
+            timeout=90,
+            what="the printed report URL to answer",
+        )
+        assert report["status"] in {"OPTIMAL", "NEEDS_ATTENTION"}
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
         demo.wait(timeout=60)
         reader.join(10)
