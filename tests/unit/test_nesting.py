@@ -127,3 +127,66 @@ def test_dense_index_and_exact_aggregate() -> None:
     big = (1 << 53) + 1  # not exact in float64
     keys, sums = aggregate(np.array([1, 1, 2]), np.array([big, big, -7]))
     assert keys.tolist() == [1, 2] and sums.tolist() == [2 * big, -7]
+
+
+def _busy(events: list[tuple[int, int]]) -> int:
+    busy, last = 0, -1
+    for s, e in sorted(events):
+        if e > last:
+            busy += e - max(s, last)
+            last = e
+    return busy
+
+
+def test_split_of_a_wide_staircase_is_linear_and_exact() -> None:
+    # 10,000 events, each starting inside the previous and outliving it, all open at
+    # once (the attack: a stack rebuilt at every end made 50M segments, 8 GB). Now a
+    # few segments per event, every event's time under its own name, busy time on top.
+    small = 1_000  # the old rule made 500,500 segments of these 1,000
+    start, end, label = _arrays([(i, small + i) for i in range(small)])
+    assert len(nest(start, end, label, "split")) <= 4 * small
+    n = 10_000
+    events = [(i, n + i) for i in range(n)]
+    start, end, label = _arrays(events)
+    nested = nest(start, end, label, "split")
+    assert len(nested) <= 4 * n
+    per_label = np.bincount(nested.label, weights=nested.end - nested.start, minlength=n)
+    assert per_label.tolist() == (end - start).tolist()
+    top = nested.parent < 0
+    assert int((nested.end - nested.start)[top].sum()) == _busy(events)
+    inner = np.flatnonzero(nested.parent >= 0)
+    outer = nested.parent[inner]
+    assert (outer < inner).all()
+    assert (nested.start[outer] <= nested.start[inner]).all()
+    assert (nested.end[inner] <= nested.end[outer]).all()
+    assert (nested.depth[inner] == nested.depth[outer] + 1).all()
+
+
+def test_split_stays_near_linear_on_other_overlap_shapes() -> None:
+    # Shapes that defeat one ordering or the other: a chain whose ends interleave with
+    # the starts of long events, and two interleaved staircases.
+    n = 8_000
+    half = n // 2
+    chain = [(i, 4 * n - 2 * i) for i in range(half)]
+    longs = [(2 * n + 2 * j + 1, 100 * n + j) for j in range(half)]
+    stairs = [(2 * i, 2 * i + n) for i in range(half)] + [
+        (2 * i + 1, 2 * i + 1 + n // 3) for i in range(half)
+    ]
+    for events in (chain + longs, stairs):
+        start, end, label = _arrays(events)
+        nested = nest(start, end, label, "split")
+        assert len(nested) <= 16 * n
+        per_label = np.bincount(nested.label, weights=nested.end - nested.start, minlength=n)
+        assert per_label.tolist() == (end - start).tolist()
+        top = nested.parent < 0
+        assert int((nested.end - nested.start)[top].sum()) == _busy(events)
+
+
+def test_split_keeps_start_order_while_few_events_are_above() -> None:
+    # Two events above the one that ends: they continue one level up, in start order.
+    start, end, label = _arrays([(0, 100), (10, 200), (20, 300)])
+    nested = nest(start, end, label, "split")
+    rows = list(zip(nested.start.tolist(), nested.end.tolist(), nested.label.tolist(), strict=True))
+    assert rows == [(0, 100, 0), (10, 100, 1), (20, 100, 2), (100, 200, 1), (100, 200, 2),
+                    (200, 300, 2)]  # fmt: skip
+    assert nested.parent.tolist() == [-1, 0, 1, -1, 3, -1]
