@@ -125,9 +125,23 @@ def _shown_store(store: str) -> str:
     return store if "://" in store else str(Path(store).resolve())
 
 
-def _check_startup(settings: Settings) -> None:
-    """Turn the usual start-up failures into one line each: port taken, directory unusable."""
+def _check_startup(
+    settings: Settings, config_file: Path | None = None, **overrides: str | None
+) -> None:
+    """Turn the usual start-up failures into one line each: port taken, directory unusable.
+
+    Each line names the option where the user typed it (``--listen``, ``MLPROF_LISTEN``
+    or ``listen in FILE``).
+    """
     import socket
+
+    from exporter.config import option_source
+
+    def where(field: str) -> str:
+        source = option_source(field, config_file, overrides)
+        name, _, in_file = source.partition(" in ")
+        value = getattr(settings, field)
+        return f"{name}={value}" + (f" in {in_file}" if in_file else "")
 
     with socket.socket(socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET) as s:
         # As uvicorn does: a restart must not wait for the last run's TIME_WAIT sockets.
@@ -135,19 +149,17 @@ def _check_startup(settings: Settings) -> None:
         try:
             s.bind((settings.listen_host, settings.listen_port))
         except OSError as exc:
-            raise ConfigError(
-                f"MLPROF_LISTEN={settings.listen}: cannot listen there ({exc.strerror})"
-            ) from None
-    directories = {"MLPROF_SHARED_DIR": settings.shared_dir}
+            raise ConfigError(f"{where('listen')}: cannot listen there ({exc.strerror})") from None
+    directories = {"shared_dir": settings.shared_dir}
     if "://" not in settings.store or settings.store.startswith("file://"):
-        directories["MLPROF_STORE"] = Path(settings.store.removeprefix("file://"))
-    for option, directory in directories.items():
+        directories["store"] = Path(settings.store.removeprefix("file://"))
+    for field, directory in directories.items():
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"{option}={directory}: cannot create it ({exc.strerror})") from None
+            raise ConfigError(f"{where(field)}: cannot create it ({exc.strerror})") from None
         if not os.access(directory, os.W_OK | os.X_OK):
-            raise ConfigError(f"{option}={directory}: not writable by this user")
+            raise ConfigError(f"{where(field)}: not writable by this user")
 
 
 @main.command()
@@ -158,7 +170,7 @@ def serve(
     """Run the sidecar: /metrics, health, API, and background collection."""
     settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
     _configure_logging(settings.log_level)
-    _check_startup(settings)
+    _check_startup(settings, config_file, listen=listen, shared_dir=shared_dir, store=store)
     base = f"http://{settings.listen}"
     logging.getLogger("exporter").info(
         "serving %s/metrics (API docs %s/docs), tailing %s", base, base, settings.shared_dir
@@ -189,7 +201,7 @@ def demo(
 ) -> None:
     """Run the demo JAX workload and the sidecar together with embedded defaults."""
     settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
-    _check_startup(settings)
+    _check_startup(settings, config_file, listen=listen, shared_dir=shared_dir, store=store)
     shared = settings.shared_dir.resolve()
     shared.mkdir(parents=True, exist_ok=True)
     native_log = shared / "demo-sidecar-native.log"

@@ -7,6 +7,7 @@ Every default works on one machine with no cloud account.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +29,7 @@ __all__ = [
     "WILDCARD_LISTEN",
     "Settings",
     "load_settings",
+    "option_source",
     "parse_hostport",
     "redact_url",
 ]
@@ -77,6 +79,18 @@ def redact_url(text: str) -> str:
 # user[:password]@ at the start of a word or after a slash: also a mistyped scheme
 # (htp:/alice:pw@host) or none at all (alice:pw@host) is caught.
 _USERINFO_RE = re.compile(r"(^|[\s'\"/(])[^/@\s'\"]+@")
+
+
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
+_HOSTNAME_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def is_loopback(host: str) -> bool:
@@ -331,8 +345,13 @@ class Settings(BaseSettings):
     @field_validator("targets")
     @classmethod
     def _check_targets(cls, value: list[str]) -> list[str]:
+        # A port is required: a bare word (``not-an-address``) is more often a typo than a
+        # host whose profiler listens on the default port, and accepting it only showed up
+        # later as an unreachable ``not-an-address:9999``.
         for item in value:
-            parse_hostport(item, default_port=9999)
+            host, _ = parse_hostport(item)
+            if not _HOSTNAME_RE.fullmatch(host) and not _is_ip(host):
+                raise ValueError(f"expected HOST:PORT with a DNS name or IP, got {item!r}")
         return value
 
     @field_validator("allowed_hosts", mode="before")
@@ -484,15 +503,53 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot read it ({exc.strerror})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML ({exc})") from None
+        raise ConfigError(f"config file {path}: not valid YAML ({_yaml_problem(exc)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of option: value")
-    return {str(key).lower().removeprefix(ENV_PREFIX.lower()): val for key, val in data.items()}
+    for key in data:
+        name = str(key)
+        if name.upper().startswith(ENV_PREFIX):
+            raise ConfigError(
+                f"config file {path}: {name!r} is an environment variable's name; "
+                f"write the option as {name[len(ENV_PREFIX) :].lower()!r}"
+            )
+    return {str(key): val for key, val in data.items()}
 
 
-def _describe(error: Any, config_file: Path | None) -> str:
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what is wrong and where (its str() takes 5-8 lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    text = f"{where}{problem}" if problem else " ".join(str(exc).split())
+    return " ".join(text.split())
+
+
+def option_source(
+    field: str, config_file: Path | None = None, overrides: dict[str, Any] | None = None
+) -> str:
+    """Where the value of ``field`` was typed: ``--listen``, ``MLPROF_LISTEN`` or
+    ``listen in FILE`` (the same precedence as :func:`load_settings`)."""
+    if overrides and overrides.get(field) is not None:
+        return f"--{field.replace('_', '-')}"
+    env_name = f"{ENV_PREFIX}{field.upper()}"
+    if any(key.upper() == env_name for key in os.environ):
+        return env_name
+    if config_file is not None and field in _yaml_keys(config_file):
+        return f"{field} in {config_file}"
+    return env_name
+
+
+def _yaml_keys(config_file: Path) -> set[str]:
+    try:
+        return set(_read_yaml(config_file))
+    except ConfigError:
+        return set()
+
+
+def _describe(error: Any, config_file: Path | None, overrides: dict[str, Any]) -> str:
     loc = [str(part) for part in error.get("loc", ())]
     field = loc[0] if loc else ""
     msg = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
@@ -507,7 +564,9 @@ def _describe(error: Any, config_file: Path | None) -> str:
         shown = ""
     elif isinstance(value, str):  # a URL may carry user:password@
         shown = f"={redact_url(value)!r}"
-    return f"{ENV_PREFIX}{field.upper()}{shown}: {msg}"
+    source = option_source(field, config_file, overrides)
+    name, _, in_file = source.partition(" in ")
+    return f"{name}{shown}{' in ' + in_file if in_file else ''}: {msg}"
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
@@ -533,6 +592,6 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     try:
         loaded = _Loaded(**cleaned)
     except ValidationError as exc:
-        lines = [_describe(err, config_file) for err in exc.errors()]
+        lines = [_describe(err, config_file, cleaned) for err in exc.errors()]
         raise ConfigError("; ".join(lines)) from None
     return Settings.model_construct(**dict(loaded))

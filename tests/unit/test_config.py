@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from exporter.cli import main
 from exporter.config import load_settings, parse_hostport
 from exporter.errors import ConfigError
 
@@ -23,13 +26,13 @@ def test_defaults_work_on_one_machine() -> None:
 
 def test_environment_and_yaml_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "mlprof.yaml"
-    config.write_text("listen: 127.0.0.1:9000\ncollect_interval_s: 2\nMLPROF_TARGETS: a:1,b\n")
+    config.write_text("listen: 127.0.0.1:9000\ncollect_interval_s: 2\ntargets: a:1,b:2\n")
     monkeypatch.setenv("MLPROF_COLLECT_INTERVAL_S", "3")
     settings = load_settings(config, shared_dir="/x")
     assert settings.listen == "127.0.0.1:9000"  # from the file
     assert settings.collect_interval_s == 3.0  # environment beats the file
     assert settings.shared_dir == Path("/x")  # an override beats both
-    assert settings.targets == ["a:1", "b"]
+    assert settings.targets == ["a:1", "b:2"]
 
 
 @pytest.mark.parametrize(
@@ -100,3 +103,69 @@ def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     assert result.stderr.strip().startswith("mlprof: listening on 0.0.0.0")
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_invalid_yaml_is_one_line_with_its_position(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: 127.0.0.1:1\ntargets: [a:1\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(bad)
+    text = str(err.value)
+    assert len(text.splitlines()) == 1, text  # PyYAML's own message takes 5-8 lines
+    assert text.startswith(f"config file {bad}: not valid YAML (line ")
+    assert "column" in text
+
+
+def test_a_bad_value_in_the_file_is_named_as_typed_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MLPROF_COLLECT_INTERVAL_S", raising=False)
+    config = tmp_path / "mlprof.yaml"
+    config.write_text("collect_interval_s: -3\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(config)
+    assert str(err.value).startswith(f"collect_interval_s=-3 in {config}: ")
+    assert "MLPROF_" not in str(err.value)
+    # The same value from the environment is named as the variable.
+    monkeypatch.setenv("MLPROF_COLLECT_INTERVAL_S", "-4")
+    with pytest.raises(ConfigError, match=r"^MLPROF_COLLECT_INTERVAL_S='-4': "):
+        load_settings(config)
+    # And from the command line as the option.
+    with pytest.raises(ConfigError, match=r"^--listen='nope': expected HOST:PORT"):
+        load_settings(config, listen="nope", collect_interval_s=None)
+
+
+def test_a_yaml_key_in_environment_form_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "mlprof.yaml"
+    config.write_text("MLPROF_TARGETS: a:1\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(config)
+    assert str(err.value) == (
+        f"config file {config}: 'MLPROF_TARGETS' is an environment variable's name; "
+        "write the option as 'targets'"
+    )
+
+
+@pytest.mark.parametrize("value", ["not-an-address", "h:1,b", "bad_name!:80"])
+def test_a_target_that_is_not_host_and_port_is_refused_at_start(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLPROF_TARGETS", value)
+    with pytest.raises(ConfigError) as err:  # printed as one line by the CLI, exit 2
+        load_settings()
+    assert err.value.exit_code == 2
+    assert str(err.value).startswith(f"MLPROF_TARGETS={value!r}: expected HOST:PORT")
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_listen_in_use_is_named_as_the_option_typed(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", "--listen", f"127.0.0.1:{port}", "--shared-dir", str(tmp_path / "s")]
+        result = CliRunner().invoke(main, [*args, "--store", str(tmp_path / "st")])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"mlprof: --listen=127.0.0.1:{port}: cannot listen there (Address already in use)"
+    ]
