@@ -94,6 +94,8 @@ def memory_flamegraph(
     except (IndexError, KeyError) as exc:
         # A string or table index past its table: the file is corrupt, not our bug.
         raise InputError(f"{source}: corrupt pprof profile ({type(exc).__name__}: {exc})") from None
+    except ValueError as exc:  # negative values, or more frames than MAX_PROFILE_FRAMES
+        raise InputError(f"{source}: {exc}") from None
     # Pyroscope's memory profile types: memory:<name>:<unit>:space:bytes.
     for graph, (name, unit) in zip(
         graphs, (("inuse_space", "bytes"), ("inuse_objects", "count")), strict=False

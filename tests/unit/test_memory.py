@@ -186,3 +186,41 @@ def test_normal_profiles_inflate_as_before() -> None:
     assert inflate(data + data, "x") == gzip.decompress(data) * 2  # two gzip members
     with pytest.raises(ValueError, match="corrupt gzip"):
         inflate(data[:-9], "x")
+
+
+def _amplifying_profile(lines: int, prefixes: int) -> bytes:
+    """One location of ``lines`` inlined lines, reached under ``prefixes`` distinct roots."""
+    profile = profile_pb2.Profile()
+    profile.string_table.extend(["", "allocations", "count", "space", "bytes", "f", "a.py"])
+    profile.sample_type.add(type=1, unit=2)
+    profile.sample_type.add(type=3, unit=4)
+    for fn in range(1, lines + 1):
+        profile.function.add(id=fn, name=5, filename=6, start_line=fn)
+    big = profile.location.add(id=1)
+    for fn in range(1, lines + 1):
+        big.line.add(function_id=fn, line=fn)
+    for root in range(prefixes):
+        loc = profile.location.add(id=2 + root, address=0x1000 + root)  # no lines: an address
+        profile.sample.add(location_id=[1, loc.id], value=[1, 8])
+    return gzip.compress(profile.SerializeToString())
+
+
+def test_inlined_lines_under_many_prefixes_are_refused_in_bounded_memory() -> None:
+    # 1,100 inlined lines under 1,100 roots: 1.2M frames from 30 KB (the attack's 22.7 KB
+    # reached 8 GiB). Refused by counting frames before making any, in one line.
+    import tracemalloc
+
+    data = _amplifying_profile(1_100, 1_100)
+    assert len(data) < 64 << 10
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match=r"expand to 1211100 frames.*more than 1000000"):
+            memory_flamegraph(data, "amplified.pprof.gz")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20
+    # The same shape within the bound still converts, every frame kept.
+    graph = memory_flamegraph(_amplifying_profile(50, 40), "small.pprof.gz")
+    assert graph.root.total == 8 * 40
+    assert graph.node_count == 40 * 51  # per root: its address, then the 50 inlined frames
