@@ -113,6 +113,9 @@ class FlameGraph:
     duration_nanos: int = 0
     root: Frame = field(default_factory=lambda: Frame("root"))
     companions: list[FlameGraph] = field(default_factory=list)
+    # Notes that travel with the graph into the pprof's ``comment`` (e.g. the raw ids of
+    # the threads the labels number); every transform and merge keeps them.
+    comments: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.period_type = self.period_type or self.sample_type
@@ -164,6 +167,7 @@ class FlameGraph:
             mine.total += theirs.total
             for child in theirs.children.values():
                 stack.append((mine.child(child.name, child.file, child.line), child))
+        self.comments.extend(c for c in other.comments if c not in self.comments)
         for extra in other.companions:
             same = next((c for c in self.companions if c.sample_type == extra.sample_type), None)
             if same is None:
@@ -308,6 +312,7 @@ class FlameGraph:
             period=self.period,
             time_nanos=self.time_nanos,
             duration_nanos=self.duration_nanos,
+            comments=list(self.comments),
         )
 
     def copy(self) -> FlameGraph:

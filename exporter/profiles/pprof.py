@@ -78,6 +78,7 @@ def to_pprof(graph: FlameGraph) -> profile_pb2.Profile:
     profile.period = graph.period
     profile.time_nanos = graph.time_nanos
     profile.duration_nanos = graph.duration_nanos
+    profile.comment.extend(strings(text) for text in graph.comments)
     # One mapping: Pyroscope and `go tool pprof` expect locations to name one.
     mapping = profile.mapping.add()
     mapping.id = 1
@@ -301,6 +302,7 @@ def graphs_from_pprof(
             period=profile.period or 1,
             time_nanos=profile.time_nanos,
             duration_nanos=profile.duration_nanos,
+            comments=[table[i] for i in profile.comment if 0 <= i < len(table)],
         )
         for c in columns
     ]

@@ -10,8 +10,11 @@ XProf's ``op_profile`` computes it. GPU stream lines (no ``XLA Ops`` line) whose
 carry ``hlo_module``/``hlo_op``/``tf_op`` stats stack program > name scope > op > kernel.
 
 Host time stacks ``/host:CPU`` events per thread by time; Python-tracer events become
-Python frames. Threads are told apart by thread id (the line id): two threads of one
-name show as ``python (tid 4242)``; thread-pool lines fold into one frame per pool.
+Python frames. Threads of one name are told apart by a short ordinal, busiest first
+(``python #1``, ``python #2``: most events, then most event time), so two captures of
+one workload label its threads alike; the line ids (hashes, not thread ids) go to the
+graph's ``comments`` (the pprof's ``comment``). Thread-pool lines fold into one frame
+per pool.
 Events that overlap without nesting follow the ``split`` rule of
 :mod:`exporter.profiles.nesting`: at every instant the stack is the events open then,
 in start order, so an event that begins inside another and outlives it has its head
@@ -887,38 +890,58 @@ def _host_label(plane: Plane, meta_id: int) -> FrameLabel:
     return label_native(name) if name else FrameLabel(f"<event {meta_id}>")
 
 
-def _thread_names(headers: Sequence[_LineHeader]) -> list[str]:
-    """The frame of each line: its thread name, with the id where two threads share it.
+def _thread_names(
+    headers: Sequence[_LineHeader], activity: dict[int, tuple[int, int]]
+) -> tuple[dict[int, str], list[str]]:
+    """The frame of each line with events (by line index), and a comment per ordinal.
 
-    Thread-pool lines (``tf_XLAEigen/-2284334949033183961``) fold into one frame per
-    pool on purpose: the pool's work matters, not which of its threads did it.
+    ``activity`` maps a line's index to (events, event time) for the lines that have
+    events. Threads sharing a name are numbered busiest first (``python #1``); XProf's
+    line ids are hashes of the thread (``5701004968990778314``), unreadable and different
+    in every process, so they appear only in the comments. Thread-pool lines
+    (``tf_XLAEigen/-2284334949033183961``) fold into one frame per pool on purpose: the
+    pool's work matters, not which of its threads did it.
     """
-    names = []
-    pools = []
+    names: dict[int, str] = {}
+    pools: set[int] = set()
     for header in headers:
-        name = header.display_name or header.name or f"thread {header.id}"
+        if header.index not in activity:
+            continue
+        name = header.display_name or header.name or "thread"
         pooled = _THREAD_ID_SUFFIX.sub("", name)
-        pools.append(bool(pooled) and pooled != name)
-        names.append(pooled or name)
-    threads: dict[str, set[int]] = {}
-    for header, name, pool in zip(headers, names, pools, strict=True):
-        if not pool:
-            threads.setdefault(name, set()).add(header.id)
-    return [
-        f"{name} (tid {header.id})" if not pool and len(threads[name]) > 1 else name
-        for header, name, pool in zip(headers, names, pools, strict=True)
-    ]
+        if pooled and pooled != name:
+            pools.add(header.index)
+        names[header.index] = pooled or name
+    same: dict[str, list[_LineHeader]] = {}
+    for header in headers:
+        if header.index in names and header.index not in pools:
+            same.setdefault(names[header.index], []).append(header)
+    comments = []
+    for name, group in same.items():
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda h: (-activity[h.index][0], -activity[h.index][1], h.index))
+        for ordinal, header in enumerate(group, 1):
+            names[header.index] = f"{name} #{ordinal}"
+            comments.append(f"thread {name} #{ordinal}: XLine id {header.id}")
+    return names, comments
 
 
-def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
+def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> list[str]:
+    """Add a host plane's lines to ``frames``; returns the thread comments."""
     plane = capture.plane(ref)
     headers = line_headers(capture, plane)
     labels: dict[int, FrameLabel] = {}
-    for header, thread in zip(headers, _thread_names(headers), strict=True):
+    # Each line first goes below a placeholder root; the thread labels, which rank lines
+    # by activity, replace the placeholders once every line is read.
+    roots: dict[int, int] = {}
+    activity: dict[int, tuple[int, int]] = {}
+    for header in headers:
         base_ns = capture.line_start_ns(header.timestamp_ns)
         ids, starts, ends = _line_columns(capture, plane, header.index)
         if not len(ids):
             continue
+        activity[header.index] = (len(ids), int((ends - starts).sum()))
         nested = nest(starts, ends, ids, "split")
         del ids, starts, ends
         metas, index = dense_index(nested.label)
@@ -937,9 +960,13 @@ def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         if same.any():
             fold = np.array([not x.file for x in line_labels], bool)[index[inner]]
             tuple_ids[inner[same & fold]] = FOLD
-        frames.add_line(
-            base_ns, nested, tuple_ids, frames.node(0, frames.tuple_id((FrameLabel(thread),)))
-        )
+        placeholder = FrameLabel(f"\0line {ref!r} {header.index}")
+        roots[header.index] = frames.tuple_id((placeholder,))
+        frames.add_line(base_ns, nested, tuple_ids, frames.node(0, roots[header.index]))
+    names, comments = _thread_names(headers, activity)
+    for line_index, tuple_id in roots.items():
+        frames.tuples[tuple_id] = (FrameLabel(names[line_index]),)  # same name: one frame
+    return comments
 
 
 def host_flamegraph(capture: Capture) -> FlameGraph | None:
@@ -960,6 +987,7 @@ def host_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGr
     if not planes:
         return None
     frames = _Frames(windows_ns)
+    template = graph_template(capture, "host")
     for ref in planes:
-        _host_plane(capture, ref, frames)
-    return frames.graphs(graph_template(capture, "host"))
+        template.comments.extend(_host_plane(capture, ref, frames))
+    return frames.graphs(template)

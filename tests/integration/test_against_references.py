@@ -231,7 +231,7 @@ def test_host_thread_busy_time_and_event_time_equal_jax_profile_data(real: Path)
     assert graph is not None
     graph.check()
     ours = [
-        (frame.name.split(" (tid ")[0], frame.total, _outermost(frame))
+        (frame.name.split(" #")[0], frame.total, _outermost(frame))
         for frame in graph.root.children.values()
     ]
     # Python threads share the name "python": one frame each, matched as a multiset.

@@ -8,6 +8,7 @@ import pytest
 
 from exporter.errors import InputError
 from exporter.profiles.convert import flamegraph_from_path
+from exporter.profiles.pprof import from_pprof, to_pprof
 from exporter.profiles.synthetic import tpu_capture, write_tpu_capture
 from exporter.profiles.xplane import (
     Capture,
@@ -272,15 +273,57 @@ def test_partly_overlapping_host_events_keep_all_their_time() -> None:
 
 def test_threads_of_one_name_stay_apart_by_thread_id() -> None:
     space, host = _host_space()
-    for tid, duration in ((4242, 30), (4343, 50)):
-        host.event(host.line("python", line_id=tid), "work", 0, duration)
+    for tid, events in ((4242, 1), (4343, 2)):
+        line = host.line("python", line_id=tid)
+        for i in range(events):
+            host.event(line, "work", 100 * i, 30)
     for tid in (1, 2):  # pool threads fold into one frame per pool
         host.event(host.line(f"tf_XLAEigen/{tid}", line_id=100 + tid), "task", 0, 5)
     host.event(host.line("main", line_id=9), "work", 0, 1)
     graph = host_flamegraph(Capture.from_space(space))
     assert graph is not None
     roots = {c.name: c.total for c in graph.root.children.values()}
-    assert roots == {"python (tid 4242)": 30, "python (tid 4343)": 50, "tf_XLAEigen": 10, "main": 1}
+    assert roots == {"python #1": 60, "python #2": 30, "tf_XLAEigen": 10, "main": 1}
+
+
+def _two_python_threads(ids: tuple[int, int], busy_first: bool) -> xplane_pb2.XSpace:
+    """A capture of one workload: a busy main thread and a quiet loader, both "python"."""
+    space, host = _host_space()
+    busy = [("train_step", 10 * i, 8) for i in range(5)]
+    quiet = [("load_batch", 3, 2)]
+    order = [(ids[0], busy), (ids[1], quiet)] if busy_first else [(ids[1], quiet), (ids[0], busy)]
+    for line_id, events in order:
+        line = host.line("python", line_id=line_id)
+        for name, start, duration in events:
+            host.event(line, name, start, duration)
+    return space
+
+
+def test_thread_labels_are_short_and_align_across_processes() -> None:
+    # Two processes of one workload: XProf's line ids (hashes) differ, and so may the
+    # order of the lines in the plane.
+    first = host_flamegraph(
+        Capture.from_space(_two_python_threads((5701004968990778314, -4853628515483876563), True))
+    )
+    second = host_flamegraph(
+        Capture.from_space(_two_python_threads((-2328719687163744847, 3712231681065321896), False))
+    )
+    assert first is not None and second is not None
+    for graph in (first, second):
+        names = {
+            c.name: sorted(g.name for g in c.children.values())
+            for c in graph.root.children.values()
+        }
+        assert names == {"python #1": ["train_step"], "python #2": ["load_batch"]}
+        assert not any("tid" in name or "-" in name for name in names)
+    # The raw ids stay in the graph and its pprof, beside the label they became.
+    assert first.comments == [
+        "thread python #1: XLine id 5701004968990778314",
+        "thread python #2: XLine id -4853628515483876563",
+    ]
+    profile = to_pprof(first)
+    assert [profile.string_table[i] for i in profile.comment] == first.comments
+    assert from_pprof(profile, profile_name="wall").comments == first.comments
 
 
 def test_a_traceme_inside_one_of_the_same_name_folds() -> None:
