@@ -8,6 +8,10 @@ reads what it wrote into an output directory.
 
     python -m exporter.analysis.job analyze INPUT OUT_DIR [--baseline SPEC ...]
     python -m exporter.analysis.job compare BASE HEAD OUT_DIR [--kind K ...]
+    python -m exporter.analysis.job flamegraphs INPUT OUT_DIR --kind capture|memory|torch
+
+``flamegraphs`` is the sidecar's conversion of a session's capture or a workload's
+memory profile (:func:`flamegraphs_in_child`): the graphs come back as pprof files.
 """
 
 from __future__ import annotations
@@ -23,12 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobResult", "run_job"]
+__all__ = ["JobResult", "flamegraphs_in_child", "last_message", "run_job"]
 
 REPORT_JSON = "analysis.json"
 REPORT_HTML = "summary.html"
 COMPARE_JSON = "comparison.json"
 COMPARE_HTML = "comparison.html"
+GRAPHS_JSON = "graphs.json"
+CONVERT_KINDS = ("capture", "memory", "torch")
+# Lines of a child's stderr that are not its error: interpreter noise at exit, and the
+# frames of a traceback (the exception line itself is kept).
+_NOISE = ("Exception ignored in", "Traceback (most recent call last)", "During handling of",
+          "The above exception", "  ", "\t", "^", "~")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,13 +83,120 @@ def run_job(
     seconds = time.monotonic() - started
     if done.returncode == 0:
         return JobResult(True, seconds=seconds)
-    lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    message = next((ln for ln in reversed(lines) if ln.strip()), "")
+    message = last_message(done.stderr.decode("utf-8", "replace"))
     if done.returncode < 0 or "MemoryError" in message:
         message = f"analysis stopped (exit {done.returncode}; memory limit {max_memory_mb} MiB?)"
     return JobResult(
         False, message.removeprefix("mlprof: ")[:500] or f"exit {done.returncode}", seconds
     )
+
+
+def last_message(stderr: str) -> str:
+    """The child's own last message: ``mlprof: ...`` if it wrote one, else the last
+    exception line, never a traceback frame or "Exception ignored in:" noise."""
+    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
+    own = [ln for ln in lines if ln.startswith("mlprof: ")]
+    if own:
+        return own[-1]
+    real = [ln for ln in lines if not ln.startswith(_NOISE)]
+    return (real or lines or [""])[-1].strip()
+
+
+def flamegraphs_in_child(
+    path: Path,
+    kind: str,
+    timeout_s: float,
+    max_memory_mb: int,
+    *,
+    max_profile_bytes: int | None = None,
+    max_profile_ratio: float | None = None,
+) -> dict[str, Any]:
+    """``{profile_source: FlameGraph}`` of one file, converted in a bounded child.
+
+    ``kind`` is ``capture`` (an ``.xplane.pb``: device and host graphs), ``memory`` (a
+    device-memory pprof, symbolic links refused) or ``torch`` (a CUDA memory snapshot).
+    A file the child cannot convert, or one that makes it run out of time or memory,
+    raises InputError with the child's one-line reason; the sidecar never holds the
+    conversion's memory itself.
+    """
+    import tempfile
+
+    from exporter.errors import InputError
+    from exporter.profiles.flamegraph import FlameGraph
+    from exporter.profiles.pprof import InflateLimits, decode_pprof, graphs_from_pprof
+
+    with tempfile.TemporaryDirectory(prefix="mlprof-convert-") as out:
+        args = ["flamegraphs", str(path), out, "--kind", kind]
+        if max_profile_bytes is not None:
+            args += ["--max-profile-bytes", str(max_profile_bytes)]
+        if max_profile_ratio is not None:
+            args += ["--max-profile-ratio", repr(max_profile_ratio)]
+        result = run_job(args, timeout_s, max_memory_mb)
+        if not result.ok:
+            error = result.error.replace("analysis", "conversion")
+            raise InputError(error if str(path) in error else f"{path}: {error}")
+        listing = json.loads((Path(out) / GRAPHS_JSON).read_text(encoding="utf-8"))
+        graphs: dict[str, FlameGraph] = {}
+        for entry in listing:
+            data = (Path(out) / entry["file"]).read_bytes()
+            # Our own child's output: its size is what it made, within its memory bound.
+            profile = decode_pprof(data, entry["file"], InflateLimits(1 << 40, float(1 << 40)))
+            table = profile.string_table
+            types = [table[t.type] for t in profile.sample_type]
+            *companions, graph = graphs_from_pprof(profile, types, entry["profile_name"])
+            for part, (name, unit) in zip([*companions, graph], entry["types"], strict=True):
+                part.sample_type, part.unit = name, unit
+            graph.period_type, graph.period_unit = entry["period_type"], entry["period_unit"]
+            for part in companions:
+                part.period_type, part.period_unit = graph.period_type, graph.period_unit
+            graph.companions = companions
+            graphs[entry["source"]] = graph
+        return graphs
+
+
+def _convert(path: Path, kind: str, ns: argparse.Namespace) -> dict[str, Any]:
+    """The child's side of :func:`flamegraphs_in_child`."""
+    if kind == "capture":
+        from exporter.capture.processing import xplane_flamegraphs
+
+        return dict(xplane_flamegraphs(path))
+    if kind == "memory":
+        from exporter.profiles.memory import load_memory_profile
+        from exporter.profiles.pprof import InflateLimits
+
+        defaults = InflateLimits()
+        limits = InflateLimits(
+            ns.max_profile_bytes or defaults.max_bytes, ns.max_profile_ratio or defaults.max_ratio
+        )
+        return {"device_memory": load_memory_profile(path, limits, follow_symlinks=False)}
+    from exporter.profiles.torch_memory import load_torch_memory_profile
+
+    return {"device_memory": load_torch_memory_profile(path)}
+
+
+def _write_graphs(out: Path, graphs: dict[str, Any]) -> None:
+    from exporter.profiles.pprof import MAX_PROFILE_FRAMES, encode_pprof
+
+    listing = []
+    for source, made in graphs.items():
+        # What the sidecar reads back is bounded too: the smallest subtrees fold.
+        graph = (
+            made if made.node_count <= MAX_PROFILE_FRAMES else made.truncated(MAX_PROFILE_FRAMES)
+        )
+        name = f"{source}.pb.gz"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(encode_pprof(graph, level=1))
+        listing.append(
+            {
+                "source": source,
+                "file": name,
+                "profile_name": graph.profile_name,
+                "types": [[p.sample_type, p.unit] for p in [*graph.companions, graph]],
+                "period_type": graph.period_type,
+                "period_unit": graph.period_unit,
+            }
+        )
+    _write(out, GRAPHS_JSON, json.dumps(listing))
 
 
 def _context(ns: argparse.Namespace) -> Any:
@@ -103,7 +220,7 @@ def _write(out: Path, name: str, data: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="exporter.analysis.job")
-    parser.add_argument("command", choices=["analyze", "compare"])
+    parser.add_argument("command", choices=["analyze", "compare", "flamegraphs"])
     parser.add_argument("inputs", nargs="+")
     parser.add_argument("--kind")
     parser.add_argument("--top", type=int, default=20)
@@ -120,12 +237,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--from", dest="time_from")
     parser.add_argument("--until", dest="time_until")
     parser.add_argument("--no-xprof", action="store_true")
+    parser.add_argument("--max-profile-bytes", type=int)
+    parser.add_argument("--max-profile-ratio", type=float)
     ns = parser.parse_args(argv)
     from exporter.errors import MlprofError
 
     try:
         *specs, out_text = ns.inputs
         out = Path(out_text)
+        if ns.command == "flamegraphs":
+            if ns.kind not in CONVERT_KINDS:
+                raise ValueError(f"--kind {ns.kind!r}: expected one of {', '.join(CONVERT_KINDS)}")
+            _write_graphs(out, _convert(Path(specs[0]), ns.kind, ns))
+            return 0
         context = _context(ns)
         if ns.command == "analyze":
             from exporter.analysis.render import report_html
@@ -150,7 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from exporter.analysis.sides import load_side
 
             base = load_side(specs[0], ns.kind, context)
-            head = load_side(specs[1], ns.kind or base.kind, context)
+            head_kind = ns.kind or (None if base.scope == "step" else base.kind)
+            head = load_side(specs[1], head_kind, context)
             comparison = compare_sides(base, head)
             _write(out, COMPARE_JSON, json.dumps(comparison.to_json(top=ns.top), indent=2) + "\n")
             _write(out, COMPARE_HTML, comparison_html(comparison))

@@ -23,7 +23,15 @@ from exporter.capture.session import SessionRecord, utcnow
 from exporter.capture.store import SessionStore
 from exporter.profiles.flamegraph import FlameGraph
 
-__all__ = ["CAPTURE_SUFFIX", "Convert", "Push", "SessionProcessor", "xplane_flamegraphs"]
+__all__ = [
+    "CAPTURE_SUFFIX",
+    "MAX_CONVERSION_STARTS",
+    "Convert",
+    "Push",
+    "SessionProcessor",
+    "bounded_flamegraphs",
+    "xplane_flamegraphs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +39,11 @@ CAPTURE_SUFFIX: Final = ".xplane.pb"
 # A session whose processing raised (the store or the converter failed) is tried again
 # after each of these delays, then left unprocessed, logged, until the next restart.
 RETRY_DELAYS_S: Final = (30.0, 120.0, 600.0)
+# A session whose conversion was started this many times without finishing (the
+# sidecar stopped or was killed during it, at every start) is not converted again: its
+# artifacts say so and it is marked processed. ``conversion_starts`` in session.json
+# counts them; it is removed when a conversion finishes.
+MAX_CONVERSION_STARTS: Final = 3
 Convert = Callable[[Path], Mapping[str, FlameGraph]]  # capture -> {profile_source: graph}
 Push = Callable[[FlameGraph, dict[str, str]], object]
 
@@ -48,10 +61,29 @@ def xplane_flamegraphs(path: Path) -> dict[str, FlameGraph]:
     return graphs
 
 
+def bounded_flamegraphs(timeout_s: float, max_memory_mb: int) -> Convert:
+    """A ``Convert`` that reads each capture in a child bounded in time and memory.
+
+    The sidecar's own: a capture is written by the workload, and a hostile or simply
+    huge one must cost a child (which fails with a one-line reason), never the sidecar.
+    """
+    from exporter.analysis.job import flamegraphs_in_child
+
+    def convert(path: Path) -> Mapping[str, FlameGraph]:
+        return flamegraphs_in_child(path, "capture", timeout_s, max_memory_mb)
+
+    return convert
+
+
 def _encode(graph: FlameGraph) -> bytes:
     from exporter.profiles.pprof import encode_pprof
 
     return encode_pprof(graph)
+
+
+def _conversion_starts(record: SessionRecord) -> int:
+    value = (record.model_extra or {}).get("conversion_starts", 0)
+    return value if isinstance(value, int) and value >= 0 else MAX_CONVERSION_STARTS
 
 
 class SessionProcessor:
@@ -139,16 +171,40 @@ class SessionProcessor:
         record = self.store.read_record(session_id)
         if record is None:
             return None
+        captures = [
+            (target.host, target.run_id, name)
+            for target in record.targets
+            for name in target.files
+            if name.endswith(CAPTURE_SUFFIX)
+        ]
+        starts = _conversion_starts(record)
         artifacts: list[dict[str, Any]] = []
-        for target in record.targets:
-            for name in target.files:
-                if name.endswith(CAPTURE_SUFFIX):
-                    artifacts.extend(self._convert_one(record, target.host, target.run_id, name))
+        if captures and starts >= MAX_CONVERSION_STARTS:
+            log.error("session %s: conversion started %d times without finishing; given up",
+                      session_id, starts)  # fmt: skip
+            error = (
+                f"conversion started {starts} times without finishing (the sidecar stopped "
+                "during it each time): not tried again"
+            )
+            artifacts = [
+                {"kind": "flamegraph", "capture": name, "host": host, "error": error}
+                for host, _, name in captures
+            ]
+        elif captures:
+
+            def started(current: SessionRecord) -> None:
+                current.conversion_starts = starts + 1  # type: ignore[attr-defined]
+
+            self.store.update_record(session_id, started)
+            for host, run_id, name in captures:
+                artifacts.extend(self._convert_one(record, host, run_id, name))
 
         def record_artifacts(current: SessionRecord) -> None:
             current.artifacts = [a for a in current.artifacts if a.get("kind") != "flamegraph"]
             current.artifacts.extend(artifacts)
             current.processed = utcnow()
+            if "conversion_starts" in (current.model_extra or {}):
+                delattr(current, "conversion_starts")
 
         record = self.store.update_record(session_id, record_artifacts) or record
         self.processed += 1

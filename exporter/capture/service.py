@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from exporter import schema
 from exporter.capture import capture_logdir
 from exporter.capture.engine import CaptureEngine, CaptureLimits
-from exporter.capture.processing import Push, SessionProcessor
+from exporter.capture.processing import Push, SessionProcessor, bounded_flamegraphs
 from exporter.capture.session import SessionRecord
 from exporter.capture.snapshots import RingOptions, SnapshotService
 from exporter.capture.store import SessionStore
@@ -147,7 +147,9 @@ class CaptureService:
                     pass
             return "mlprof"
 
-        processor = SessionProcessor(store, push=push, service_name=service_name)
+        # Captures are converted in a child bounded like the analysis reports.
+        convert = bounded_flamegraphs(settings.report_timeout_s, settings.report_max_memory_mb)
+        processor = SessionProcessor(store, convert, push=push, service_name=service_name)
         watcher = SessionWatcher(store, logdir, running=engine.get_live)
         hooks = SessionHooks()
         hooks.add(processor)  # conversion + push; other capabilities add theirs
