@@ -31,6 +31,7 @@ from exporter.metrics.telemetry import Telemetry, build_telemetry
 from exporter.metrics.training import TrainingMetrics
 from exporter.profiles.memory_watcher import MemoryProfileWatcher
 from exporter.profiles.pprof import InflateLimits
+from exporter.regular_files import remove_file, replace_file
 from exporter.sinks.events import Emit, EventSink, events_from_settings, report_written
 from exporter.sinks.pyroscope import sink_from_settings
 
@@ -274,19 +275,28 @@ class Sidecar:
 
     def _advertise_ingest(self) -> None:
         """Tell the workload's host profiler where to push (only when Pyroscope is on)."""
+        # sidecar/ is the workload's to write too: a link planted there (the file or the
+        # directory) is replaced or refused, never written through.
         if self.pyroscope is None:
-            with contextlib.suppress(FileNotFoundError):
-                self.ingest_file.unlink()  # left by an earlier life with Pyroscope on
+            try:
+                remove_file(self.ingest_file)  # left by an earlier life with Pyroscope on
+            except OSError as exc:
+                log.warning("cannot remove %s (%s)", self.ingest_file, exc.strerror or exc)
             return
         host, port = self.settings.listen_host, self.settings.listen_port
         if host in WILDCARD_LISTEN:
             host = "127.0.0.1"  # the workload shares the pod's (or machine's) loopback
         shown = f"[{host}]" if ":" in host else host
         data = {"url": f"http://{shown}:{port}", "pid": os.getpid(), "time": time.time()}
-        self.ingest_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.ingest_file.with_name(f".{schema.INGEST_FILE}.tmp")
-        tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
-        tmp.replace(self.ingest_file)
+        try:
+            self.ingest_file.parent.mkdir(parents=True, exist_ok=True)
+            replace_file(self.ingest_file, json.dumps(data).encode() + b"\n", sync=False)
+        except OSError as exc:
+            log.warning(
+                "cannot advertise the ingest URL in %s (%s); the host profiler will not push",
+                self.ingest_file,
+                exc.strerror or exc,
+            )
 
     def _tail_step_logs(self) -> tuple[str, str]:
         self.tailer.poll()
@@ -321,7 +331,7 @@ class Sidecar:
                 await task
         self._running = []
         with contextlib.suppress(OSError):
-            self.ingest_file.unlink()  # a stopped sidecar takes no pushes
+            remove_file(self.ingest_file)  # a stopped sidecar takes no pushes
         # Let calls in flight finish before their clients close under them (bounded).
         pending = [asyncio.to_thread(t.executor.shutdown, True) for t in self.tasks]
         with contextlib.suppress(TimeoutError):

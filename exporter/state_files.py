@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from exporter.regular_files import read_regular
+from exporter.regular_files import open_directory, read_regular, replace_file
 
 __all__ = ["BadStateError", "load_state", "save_state", "set_aside"]
 
@@ -57,7 +57,11 @@ def set_aside(path: Path, reason: str) -> Path | None:
     """Move a bad state file to ``<name>.bad`` and log why; return where it went."""
     aside = path.with_name(path.name + ".bad")
     try:
-        path.replace(aside)
+        directory = open_directory(path.parent)  # a linked directory: nothing moved there
+        try:
+            os.replace(path.name, aside.name, src_dir_fd=directory, dst_dir_fd=directory)
+        finally:
+            os.close(directory)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -71,15 +75,9 @@ def set_aside(path: Path, reason: str) -> Path | None:
 def save_state(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically (written, synced, renamed).
 
-    The temporary file is created afresh (O_EXCL after removing any leftover): a FIFO
-    planted under its name would otherwise block the open for ever.
+    The directory is the workload's to write too: no link in it (or it being one) is
+    written through, and a FIFO planted under the temporary name is removed, not opened
+    (see :func:`~exporter.regular_files.replace_file`).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(path)
+    replace_file(path, data)

@@ -425,23 +425,66 @@ def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -
 
 
 def _read_run_memory(run_id: str, context: SideContext, spec: str) -> Side:
+    import os
+    import tempfile
+
     from exporter import schema
+    from exporter.profiles.pprof import InflateLimits
+    from exporter.regular_files import open_directory, read_regular_at
 
     if context.shared_dir is None:
         raise ConfigError(f"{spec} --kind memory: needs the shared dir (MLPROF_SHARED_DIR)")
     directory = context.shared_dir / schema.MEMORY_DIR
-    paths = []
-    for path in sorted(directory.glob(f"*{schema.MEMORY_PROFILE_SUFFIX}")):
-        stem = path.name[: -len(schema.MEMORY_PROFILE_SUFFIX)]
+    suffix, meta_suffix = schema.MEMORY_PROFILE_SUFFIX, schema.MEMORY_META_SUFFIX
+    # The workload writes memory/: the directory made a link elsewhere is refused, and
+    # each profile is read once from it, no link followed, into a private copy that the
+    # pprof readers then open (they follow links: they also read the CLI user's paths).
+    try:
+        dir_fd: int | None = open_directory(directory, below=context.shared_dir)
+    except FileNotFoundError:
+        dir_fd = None
+    except OSError as exc:
+        raise InputError(f"{spec}: {exc}") from None
+    skipped: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="mlprof-memory-") as tmp:
+        copies: dict[str, str] = {}  # private copy -> the profile it was read from
+        if dir_fd is not None:
+            try:
+                with os.scandir(dir_fd) as listing:
+                    names = sorted(e.name for e in listing if e.name.endswith(suffix))
+                for name in names:
+                    stem = name[: -len(suffix)]
+                    meta_path = directory / (stem + meta_suffix)
+                    try:
+                        meta = json.loads(read_regular_at(dir_fd, meta_path.name, meta_path))
+                    except (OSError, ValueError, RecursionError):
+                        continue
+                    if not isinstance(meta, dict) or meta.get("run_id") != run_id:
+                        continue
+                    try:
+                        data = read_regular_at(
+                            dir_fd, name, directory / name, InflateLimits().max_bytes
+                        )
+                    except OSError as exc:
+                        skipped.append(f"{name} ({exc})")
+                        continue
+                    copy = Path(tmp) / name
+                    copy.write_bytes(data)
+                    copies[str(copy)] = str(directory / name)
+            finally:
+                os.close(dir_fd)
+        if not copies:
+            detail = f" ({'; '.join(skipped)[:300]})" if skipped else ""
+            raise InputError(
+                f"{spec}: no device-memory profiles of run {run_id!r} in {directory}{detail}"
+            )
         try:
-            meta = json.loads(path.with_name(stem + schema.MEMORY_META_SUFFIX).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(meta, dict) and meta.get("run_id") == run_id:
-            paths.append(path)
-    if not paths:
-        raise InputError(f"{spec}: no device-memory profiles of run {run_id!r} in {directory}")
-    return _merge_pprofs(paths, "memory", spec, "run")
+            side = _merge_pprofs([Path(c) for c in copies], "memory", spec, "run")
+        except InputError as exc:
+            raise InputError(str(exc).replace(tmp, str(directory))) from None
+    side.files = [copies.get(f, f) for f in side.files]
+    side.notes.extend(f"skipped {s}" for s in skipped)
+    return side
 
 
 def load_side(spec: str, kind: Kind | None = None, context: SideContext | None = None) -> Side:

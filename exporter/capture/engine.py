@@ -43,6 +43,7 @@ from exporter.capture.session import (
 from exporter.capture.store import PROFILE_DIR, SessionStore
 from exporter.capture.targets import ProfilerTarget, TargetRegistry, probe
 from exporter.errors import MlprofError
+from exporter.regular_files import NotRegularFileError
 from exporter.schema import TRIGGERS
 
 if TYPE_CHECKING:
@@ -508,9 +509,15 @@ class CaptureEngine:
         size = 0
         error = outcome.error
         for path in outcome.files:
+            # The workload's profiler wrote the staging dir: no link under the logdir is
+            # followed, and what is not a regular file is refused (not retried).
+            below = self.logdir if path.is_relative_to(self.logdir) else None
             try:
-                size += self.store.import_file(record.id, path)
+                size += self.store.import_file(record.id, path, below=below)
                 names.append(path.name)
+            except NotRegularFileError as exc:
+                error = f"{path.name} not imported into the store: {exc}"
+                log.warning("capture %s: %s", record.id, error)
             except Exception as exc:  # e.g. a transient gs:// error: keep the file, retry later
                 unimported.append(path.name)
                 error = (

@@ -24,7 +24,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -32,12 +32,14 @@ from pydantic import ValidationError
 
 from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id
 from exporter.errors import ConfigError
+from exporter.regular_files import open_directory, open_regular, replace_file_at
 
 __all__ = ["PROFILE_DIR", "SessionStore"]
 
 log = logging.getLogger(__name__)
 
 PROFILE_DIR: Final = "plugins/profile"
+COPY_CHUNK_BYTES: Final = 1 << 20  # imports copy captures (tens of MB) a MiB at a time
 
 
 class SessionStore:
@@ -85,13 +87,10 @@ class SessionStore:
         data = record.model_dump_json(indent=2).encode() + b"\n"
         with self._lock:
             self.fs.makedirs(directory, exist_ok=True)
-            target = posixpath.join(directory, SESSION_FILE)
             if self.is_local:
-                tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
-                Path(tmp).write_bytes(data)
-                Path(tmp).replace(target)  # readers never see half a record
+                _replace_local(directory, SESSION_FILE, data)  # never half a record
             else:
-                self.fs.pipe_file(target, data)
+                self.fs.pipe_file(posixpath.join(directory, SESSION_FILE), data)
 
     def read_record(self, session_id: str) -> SessionRecord | None:
         """The record of a session, or None when there is none (or it cannot be parsed)."""
@@ -156,28 +155,54 @@ class SessionStore:
             if e.get("type") == "file"
         }
 
-    def import_file(self, session_id: str, source: Path) -> int:
-        """Move a local capture file into the session; return its size."""
+    def import_file(self, session_id: str, source: Path, *, below: Path | None = None) -> int:
+        """Copy a local capture file into the session, then remove it; return its size.
+
+        The file is the workload's (its profiler or SDK wrote it): only a regular file is
+        imported, opened once without following a link (nor any directory link under
+        ``below``, the trusted logdir) and copied from that descriptor, so what lands in
+        the store is never a link and never a file from elsewhere. NotRegularFileError
+        (an OSError) otherwise.
+        """
         directory = self.session_dir(session_id)
         target = posixpath.join(directory, source.name)
-        size = source.stat().st_size
-        if self.is_local:
-            if os.path.realpath(source) == os.path.realpath(target):
-                return size  # the profiler server wrote straight into the store
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            shutil.move(source, target)
-            return size
-        self.fs.makedirs(directory, exist_ok=True)
-        self.fs.put_file(str(source), target)
-        source.unlink()
-        return size
+        _check_file_name(source.name)
+        with open_regular(source, follow_symlinks=False, below=below) as handle:
+            st = os.fstat(handle.fileno())
+            if self.is_local:
+                with contextlib.suppress(OSError):
+                    there = Path(target).lstat()
+                    if (there.st_dev, there.st_ino) == (st.st_dev, st.st_ino):
+                        return st.st_size  # the profiler server wrote straight into the store
+                Path(directory).mkdir(parents=True, exist_ok=True)
+                _replace_local(directory, source.name, handle)
+            else:
+                self.fs.makedirs(directory, exist_ok=True)
+                with self.fs.open(target, "wb") as out:
+                    shutil.copyfileobj(handle, out, COPY_CHUNK_BYTES)
+        if below is None:
+            source.unlink()
+        else:
+            parent = open_directory(source.parent, below=below)
+            try:
+                os.unlink(source.name, dir_fd=parent)
+            finally:
+                os.close(parent)
+        return st.st_size
 
     def write_file(self, session_id: str, name: str, data: bytes) -> None:
-        """Write a derived file (e.g. a flame graph) into the session directory."""
+        """Write a derived file (e.g. a flame graph) into the session directory.
+
+        On a local store the file is written beside and renamed into place: a link left
+        under ``name`` is replaced, never written through.
+        """
         _check_file_name(name)
         directory = self.session_dir(session_id)
         self.fs.makedirs(directory, exist_ok=True)
-        self.fs.pipe_file(posixpath.join(directory, name), data)
+        if self.is_local:
+            _replace_local(directory, name, data)
+        else:
+            self.fs.pipe_file(posixpath.join(directory, name), data)
 
     @contextlib.contextmanager
     def local_file(self, session_id: str, name: str) -> Iterator[Path]:
@@ -226,6 +251,15 @@ class SessionStore:
         if deleted:
             log.info("retention: deleted sessions %s", ", ".join(deleted))
         return deleted
+
+
+def _replace_local(directory: str, name: str, data: bytes | BinaryIO) -> None:
+    """Put ``data`` (bytes or a file to copy) under ``name`` in a local session directory."""
+    fd = open_directory(Path(directory))
+    try:
+        replace_file_at(fd, name, data, sync=False)
+    finally:
+        os.close(fd)
 
 
 def _check_file_name(name: str) -> str:

@@ -179,7 +179,13 @@ class LocalRunDiscovery:
             info = self._info(path)
             if info is not None:
                 by_process[(info.get("host"), info.get("pid"))] = info
-        live = [info for info in by_process.values() if self._live(info)]
+        live = []
+        for info in by_process.values():
+            try:
+                if self._live(info):
+                    live.append(info)
+            except Exception as exc:  # one bad record must not hide every later run
+                log.debug("run record of %r unusable: %s", info.get("run_id"), exc)
         names = {str(p) for p in paths}
         self._cache = {n: v for n, v in self._cache.items() if n in names}
         owners: dict[int, dict[str, Any]] = {}
@@ -197,7 +203,8 @@ class LocalRunDiscovery:
         if cached is not None and cached[0] == mtime:
             return cached[1]
         try:
-            info = json.loads(read_regular(path))
+            # Bounded, regular, no link followed under the shared dir (runs/ included).
+            info = json.loads(read_regular(path, below=self.shared_dir))
         except (OSError, ValueError, RecursionError) as exc:
             log.debug("run file %s unreadable: %s", path, exc)
             return None  # being replaced, or not a run file: not cached, read again
@@ -212,11 +219,17 @@ class LocalRunDiscovery:
             return False  # the run closed cleanly: its profiler server is gone
         host, pid = info.get("host"), info.get("pid")
         log_name = f"{host}-{pid}{schema.STEP_LOG_SUFFIX}"
-        if not isinstance(host, str) or not host or "/" in host or not isinstance(pid, int):
+        if (
+            not isinstance(host, str)
+            or not host
+            or "/" in host
+            or "\0" in host  # os.stat() raises ValueError on it: one bad record, not all
+            or not isinstance(pid, int)
+        ):
             return False
         try:
             beat = (self.shared_dir / schema.STEPS_DIR / log_name).stat().st_mtime
-        except OSError:
+        except (OSError, ValueError):
             return False
         return self._clock() - beat <= self.heartbeat_timeout_s
 

@@ -10,6 +10,7 @@ like any other. Sessions left unprocessed by a sidecar restart are picked up too
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +19,13 @@ from pydantic import ValidationError
 
 from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id, utcnow
 from exporter.capture.store import PROFILE_DIR, SessionStore
-from exporter.regular_files import read_regular
+from exporter.regular_files import open_directory, read_regular_at
 
 __all__ = ["SessionWatcher"]
 
 log = logging.getLogger(__name__)
+
+ROOT_KEY = "/"  # refusal key of the staging root itself (no session id holds a slash)
 
 
 class SessionWatcher:
@@ -57,46 +60,94 @@ class SessionWatcher:
 
     def _import_programmatic(self) -> int:
         root = self.logdir / PROFILE_DIR
-        if not root.is_dir():
+        try:
+            # The workload writes the logdir: plugins/ or profile/ made a link to another
+            # directory is refused, not listed, imported from or removed in.
+            root_fd = open_directory(root, below=self.logdir)
+        except FileNotFoundError:
             return 0
+        except OSError as exc:
+            self._refuse_once(ROOT_KEY, f"{exc}: no programmatic session is imported")
+            return 0
+        try:
+            return self._import_from(root, root_fd)
+        finally:
+            os.close(root_fd)
+
+    def _import_from(self, root: Path, root_fd: int) -> int:
         count = 0
-        entries = sorted(root.iterdir())
-        # Remember refusals only of sessions still staged (the set stays bounded).
-        self._refused &= {e.name for e in entries}
-        for session_dir in entries:
-            name = session_dir.name
+        with os.scandir(root_fd) as listing:
+            entries = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in listing)
+        # Remember refusals only of what is still staged (the set stays bounded).
+        names = {name for name, _ in entries}
+        self._refused = {k for k in self._refused if k.split("/")[0] in names or k == ROOT_KEY}
+        for name, is_dir in entries:
             try:
                 check_session_id(name)
             except ValueError:
                 continue
+            session_dir = root / name
+            if not is_dir:  # a link to a directory elsewhere, or a file: never a session
+                self._refuse_once(name, f"{session_dir}: not a directory (a symbolic link?); "
+                                  "not imported")  # fmt: skip
+                continue
             if self.running(name) or self._same_dir(session_dir):
                 continue
-            record = _read(session_dir / SESSION_FILE)
-            if record is None or record.status == "running":
-                continue  # an engine capture still staging, or the SDK still writing
-            if not self._may_write(name, record):
+            try:
+                session_fd = open_directory(session_dir, below=self.logdir)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                self._refuse_once(name, f"{exc}; not imported")
                 continue
             try:
-                staged = [
-                    p for p in sorted(session_dir.iterdir())
-                    if p.is_file() and p.name != SESSION_FILE and not p.name.startswith(".")
-                ]  # fmt: skip
-                for path in staged:
-                    self.store.import_file(name, path)
-                # The workload wrote this record: it names only files of this session.
-                present = {p.name for p in staged} | set(self.store.files(name))
-                for target in record.targets:
-                    target.files = [f for f in target.files if f in present]
-                self.store.write_record(record)
-            except Exception as exc:  # e.g. a transient gs:// error: retried on the next poll
-                log.warning("cannot import session %s into %s: %s", name, self.store.url, exc)
-                continue
-            self._settled.discard(name)
-            shutil.rmtree(session_dir, ignore_errors=True)
-            log.info("imported %s session %s", record.trigger, name)
-            count += 1
+                imported = self._import_one(name, session_dir, session_fd)
+            finally:
+                os.close(session_fd)
+            if imported:
+                # fd-relative: a directory swapped for a link meanwhile is not followed.
+                shutil.rmtree(name, dir_fd=root_fd, ignore_errors=True)
+                count += 1
         self.imported += count
         return count
+
+    def _import_one(self, name: str, session_dir: Path, session_fd: int) -> bool:
+        record = _read(session_fd, session_dir / SESSION_FILE)
+        if record is None or record.status == "running":
+            return False  # an engine capture still staging, or the SDK still writing
+        if not self._may_write(name, record):
+            return False
+        with os.scandir(session_fd) as listing:
+            listed = sorted((e.name, e.is_file(follow_symlinks=False)) for e in listing)
+        staged = [n for n, _ in listed if n != SESSION_FILE and not n.startswith(".")]
+        refused = [n for n, regular in listed if not regular and n in staged]
+        if refused:  # links, FIFOs, directories: never copied into the store
+            shown = ", ".join(refused[:5])
+            self._refuse_once(f"{name}/files", f"session {name}: {len(refused)} entries are "
+                              f"not regular files and are not imported: {shown}")  # fmt: skip
+        try:
+            imported = []
+            for file_name in staged:
+                if file_name in refused:
+                    continue
+                self.store.import_file(name, session_dir / file_name, below=self.logdir)
+                imported.append(file_name)
+            # The workload wrote this record: it names only files of this session.
+            present = set(imported) | set(self.store.files(name))
+            for target in record.targets:
+                target.files = [f for f in target.files if f in present]
+            self.store.write_record(record)
+        except Exception as exc:  # e.g. a transient gs:// error: retried on the next poll
+            log.warning("cannot import session %s into %s: %s", name, self.store.url, exc)
+            return False
+        self._settled.discard(name)
+        log.info("imported %s session %s", record.trigger, name)
+        return True
+
+    def _refuse_once(self, key: str, message: str) -> None:
+        if key not in self._refused:
+            self._refused.add(key)
+            log.warning("%s", message)
 
     def _may_write(self, name: str, record: SessionRecord) -> bool:
         """Whether the record found under directory ``name`` may become that session's."""
@@ -156,11 +207,11 @@ class SessionWatcher:
         return count
 
 
-def _read(path: Path) -> SessionRecord | None:
+def _read(directory_fd: int, path: Path) -> SessionRecord | None:
     try:
-        return SessionRecord.model_validate_json(read_regular(path))
+        return SessionRecord.model_validate_json(read_regular_at(directory_fd, path.name, path))
     except FileNotFoundError:
         return None
-    except (ValidationError, ValueError, OSError) as exc:
+    except (ValidationError, ValueError, OSError, RecursionError) as exc:
         log.warning("%s: not a session record (%s)", path, exc)
         return None

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Final
 
 from exporter import schema
+from exporter.regular_files import read_regular
 
 __all__ = ["RunPids", "process_start_unix"]
 
@@ -130,7 +131,11 @@ class RunPids:
             if known is not None and known[:2] == (st.st_mtime, st.st_size):
                 files[path] = known
                 continue
-            files[path] = (st.st_mtime, st.st_size, *_read_record(path, st.st_size))
+            files[path] = (
+                st.st_mtime,
+                st.st_size,
+                *_read_record(path, st.st_size, self.shared_dir),
+            )
         self._files = files
         by_pid: dict[int, list[_Run]] = {}
         for _, _, pid, run in files.values():
@@ -146,14 +151,15 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _read_record(path: Path, size: int) -> tuple[int | None, _Run | None]:
+def _read_record(path: Path, size: int, shared_dir: Path) -> tuple[int | None, _Run | None]:
     """(pid, run) of one run record; (None, None) for anything that is not one."""
     if size > MAX_RECORD_BYTES:
         log.debug("run record %s: %d bytes, more than a run record; ignored", path, size)
         return None, None
     try:
-        data = json.loads(path.read_bytes()[:MAX_RECORD_BYTES])
-    except (OSError, ValueError):
+        # Bounded and regular (a FIFO blocks, /dev/zero never ends), no link followed.
+        data = json.loads(read_regular(path, MAX_RECORD_BYTES, below=shared_dir))
+    except (OSError, ValueError, RecursionError):
         return None, None
     if not isinstance(data, dict):
         return None, None

@@ -15,7 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, Field
+
 from exporter import schema
+from exporter.regular_files import read_regular
+from exporter.state_files import BadStateError, load_state, save_state, set_aside
 
 if TYPE_CHECKING:
     from exporter.sinks.events import Emit
@@ -47,45 +51,62 @@ def _system_summary(info: Mapping[str, Any]) -> dict[str, Any]:
     return {k: system[k] for k in keys if k in system}
 
 
+class _AnnouncedState(BaseModel):
+    """``sidecar/runs-announced.json``: the run files already announced, oldest first."""
+
+    announced: list[str] = Field(default_factory=list)
+
+
 class RunEvents:
     """Announces runs as they start (``poll``) and end (``ended``, a step-log hook)."""
 
     def __init__(self, shared_dir: Path, emit: Emit) -> None:
         self.runs_dir = shared_dir / schema.RUNS_DIR
         self.state_file = shared_dir / schema.SIDECAR_DIR / STATE_FILE
+        self.shared_dir = shared_dir
         self.emit = emit
-        self._announced: dict[str, None] = dict.fromkeys(self._load())
-        self._fresh = not self.state_file.exists()  # no record: skip old runs once
+        self.state_discarded: str | None = None  # why the state file was set aside
+        self._save_failed = False
+        announced = self._load()
+        self._announced: dict[str, None] = dict.fromkeys(announced or ())
+        self._fresh = announced is None  # no (usable) record: skip old runs once
 
-    def _load(self) -> list[str]:
+    def _load(self) -> list[str] | None:
+        """The announced run files; None when there is no usable record.
+
+        The workload can write ``sidecar/`` too: the file is read as every state file is
+        (bounded, regular, no link followed, a bad one moved aside), never fatal.
+        """
         try:
-            data = json.loads(self.state_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            log.warning("%s unreadable (%s): runs may be announced again", self.state_file, exc)
-            return []
-        names = data.get("announced") if isinstance(data, dict) else None
-        return [str(n) for n in names] if isinstance(names, list) else []
+            state = load_state(self.state_file, _AnnouncedState)
+        except BadStateError as exc:
+            self.state_discarded = str(exc)
+            set_aside(self.state_file, str(exc))
+            return None
+        return state.announced if state is not None else None
 
     def _save(self) -> None:
         while len(self._announced) > MAX_REMEMBERED:
             del self._announced[next(iter(self._announced))]
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_name(f".{STATE_FILE}.tmp")
-        tmp.write_text(json.dumps({"announced": list(self._announced)}), encoding="utf-8")
-        tmp.replace(self.state_file)
+        data = json.dumps({"announced": list(self._announced)}).encode()
+        try:
+            save_state(self.state_file, data)
+        except OSError as exc:  # e.g. sidecar/ made a link: nothing written through it
+            if not self._save_failed:
+                log.warning("cannot save %s (%s): runs may be announced again after a restart",
+                            self.state_file, exc.strerror or exc)  # fmt: skip
+            self._save_failed = True
+        else:
+            self._save_failed = False
 
     def _read(self, path: Path) -> dict[str, Any] | None:
         try:
-            if path.stat().st_size > MAX_RUN_FILE_BYTES:
-                log.warning("run file %s is larger than %d bytes: skipped", path,
-                            MAX_RUN_FILE_BYTES)  # fmt: skip
-                return None
-            data = json.loads(path.read_bytes())
+            # Bounded, a regular file only (a FIFO would block, /dev/zero never end), and
+            # no link followed under the shared dir (runs/ itself included).
+            data = json.loads(read_regular(path, MAX_RUN_FILE_BYTES, below=self.shared_dir))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             log.warning("run file %s unreadable (%s): skipped", path, exc)
             return None
         fields = ("run_id", "name", "host")

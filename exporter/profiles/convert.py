@@ -164,7 +164,7 @@ def flamegraph_from_path(
             if is_torch_snapshot(path):
                 from exporter.profiles.torch_memory import load_torch_memory_profile
 
-                return load_torch_memory_profile(path)
+                return load_torch_memory_profile(path, follow_symlinks=True)  # the user's path
             from exporter.profiles.memory import load_memory_profile
 
             return load_memory_profile(path, limits() if callable(limits) else limits)

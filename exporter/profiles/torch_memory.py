@@ -48,7 +48,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from exporter.errors import InputError, MlprofError
 from exporter.profiles.frames import (
@@ -477,23 +477,39 @@ def is_torch_snapshot(path: Path) -> bool:
     return len(head) == 2 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS
 
 
-def _read_bounded(path: Path) -> bytes:
-    """The file's bytes, up to one past the cap; only a regular file (a FIFO in the shared
-    directory would block the reader)."""
+def _open_snapshot(path: Path, follow_symlinks: bool) -> BinaryIO:
+    """Open a snapshot file once: a regular file only (a FIFO in the shared directory
+    would block the reader), and no symbolic link unless ``follow_symlinks``."""
     try:
-        with open_regular(path) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            # Sized from the file, not the cap: read(n) allocates n bytes up front.
-            return handle.read(min(size, MAX_SNAPSHOT_BYTES) + 1)
+        return open_regular(path, follow_symlinks=follow_symlinks)
     except NotRegularFileError as exc:
         raise InputError(f"{exc}, expected a memory snapshot") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read memory snapshot ({exc.strerror or exc})") from None
 
 
-def convert_file(path: Path) -> bytes:
-    """Read, unpickle safely and convert one snapshot file in this process: raw pprof."""
-    data = _read_bounded(path)
+def _read_bounded(handle: BinaryIO, path: Path) -> bytes:
+    """The open file's bytes, up to one past the cap."""
+    try:
+        size = os.fstat(handle.fileno()).st_size
+        # Sized from the file, not the cap: read(n) allocates n bytes up front.
+        return handle.read(min(size, MAX_SNAPSHOT_BYTES) + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read memory snapshot ({exc.strerror or exc})") from None
+
+
+def convert_file(path: Path, *, follow_symlinks: bool = True, fd: int | None = None) -> bytes:
+    """Read, unpickle safely and convert one snapshot file in this process: raw pprof.
+
+    With ``fd`` the file is that open descriptor (``path`` only names it): what the
+    parent opened is what is converted, whatever ``path`` points to by now.
+    """
+    if fd is not None:
+        with os.fdopen(fd, "rb") as handle:
+            data = _read_bounded(handle, path)
+    else:
+        with _open_snapshot(path, follow_symlinks) as handle:
+            data = _read_bounded(handle, path)
     snapshot = read_snapshot(data, str(path))
     del data  # the objects are what costs memory from here on
     return bytes(snapshot_profile(snapshot, str(path)).SerializeToString())
@@ -509,32 +525,41 @@ def torch_memory_pprof(
     path: Path,
     memory_limit: int = CONVERT_MEMORY_BYTES,
     timeout_s: float = CONVERT_TIMEOUT_S,
+    *,
+    follow_symlinks: bool = False,
 ) -> bytes:
     """Convert a snapshot file in a child process limited in memory and time: raw pprof.
 
+    The file is opened here, once (a regular file; a symbolic link only with
+    ``follow_symlinks``, as for a path the CLI's user gave), and the child converts that
+    open descriptor: a link swapped in after the check is never read.
     InputError (one line) when the file is not a snapshot or needs more than the limits.
     """
-    if not path.is_file():
-        raise InputError(f"{path}: not a regular file, expected a memory snapshot")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
     module = "exporter.profiles.torch_memory"  # this module, run as the child
-    command = [sys.executable, "-m", module, "--memory-limit", str(memory_limit), str(path)]
-    try:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            timeout=timeout_s,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise InputError(
-            f"{path}: converting the memory snapshot took over {timeout_s:g}s; stopped"
-        ) from None
-    except OSError as exc:
-        raise MlprofError(f"cannot start the snapshot converter ({exc.strerror or exc})") from None
+    with _open_snapshot(path, follow_symlinks) as handle:
+        fd = handle.fileno()
+        command = [sys.executable, "-m", module, "--memory-limit", str(memory_limit),
+                   "--fd", str(fd), str(path)]  # fmt: skip
+        try:
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                timeout=timeout_s,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                check=False,
+                pass_fds=(fd,),
+            )
+        except subprocess.TimeoutExpired:
+            raise InputError(
+                f"{path}: converting the memory snapshot took over {timeout_s:g}s; stopped"
+            ) from None
+        except OSError as exc:
+            raise MlprofError(
+                f"cannot start the snapshot converter ({exc.strerror or exc})"
+            ) from None
     if done.returncode == 0:
         output: bytes = done.stdout
         return output
@@ -547,11 +572,16 @@ def torch_memory_pprof(
     raise InputError(_one_line(lines[-1], 500))
 
 
-def load_torch_memory_profile(path: Path) -> FlameGraph:
-    """Read a PyTorch memory snapshot file and build its in-use-space flame graph."""
+def load_torch_memory_profile(path: Path, *, follow_symlinks: bool = False) -> FlameGraph:
+    """Read a PyTorch memory snapshot file and build its in-use-space flame graph.
+
+    A symbolic link is refused unless ``follow_symlinks`` (the CLI, given a path by its
+    user): the sidecar reads snapshots the workload wrote.
+    """
     from exporter.profiles.memory import memory_flamegraph
 
-    return memory_flamegraph(torch_memory_pprof(path), str(path))
+    pprof = torch_memory_pprof(path, follow_symlinks=follow_symlinks)
+    return memory_flamegraph(pprof, str(path))
 
 
 def _limit_memory(limit: int) -> None:
@@ -568,20 +598,27 @@ def _limit_memory(limit: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Child entry point: ``[--memory-limit BYTES] FILE`` -> raw pprof on stdout."""
+    """Child entry point: ``[--memory-limit BYTES] [--fd N] FILE`` -> raw pprof on stdout.
+
+    With ``--fd`` the snapshot is read from that inherited descriptor, FILE only names it.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     limit = CONVERT_MEMORY_BYTES
-    if len(args) == 3 and args[0] == "--memory-limit" and args[1].isdigit():
-        limit = int(args[1])
+    fd: int | None = None
+    while len(args) >= 3 and args[0] in ("--memory-limit", "--fd") and args[1].isdigit():
+        if args[0] == "--fd":
+            fd = int(args[1])
+        else:
+            limit = int(args[1])
         args = args[2:]
     if len(args) != 1:
-        print("usage: python -m exporter.profiles.torch_memory [--memory-limit BYTES] FILE",
-              file=sys.stderr)  # fmt: skip
+        print("usage: python -m exporter.profiles.torch_memory [--memory-limit BYTES] "
+              "[--fd N] FILE", file=sys.stderr)  # fmt: skip
         return 2
     path = Path(args[0])
     _limit_memory(limit)
     try:
-        output = convert_file(path)
+        output = convert_file(path, fd=fd)
     except MlprofError as exc:
         print(str(exc), file=sys.stderr)
         return 1
