@@ -25,7 +25,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exporter.profiles.flamegraph import FlameGraph
 
 __all__ = ["JobResult", "flamegraphs_in_child", "last_message", "run_job"]
 
@@ -110,7 +113,7 @@ def flamegraphs_in_child(
     *,
     max_profile_bytes: int | None = None,
     max_profile_ratio: float | None = None,
-) -> dict[str, Any]:
+) -> dict[str, FlameGraph]:
     """``{profile_source: FlameGraph}`` of one file, converted in a bounded child.
 
     ``kind`` is ``capture`` (an ``.xplane.pb``: device and host graphs), ``memory`` (a
@@ -122,7 +125,6 @@ def flamegraphs_in_child(
     import tempfile
 
     from exporter.errors import InputError
-    from exporter.profiles.flamegraph import FlameGraph
     from exporter.profiles.pprof import InflateLimits, decode_pprof, graphs_from_pprof
 
     with tempfile.TemporaryDirectory(prefix="mlprof-convert-") as out:

@@ -24,9 +24,7 @@ from pydantic import BaseModel, Field
 from exporter import schema
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
-from exporter.profiles.memory import load_memory_profile
 from exporter.profiles.pprof import InflateLimits
-from exporter.profiles.torch_memory import load_torch_memory_profile
 from exporter.regular_files import is_regular, read_regular
 from exporter.state_files import BadStateError, load_state, save_state, set_aside
 
@@ -51,6 +49,7 @@ class _WatcherState(BaseModel):
     """``sidecar/memory-profiles.json``: the profiles already published."""
 
     processed: list[str] = Field(default_factory=list)
+    failed: dict[str, str] = Field(default_factory=dict)  # name -> why, of those processed
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,11 @@ class MemoryProfileWatcher:
     ``poll()`` is what the sidecar calls periodically; ``keep`` bounds how many
     converted profiles stay on disk (the oldest are deleted); ``limits`` bound how far
     a workload-written profile may inflate (``MLPROF_MAX_PROFILE_BYTES``/``_RATIO``).
+
+    Each profile is converted in a child bounded to ``timeout_s`` and ``max_memory_mb``
+    (``convert`` replaces that, e.g. in tests), and is remembered as processed *before*
+    its conversion: one that kills the conversion is recorded in ``failed`` (with the
+    child's one-line reason) and never tried again, even after a restart.
     """
 
     def __init__(
@@ -124,9 +128,17 @@ class MemoryProfileWatcher:
         state_path: Path | None = None,
         keep: int = 100,
         limits: InflateLimits | None = None,
+        *,
+        convert: Callable[[Path, str], FlameGraph] | None = None,
+        timeout_s: float = 300.0,
+        max_memory_mb: int = 4096,
     ) -> None:
         self.shared_dir = shared_dir
         self.limits = limits or InflateLimits()
+        self.timeout_s = timeout_s
+        self.max_memory_mb = max_memory_mb
+        self.convert = convert or self._convert_in_child
+        self.failed: dict[str, str] = {}
         self.directory = shared_dir / schema.MEMORY_DIR
         self.publish = publish
         self.state_path = state_path or shared_dir / schema.SIDECAR_DIR / "memory-profiles.json"
@@ -141,9 +153,25 @@ class MemoryProfileWatcher:
             set_aside(self.state_path, str(exc))
         else:
             self.processed = set(state.processed) if state is not None else set()
+            self.failed = dict(state.failed) if state is not None else {}
 
     def _save(self) -> None:
-        save_state(self.state_path, json.dumps({"processed": sorted(self.processed)}).encode())
+        failed = {k: v for k, v in sorted(self.failed.items()) if k in self.processed}
+        body = {"processed": sorted(self.processed), "failed": failed}
+        save_state(self.state_path, json.dumps(body).encode())
+
+    def _convert_in_child(self, path: Path, kind: str) -> FlameGraph:
+        from exporter.analysis.job import flamegraphs_in_child
+
+        graphs = flamegraphs_in_child(
+            path,
+            kind,
+            self.timeout_s,
+            self.max_memory_mb,
+            max_profile_bytes=self.limits.max_bytes,
+            max_profile_ratio=self.limits.max_ratio,
+        )
+        return graphs[PROFILE_SOURCE]
 
     @staticmethod
     def labels_for(meta: dict[str, Any], path: Path) -> dict[str, str]:
@@ -187,10 +215,19 @@ class MemoryProfileWatcher:
                 log.warning("skipping memory profile %s: not a regular file", path)
                 self.processed.add(path.name)
                 continue
-            results.append(self._process(path))
-            # Remembered one by one: a later failure must not re-push this one.
+            # Remembered before converting, one by one: a conversion that takes the
+            # sidecar down is not tried again at every start, and a later failure must
+            # not re-push this one.
             self.processed.add(path.name)
+            self.failed[path.name] = "conversion did not finish (the sidecar stopped)"
             self._save()
+            result = self._process(path)
+            if result.error:
+                self.failed[path.name] = result.error[:500]
+            else:
+                self.failed.pop(path.name, None)
+            self._save()
+            results.append(result)
         if results:
             self._retain(found)
             self._save()
@@ -205,9 +242,9 @@ class MemoryProfileWatcher:
             if path.name.endswith(schema.MEMORY_SNAPSHOT_SUFFIX):
                 if path.is_symlink():  # the pprof path refuses links when it opens
                     raise InputError(f"{path}: not a regular file (a symbolic link)")
-                graph = load_torch_memory_profile(path)
+                graph = self.convert(path, "torch")
             else:
-                graph = load_memory_profile(path, self.limits, follow_symlinks=False)
+                graph = self.convert(path, "memory")
             if meta.get("time"):
                 graph.time_nanos = int(float(meta["time"]) * 1e9)
         except InputError as exc:
@@ -232,6 +269,7 @@ class MemoryProfileWatcher:
             path.unlink(missing_ok=True)
             _meta_path(path).unlink(missing_ok=True)
             self.processed.discard(path.name)
+            self.failed.pop(path.name, None)
 
     def _expire_requests(self) -> None:
         directory = self.shared_dir / schema.REQUESTS_DIR

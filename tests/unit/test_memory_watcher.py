@@ -167,3 +167,52 @@ def test_a_link_out_of_the_shared_dir_is_not_followed(tmp_path: Path) -> None:
     assert published == []
     # The CLI, given the same path by its user, follows the link.
     assert load_memory_profile(link).root.total == 4096
+
+
+def test_an_amplifying_profile_is_refused_in_the_child_and_not_retried(tmp_path: Path) -> None:
+    # A location of 1,100 inlined lines under 1,100 roots (16 KB): 1.2M frames. The
+    # watcher used to convert it in the sidecar's own process and save "processed" only
+    # afterwards, so the OOM repeated at every start. Now: a child, refused in one line,
+    # remembered as failed before and after.
+    from tests.unit.test_memory import _amplifying_profile
+
+    _write(tmp_path, "h-1-1-1", _amplifying_profile(1_100, 1_100), run_id="r", workload="w")
+    published: list[FlameGraph] = []
+    watcher = MemoryProfileWatcher(tmp_path, lambda g, labels: published.append(g))
+    (result,) = watcher.poll()
+    assert result.graph is None and published == []
+    assert "expand to 1211100 frames" in result.error and "\n" not in result.error
+    state = json.loads((tmp_path / schema.SIDECAR_DIR / "memory-profiles.json").read_text())
+    assert state["processed"] == ["h-1-1-1.pprof.gz"]
+    assert "1211100 frames" in state["failed"]["h-1-1-1.pprof.gz"]
+    # After a restart it is neither converted nor published again.
+    again = MemoryProfileWatcher(tmp_path, lambda g, labels: published.append(g))
+    assert again.poll() == [] and published == []
+    assert "1211100 frames" in again.failed["h-1-1-1.pprof.gz"]
+
+
+def test_a_profile_whose_conversion_took_the_sidecar_down_is_not_retried(
+    tmp_path: Path,
+) -> None:
+    # Processed is saved before converting: a conversion that never returns (the
+    # sidecar killed during it) is on record as failed at the next start.
+    _write(tmp_path, "h-1-1-1", _pprof(100), run_id="r", workload="w")
+
+    class Killed(BaseException):
+        pass
+
+    def convert(path: Path, kind: str) -> FlameGraph:
+        raise Killed  # what an OOM kill looks like from here: nothing after it runs
+
+    watcher = MemoryProfileWatcher(tmp_path, None, convert=convert)
+    with pytest.raises(Killed):
+        watcher.poll()
+    calls: list[Path] = []
+
+    def count(path: Path, kind: str) -> FlameGraph:
+        calls.append(path)
+        return load_memory_profile(path)
+
+    restarted = MemoryProfileWatcher(tmp_path, None, convert=count)
+    assert restarted.poll() == [] and calls == []
+    assert "did not finish" in restarted.failed["h-1-1-1.pprof.gz"]
