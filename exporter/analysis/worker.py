@@ -412,7 +412,7 @@ class ReportWorker:
         base = self.settings.api_base.rstrip("/")
         links = {
             "session": f"{base}/api/v1/captures/{quote(record.id)}",
-            "report (JSON)": f"{base}/api/v1/sessions/{quote(record.id)}/report",
+            "report (JSON)": f"{base}/api/v1/sessions/{quote(record.id)}/report?format=json",
         }
         grafana = self.settings.grafana_url
         if grafana:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -31,6 +31,29 @@ from exporter.sidecar import Sidecar
 __all__ = ["create_app"]
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# ``?format=`` values a reader may ask for in a link, and the Accept header they mean.
+FORMAT_ACCEPT = {"json": b"application/json", "html": b"text/html"}
+
+
+class ExplicitFormatWins:
+    """On GET, ``?format=json`` (or ``html``) replaces the request's Accept header.
+
+    A browser following the report's "JSON" link sends ``Accept: text/html,...``; what
+    the link asks for explicitly wins over what the browser prefers. (``format`` on
+    POST is the Pyroscope ingest's body format and is left alone.)
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            accept = FORMAT_ACCEPT.get((query.get("format") or [""])[-1].lower())
+            if accept is not None:
+                headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"accept"]
+                scope = {**scope, "headers": [*headers, (b"accept", accept)]}
+        await self.app(scope, receive, send)
 
 
 def create_app(sidecar: Sidecar) -> FastAPI:
@@ -80,6 +103,7 @@ def create_app(sidecar: Sidecar) -> FastAPI:
     # is made to resolve to 127.0.0.1, reaches the sidecar with ``Host:
     # attacker.example`` and a matching Origin, which the origin check above accepts.
     # Only the names the sidecar is known by are answered (MLPROF_ALLOWED_HOSTS).
+    app.add_middleware(ExplicitFormatWins)
     app.add_middleware(
         TrustedHostMiddleware, allowed_hosts=sidecar.settings.trusted_hosts, www_redirect=False
     )

@@ -1,0 +1,49 @@
+"""Issue 22: a new user's first hour and the attack round's smaller breaks, on the
+sidecar's HTTP surface (the app in process, on temp dirs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from exporter.analysis.job import REPORT_HTML, REPORT_JSON
+from exporter.api.app import create_app
+from exporter.capture.session import SessionRecord
+from exporter.sidecar import Sidecar
+from tests.sidecar_app import settings_in
+
+pytestmark = pytest.mark.integration
+
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+
+def _app_with_report(tmp_path: Path) -> tuple[Sidecar, TestClient]:
+    sidecar = Sidecar(settings_in(tmp_path))
+    store = sidecar.captures.store
+    store.write_record(SessionRecord(id="s1", status="done", report={"status": "ok"}))
+    store.write_file("s1", REPORT_JSON, json.dumps({"findings": []}).encode())
+    store.write_file("s1", REPORT_HTML, b"<html>report</html>")
+    # No lifespan: the store is read by the request alone, no loop needs to run.
+    return sidecar, TestClient(create_app(sidecar), base_url="http://127.0.0.1")
+
+
+def test_the_reports_json_link_gives_json_to_a_browser(tmp_path: Path) -> None:
+    sidecar, client = _app_with_report(tmp_path)
+    record = sidecar.captures.store.read_record("s1")
+    assert record is not None
+    link = sidecar.reports._links(record, None)["report (JSON)"]
+    assert link.endswith("/api/v1/sessions/s1/report?format=json")
+    answer = client.get(
+        "/api/v1/sessions/s1/report?format=json", headers={"Accept": BROWSER_ACCEPT}
+    )
+    assert answer.headers["content-type"].startswith("application/json")
+    assert answer.json() == {"findings": []}
+    # Without the parameter a browser still gets the page, and ?format=html wins too.
+    assert client.get("/api/v1/sessions/s1/report", headers={"Accept": BROWSER_ACCEPT}).text == (
+        "<html>report</html>"
+    )
+    page = client.get("/api/v1/sessions/s1/report?format=html", headers={"Accept": "*/*"})
+    assert page.text == "<html>report</html>"
