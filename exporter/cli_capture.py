@@ -320,7 +320,11 @@ def sessions(
     ]  # fmt: skip
     if rows:
         _table(("SESSION", "STATUS", "TRIGGER", "CREATED (UTC)", "RUN", "HOSTS"), rows)
-    click.echo(f"{len(answer['sessions'])} of {answer['total']} sessions", err=True)
+    shown, matching = len(answer["sessions"]), answer["total"]
+    stored = answer.get("stored", matching)  # an older sidecar does not say
+    filtered = any(v is not None for v in (run_id, trigger, since))
+    note = f" ({matching} match; --limit {limit})" if filtered and matching > shown else ""
+    click.echo(f"{shown} of {stored} sessions{note}", err=True)
 
 
 @click.command()

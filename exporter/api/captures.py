@@ -204,7 +204,10 @@ def list_sessions(
     until: Annotated[datetime | None, Query(description="Created before (ISO 8601).")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> dict[str, Any]:
-    """Sessions in the store, newest first, filtered by run, trigger, status and time."""
+    """Sessions in the store, newest first, filtered by run, trigger, status and time.
+
+    ``total``: the sessions that match; ``stored``: all sessions in the store.
+    """
     records = _sidecar(request).captures.store.records()
     chosen = [
         r
@@ -215,7 +218,11 @@ def list_sessions(
         and (since is None or r.created >= _aware(since))
         and (until is None or r.created < _aware(until))
     ]
-    return {"sessions": [r.model_dump(mode="json") for r in chosen[:limit]], "total": len(chosen)}
+    return {
+        "sessions": [r.model_dump(mode="json") for r in chosen[:limit]],
+        "total": len(chosen),
+        "stored": len(records),
+    }
 
 
 def _aware(moment: datetime) -> datetime:

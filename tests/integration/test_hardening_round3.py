@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from exporter.analysis.job import REPORT_HTML, REPORT_JSON
 from exporter.api.app import create_app
 from exporter.capture.session import SessionRecord
+from exporter.cli import main
 from exporter.sidecar import Sidecar
 from tests.sidecar_app import settings_in
 
@@ -47,3 +49,25 @@ def test_the_reports_json_link_gives_json_to_a_browser(tmp_path: Path) -> None:
     )
     page = client.get("/api/v1/sessions/s1/report?format=html", headers={"Accept": "*/*"})
     assert page.text == "<html>report</html>"
+
+
+class _InProcessApi:
+    """The CLI's API client, answered by the app in process."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.client = client
+        self.base_url = str(client.base_url)
+
+    def get(self, path: str, **params: object) -> object:
+        shown = {k: v for k, v in params.items() if v is not None}
+        return self.client.get(path, params=shown).raise_for_status().json()  # type: ignore[arg-type]
+
+
+def test_sessions_with_a_filter_count_the_stored_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, client = _app_with_report(tmp_path)  # one manual session in the store
+    monkeypatch.setattr("exporter.cli_capture._client", lambda *_: _InProcessApi(client))
+    listed = CliRunner().invoke(main, ["sessions", "--trigger", "snapshot"])
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.strip().splitlines() == ["0 of 1 sessions"]  # was "0 of 0 sessions"
