@@ -2,7 +2,9 @@
 
 ``GET /api/v1/sessions/{id}/report`` serves the session's ``analysis.json`` (or its
 ``summary.html`` with ``Accept: text/html``); ``GET /api/v1/compare`` compares two
-sessions, runs or Pyroscope selections in a bounded child process; ``PUT
+sessions, runs or Pyroscope selections in a bounded child process, at most
+``COMPARE_WORKERS`` at once with ``COMPARE_QUEUE`` more waiting (beyond that: 429 with
+``Retry-After``); ``PUT
 /api/v1/baselines/{workload}`` marks a workload's baseline session. Sides are session
 ids, ``run:<id>`` or ``pyroscope:{...}``: never a file path, so nothing outside the
 store is read.
@@ -13,8 +15,10 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -26,10 +30,61 @@ from exporter.capture.session import check_session_id
 if TYPE_CHECKING:
     from exporter.sidecar import Sidecar
 
-__all__ = ["router"]
+__all__ = ["ChildPool", "router"]
+
+T = TypeVar("T")
 
 _RUN_SIDE = re.compile(r"^run:[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 MAX_BODY_BYTES = 4096
+# Comparison children at once, and requests waiting for one: each child may take
+# MLPROF_REPORT_MAX_MEMORY_MB (4 GiB) for MLPROF_REPORT_TIMEOUT_S (300 s), so six at
+# once filled an 8 GiB cgroup. Two keep a dashboard's pair of comparisons quick.
+COMPARE_WORKERS = 2
+COMPARE_QUEUE = 4
+RETRY_AFTER_S = 10
+
+
+class ChildPool:
+    """At most ``workers`` jobs at once and ``queue`` waiting; ``None`` beyond that.
+
+    >>> pool = ChildPool(workers=2, queue=4)
+    >>> pool.run(lambda: 42)
+    42
+    """
+
+    def __init__(self, workers: int = COMPARE_WORKERS, queue: int = COMPARE_QUEUE) -> None:
+        self.workers = workers
+        self.queue = queue
+        self._running = threading.BoundedSemaphore(workers)
+        self._lock = threading.Lock()
+        self.admitted = 0  # running or waiting
+        self.refused = 0
+
+    def admit(self) -> bool:
+        """Take a place (running or waiting); False when every place is taken."""
+        with self._lock:
+            if self.admitted >= self.workers + self.queue:
+                self.refused += 1
+                return False
+            self.admitted += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.admitted -= 1
+
+    def run(self, job: Callable[[], T]) -> T:
+        """Run ``job`` once a worker is free (the caller has been admitted)."""
+        with self._running:
+            return job()
+
+
+def _compare_pool(request: Request) -> ChildPool:
+    state = request.app.state
+    pool = getattr(state, "compare_pool", None)
+    if pool is None:
+        pool = state.compare_pool = ChildPool()
+    return pool
 
 
 def _sidecar(request: Request) -> Sidecar:
@@ -148,9 +203,21 @@ async def get_compare(
             args += ["--from", time_from]
         if until:
             args += ["--until", until]
-        result = await run_in_threadpool(
-            run_job, args, settings.report_timeout_s, settings.report_max_memory_mb
-        )
+        pool = _compare_pool(request)
+        if not pool.admit():
+            raise HTTPException(
+                429,
+                f"{pool.workers} comparisons are running and {pool.queue} waiting: "
+                f"try again in {RETRY_AFTER_S}s",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        try:
+            result = await run_in_threadpool(
+                pool.run,
+                lambda: run_job(args, settings.report_timeout_s, settings.report_max_memory_mb),
+            )
+        finally:
+            pool.release()
         if not result.ok:
             raise HTTPException(422, result.error)
         if _wants_html(request):
