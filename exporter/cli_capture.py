@@ -199,6 +199,8 @@ def _report(record: dict[str, Any], as_json: bool) -> None:
             files = ", ".join(target["files"]) or "-"
             line = f"  {target['address']:<24} {target['host']:<20} {target['status']:<11} {files}"
             click.echo(line + (f"  ({target['error']})" if target["error"] else ""))
+            if target.get("note"):
+                click.echo(f"    note: {target['note']}")
     if record["status"] != "done":
         bad = [t["address"] for t in record["targets"] if t["status"] != "ok"]
         raise MlprofError(f"session {record['id']} {record['status']}: {', '.join(bad)} failed")

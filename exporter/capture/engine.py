@@ -142,6 +142,7 @@ class TargetOutcome:
     error: str = ""
     files: list[Path] = field(default_factory=list)
     mode: str = "trace"
+    note: str = ""  # what the user should know beside the status (e.g. a fallback)
 
 
 class SnapshotSource(Protocol):
@@ -440,10 +441,20 @@ class CaptureEngine:
         with self._lock:
             record.targets[index].started = utcnow()
         try:
-            if kind == "snapshot" and self.snapshots is not None:
-                taken = self.snapshots.take(target, self.staging_dir(record.id))
+            if kind == "snapshot":
+                staging = self.staging_dir(record.id)
+                taken = self.snapshots.take(target, staging) if self.snapshots else None
                 if taken is not None:
                     return taken
+                traced = self.trace_into(target, record.id, record.options)
+                # Said in the output and the record, not silently: the user asked for a
+                # kept window and got a new trace (or its failure).
+                traced.note = (
+                    f"no snapshot kept for {target.address} (start one with `mlprof snapshot "
+                    f"start`): a {record.options.get('duration_ms', 0)} ms trace was "
+                    "taken instead"
+                )
+                return traced
             return self.trace_into(target, record.id, record.options)
         except Exception as exc:  # one target's failure is its result, not the session's
             log.exception("capture of %s failed", target.address)
@@ -530,6 +541,7 @@ class CaptureEngine:
             result.error, result.files, result.bytes = error, names, size
             result.unimported = unimported
             result.mode = outcome.mode
+            result.note = outcome.note
             result.finished = utcnow()
 
     def _discard_late(self, session_id: str, future: Future[TargetOutcome]) -> None:

@@ -68,6 +68,9 @@ class TargetResult(BaseModel):
     started: datetime | None = None
     finished: datetime | None = None
     mode: str = "trace"  # trace | continuous | ring
+    # Beside the status, what the user should know: a snapshot asked for where none is
+    # kept says that it became a trace.
+    note: str = ""
     # Capture files the store refused: kept in the staging dir, the watcher retries them.
     unimported: list[str] = Field(default_factory=list)
 

@@ -106,3 +106,30 @@ def test_store_failures_do_not_use_up_the_alert_capture_limit(tmp_path: Path) ->
         assert fire("fp4") == "started"
     finally:
         engine.close()
+
+
+def test_a_snapshot_without_a_kept_one_says_it_became_a_trace(tmp_path: Path) -> None:
+    import click
+    from click.testing import CliRunner
+
+    from exporter.cli_capture import _report
+
+    engine = CaptureEngine(
+        SessionStore(f"memory://snap-{time.monotonic_ns()}"), tmp_path, CaptureLimits(timeout_s=1)
+    )
+    target = _dead_target()
+    try:
+        submitted = engine.submit(CaptureRequest(kind="snapshot", duration_ms=100), [target])
+        record = engine.wait(submitted.id, timeout=60)
+    finally:
+        engine.close()
+    assert record is not None
+    [result] = record.targets
+    assert result.mode == "trace"
+    assert result.note.startswith(f"no snapshot kept for {target.address}")
+    assert "trace was taken instead" in result.note
+    stored = engine.store.read_record(submitted.id)
+    assert stored is not None and stored.targets[0].note == result.note  # in the record too
+    shown = record.model_dump(mode="json")
+    printed = CliRunner().invoke(click.command()(lambda: _report(shown, False)))
+    assert f"note: {result.note}" in printed.output  # `mlprof capture` prints it
