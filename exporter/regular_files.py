@@ -191,8 +191,11 @@ def _read_capped(fh: BinaryIO, path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def replace_file(path: Path, data: bytes, *, below: Path | None = None, sync: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically, never writing through a link.
+def replace_file(
+    path: Path, data: bytes | BinaryIO, *, below: Path | None = None, sync: bool = True
+) -> None:
+    """Replace ``path`` with ``data`` (bytes, or an open file to copy) atomically, never
+    writing through a link.
 
     The bytes go to a new file beside it (``O_EXCL|O_NOFOLLOW``, after removing any
     leftover of that name: a FIFO or link planted there is removed, not opened), which

@@ -29,6 +29,7 @@ from exporter.capture.engine import RING_HOLDER, CaptureEngine, TargetOutcome
 from exporter.capture.session import new_session_id
 from exporter.capture.store import PROFILE_DIR
 from exporter.capture.targets import ProfilerTarget
+from exporter.regular_files import open_regular, replace_file
 
 __all__ = ["RING_HOLDER", "RingOptions", "SnapshotService"]
 
@@ -239,7 +240,16 @@ class SnapshotService:
         files = []
         for source in sorted(newest.iterdir()):
             copy = staging / source.name
-            shutil.copyfile(source, copy)
+            # Both directories are the workload's to write: a link in the window is not
+            # followed (an outside file's bytes would become the capture), and one at
+            # the copy's name is replaced, not written through.
+            try:
+                with open_regular(source, below=self.engine.logdir) as handle:
+                    replace_file(copy, handle, below=self.engine.logdir, sync=False)
+            except OSError as exc:
+                log.warning("snapshot of %s: %s not copied (%s)", target.address, source.name,
+                            exc)  # fmt: skip
+                continue
             files.append(copy)
         return TargetOutcome("ok", files=files, mode="ring")
 
@@ -248,7 +258,11 @@ class SnapshotService:
         scratch.mkdir(parents=True, exist_ok=True)
         try:
             self.engine.client.get_snapshot(target.address, str(scratch))
-            written = sorted(p for p in scratch.rglob("*") if p.is_file() and p.stat().st_size)
+            written = sorted(  # a link planted in the scratch dir is never a capture
+                p
+                for p in scratch.rglob("*")
+                if not p.is_symlink() and p.is_file() and p.stat().st_size
+            )
             if not written:
                 return TargetOutcome(
                     "failed",

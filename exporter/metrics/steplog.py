@@ -119,6 +119,7 @@ class StepLogTailer:
         consumer: StepLogConsumer,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
+        self.shared_dir = shared_dir
         self.steps_dir = shared_dir / schema.STEPS_DIR
         self.state_file = state_file
         self.consumer = consumer
@@ -187,7 +188,9 @@ class StepLogTailer:
 
     def _read_file(self, path: Path, stats: TailStats) -> bool:
         try:
-            with open_regular(path) as fh:
+            # No link followed (the log, or steps/ itself): lines from a file elsewhere
+            # are not the workload's steps.
+            with open_regular(path, below=self.shared_dir) as fh:
                 st = os.fstat(fh.fileno())
                 state = self._files.get(path.name)
                 if state is None or state.refused:  # new, or no longer a FIFO or device

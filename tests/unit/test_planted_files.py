@@ -458,3 +458,53 @@ def test_a_snapshot_swapped_for_a_link_after_the_check_is_not_read(
     monkeypatch.setattr(torch_memory.subprocess, "run", real_run)
     with pytest.raises(InputError, match="symbolic link"):
         torch_memory.load_torch_memory_profile(path)  # the link itself, now in place
+
+
+def test_a_ring_snapshot_copies_no_link_and_writes_through_none(
+    tmp_path: Path, outside: Path
+) -> None:
+    """The ring's windows and the staging dir are in the logdir the workload writes:
+    ``shutil.copyfile`` followed a link in both (read an outside file into the capture,
+    wrote the capture through a link at its name)."""
+    from exporter.capture.engine import CaptureEngine, CaptureLimits
+    from exporter.capture.snapshots import SnapshotService, _Kept
+    from exporter.capture.targets import ProfilerTarget
+
+    (outside / "victim2").write_bytes(VICTIM)
+    logdir = tmp_path / "logdir"
+    engine = CaptureEngine(SessionStore(tmp_path / "store"), logdir, CaptureLimits())
+    try:
+        snapshots = SnapshotService(engine, mode="ring")
+        target = ProfilerTarget("127.0.0.1:1", "vm", "r1", "static", "cpu")
+        window = snapshots.ring_logdir / "plugins" / "profile" / "w1"
+        window.mkdir(parents=True)
+        (window / "vm_1.xplane.pb").write_bytes(b"window capture")
+        (window / "vm_1.secret.pb").symlink_to(outside / "victim")
+        staging = logdir / "plugins" / "profile" / "s1"
+        staging.mkdir(parents=True)
+        (staging / "vm_1.xplane.pb").symlink_to(outside / "victim2")
+        snapshots._kept[target.address] = _Kept(target, "ring", windows=[window])
+        outcome = snapshots.take(target, staging)
+    finally:
+        engine.close()
+    assert outcome is not None and outcome.files == [staging / "vm_1.xplane.pb"]
+    assert (staging / "vm_1.xplane.pb").read_bytes() == b"window capture"
+    assert not (staging / "vm_1.xplane.pb").is_symlink()
+    assert not (staging / "vm_1.secret.pb").exists()
+    assert (outside / "victim2").read_bytes() == VICTIM
+
+
+def test_a_step_log_linked_elsewhere_is_refused_once_not_read(
+    tmp_path: Path, outside: Path
+) -> None:
+    from tests.unit.test_steplog import Sidecar as Tailing
+    from tests.unit.test_steplog import step_line
+
+    (outside / "steps.jsonl").write_text(step_line(0) + step_line(1) + step_line(2))
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "h-1.jsonl").symlink_to(outside / "steps.jsonl")
+    car = Tailing(tmp_path)
+    car.tailer.poll()
+    car.tailer.poll()
+    assert car.value("train_steps_total") is None
+    assert car.errors == ["not_regular_file"]
