@@ -27,6 +27,7 @@ from exporter.capture.targets import (
     TargetRegistry,
 )
 from exporter.capture.watcher import SessionWatcher
+from exporter.regular_files import read_regular
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -142,8 +143,9 @@ class CaptureService:
             if run_id:
                 try:
                     path = shared / schema.RUNS_DIR / f"{run_id}.json"
-                    return str(json.loads(path.read_text(encoding="utf-8"))["name"])
-                except (OSError, ValueError, KeyError, TypeError):
+                    # The workload's file: bounded, regular, no link (nor "..") followed.
+                    return str(json.loads(read_regular(path, below=shared))["name"])
+                except (OSError, ValueError, KeyError, TypeError, RecursionError):
                     pass
             return "mlprof"
 

@@ -508,3 +508,34 @@ def test_a_step_log_linked_elsewhere_is_refused_once_not_read(
     car.tailer.poll()
     assert car.value("train_steps_total") is None
     assert car.errors == ["not_regular_file"]
+
+
+def test_a_pushed_capture_names_its_service_without_reading_a_fifo_or_outside(
+    tmp_path: Path, outside: Path
+) -> None:
+    """The session processor's thread looked the run's name up in runs/<run_id>.json
+    with read_text(): a FIFO there stopped every later conversion."""
+    from exporter.capture.service import CaptureService
+    from exporter.config import load_settings
+
+    shared = tmp_path / "shared"
+    (shared / "runs").mkdir(parents=True)
+    os.mkfifo(shared / "runs" / "fifo-run.json")
+    (shared / "runs" / "linked.json").symlink_to(outside / "record.json")
+    (outside / "record.json").write_text(json.dumps({"name": "outside-name"}))
+    (shared / "runs" / "ok.json").write_text(json.dumps({"name": "trainer"}))
+    settings = load_settings(
+        shared_dir=str(shared), store=str(tmp_path / "store"), spool_dir=str(tmp_path / "spool")
+    )
+    service = CaptureService.from_settings(settings)
+    try:
+        name = service.processor.service_name
+        fed = json.dumps({"name": "from-the-fifo"}).encode()
+        assert feeding_fifo(lambda: name("fifo-run"), shared / "runs" / "fifo-run.json", fed) == (
+            "mlprof"
+        )
+        assert name("linked") == "mlprof"
+        assert name("../outside/record") == "mlprof"
+        assert name("ok") == "trainer"
+    finally:
+        service.close()
