@@ -416,7 +416,9 @@ class TrainingMetrics:
                 or (cached[0] == "unknown" and now >= cached[1])
             ]
         for run_id in due:
-            found = _backend(self._shared_dir / schema.RUNS_DIR / f"{run_id}.json")
+            found = _backend(
+                self._shared_dir / schema.RUNS_DIR / f"{run_id}.json", self._shared_dir
+            )
             with self._lock:
                 self._accelerators[run_id] = (found, now + RUN_INFO_RETRY_S)
 
@@ -481,10 +483,14 @@ class TrainingMetrics:
                 )
 
 
-def _backend(path: Path) -> str:
-    """``system.backend`` of a run file; "unknown" while it is missing or unreadable."""
+def _backend(path: Path, shared_dir: Path) -> str:
+    """``system.backend`` of a run file; "unknown" while it is missing or unreadable.
+
+    The run id is the step log's (the workload's): no link and no ``..`` under the
+    shared dir is followed.
+    """
     try:
-        info = json.loads(read_regular(path))
+        info = json.loads(read_regular(path, below=shared_dir))
         return str(info.get("system", {}).get("backend") or "unknown")
     except (OSError, ValueError, AttributeError, RecursionError):
         return "unknown"  # the run file may appear later: looked up again after a while

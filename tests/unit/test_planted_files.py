@@ -539,3 +539,23 @@ def test_a_pushed_capture_names_its_service_without_reading_a_fifo_or_outside(
         assert name("ok") == "trainer"
     finally:
         service.close()
+
+
+def test_a_run_file_linked_elsewhere_gives_no_backend_to_the_metrics(
+    tmp_path: Path, outside: Path
+) -> None:
+    from prometheus_client import generate_latest
+
+    from tests.unit.test_steplog import Sidecar as Tailing
+    from tests.unit.test_steplog import step_line
+
+    (outside / "r1.json").write_text(json.dumps({"system": {"backend": "tpu"}}))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r1.json").symlink_to(outside / "r1.json")
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "h-1.jsonl").write_text(step_line(0) + step_line(1))
+    car = Tailing(tmp_path, clock=1005.0)
+    car.tailer.poll()
+    car.metrics.refresh_runs()
+    rendered = generate_latest(car.telemetry.registry)
+    assert b'accelerator="unknown"' in rendered and b'accelerator="tpu"' not in rendered
