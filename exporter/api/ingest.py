@@ -10,8 +10,11 @@ place for credentials. Answers:
 - ``401``/``403`` without or with a wrong bearer token (when ``MLPROF_AUTH_TOKEN`` is set);
 - ``413`` beyond ``MLPROF_INGEST_MAX_BODY_BYTES``; ``415`` for another content type,
   encoding or format;
-- ``503`` when the sidecar has no Pyroscope (``MLPROF_PYROSCOPE_URL`` unset) or could
-  neither deliver nor spool it; Pyroscope's own refusals come back with its status.
+- ``429`` with ``Retry-After`` when ``MAX_CONCURRENT_INGESTS`` uploads are being read
+  and as many wait already (each may inflate to tens of MiB);
+- ``503`` when the sidecar has no Pyroscope (``MLPROF_PYROSCOPE_URL`` unset: answered
+  before the body is read or parsed) or could neither deliver nor spool it;
+  Pyroscope's own refusals come back with its status.
 
 Push errors are Connect's JSON (``{"code", "message"}``), which the agents log.
 """
@@ -26,6 +29,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from exporter.api.analysis import ChildPool
 from exporter.api.auth import check_bearer
 from exporter.api.body import read_limited
 from exporter.profiles.ingest import IngestError, push_from_connect, push_from_ingest
@@ -38,6 +42,12 @@ if TYPE_CHECKING:
 __all__ = ["INGEST_PATH", "router"]
 
 INGEST_PATH = "/ingest"
+# Uploads parsed at once, and as many more waiting: an agent sends one every 10-15 s,
+# and each may decompress to IngestLimits' tens of MiB (4 at once reached 8 GB before
+# the per-request bounds). Beyond that: 429 with Retry-After.
+MAX_CONCURRENT_INGESTS = 4
+INGEST_RETRY_AFTER_S = 5
+NO_PYROSCOPE = "the sidecar pushes no profiles: MLPROF_PYROSCOPE_URL is unset"
 # Connect's error codes for the HTTP statuses these endpoints answer.
 _CONNECT_CODES = {
     400: "invalid_argument",
@@ -67,7 +77,7 @@ def _forward(sidecar: Sidecar, parse: Callable[[], pyroscope_push_pb2.PushReques
         raise _RefusedError(exc.status, exc.message) from None
     sink = sidecar.pyroscope
     if sink is None:
-        raise _RefusedError(503, "the sidecar pushes no profiles: MLPROF_PYROSCOPE_URL is unset")
+        raise _RefusedError(503, NO_PYROSCOPE)
     result = sink.forward(request)
     if result.status == "rejected":
         raise _RefusedError(result.http_status or 400, f"Pyroscope refused it: {result.message}")
@@ -83,9 +93,27 @@ async def _body(request: Request, sidecar: Sidecar) -> bytes:
     )
 
 
-def _connect_error(status: int, message: str) -> JSONResponse:
+def _connect_error(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     code = _CONNECT_CODES.get(status, "unknown")
-    return JSONResponse({"code": code, "message": message}, status_code=status)
+    return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+
+
+def _pool(request: Request) -> ChildPool:
+    state = request.app.state
+    pool = getattr(state, "ingest_pool", None)
+    if pool is None:
+        pool = state.ingest_pool = ChildPool(MAX_CONCURRENT_INGESTS, MAX_CONCURRENT_INGESTS)
+    return pool
+
+
+def _busy(pool: ChildPool) -> tuple[str, dict[str, str]]:
+    message = (
+        f"{pool.workers} profile uploads are being read and {pool.queue} wait: "
+        f"try again in {INGEST_RETRY_AFTER_S}s"
+    )
+    return message, {"Retry-After": str(INGEST_RETRY_AFTER_S)}
 
 
 @router.post(
@@ -105,15 +133,27 @@ async def push(request: Request) -> Response:
     sidecar: Sidecar = request.app.state.sidecar
     try:
         check_bearer(request, sidecar.settings.token)
-        body = await _body(request, sidecar)
     except HTTPException as exc:
         return _connect_error(exc.status_code, str(exc.detail))
-    ctype = request.headers.get("content-type", "")
-    encoding = request.headers.get("content-encoding", "")
+    if sidecar.pyroscope is None:  # before reading or parsing anything
+        return _connect_error(503, NO_PYROSCOPE)
+    pool = _pool(request)
+    if not pool.admit():
+        return _connect_error(429, *_busy(pool))
     try:
-        await run_in_threadpool(_forward, sidecar, lambda: push_from_connect(body, ctype, encoding))
+        body = await _body(request, sidecar)
+        ctype = request.headers.get("content-type", "")
+        encoding = request.headers.get("content-encoding", "")
+        await run_in_threadpool(
+            pool.run,
+            lambda: _forward(sidecar, lambda: push_from_connect(body, ctype, encoding)),
+        )
+    except HTTPException as exc:
+        return _connect_error(exc.status_code, str(exc.detail))
     except _RefusedError as exc:
         return _connect_error(exc.status, exc.message)
+    finally:
+        pool.release()
     return Response(
         pyroscope_push_pb2.PushResponse().SerializeToString(), media_type="application/proto"
     )
@@ -133,16 +173,26 @@ async def ingest(request: Request) -> JSONResponse:
     """Forward one legacy ``/ingest`` upload (older pyroscope-io agents) through the sink."""
     sidecar: Sidecar = request.app.state.sidecar
     check_bearer(request, sidecar.settings.token)
-    body = await _body(request, sidecar)
-    query = dict(request.query_params)
-    ctype = request.headers.get("content-type", "")
-    encoding = request.headers.get("content-encoding", "")
+    if sidecar.pyroscope is None:  # before reading or parsing anything
+        return JSONResponse({"detail": NO_PYROSCOPE}, status_code=503)
+    pool = _pool(request)
+    if not pool.admit():
+        message, headers = _busy(pool)
+        return JSONResponse({"detail": message}, status_code=429, headers=headers)
     try:
+        body = await _body(request, sidecar)
+        query = dict(request.query_params)
+        ctype = request.headers.get("content-type", "")
+        encoding = request.headers.get("content-encoding", "")
+        now_s = int(time.time())
         result = await run_in_threadpool(
-            _forward,
-            sidecar,
-            lambda: push_from_ingest(query, body, ctype, encoding, now_s=int(time.time())),
+            pool.run,
+            lambda: _forward(
+                sidecar, lambda: push_from_ingest(query, body, ctype, encoding, now_s=now_s)
+            ),
         )
     except _RefusedError as exc:
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
+    finally:
+        pool.release()
     return JSONResponse({"status": result.status})

@@ -52,6 +52,14 @@ class IngestLimits:
     max_decompressed_bytes: int = 64 << 20  # a whole request after gunzip
     max_profile_bytes: int = 4 << 20  # max_profile_size_bytes, uncompressed, per profile
     max_series: int = 64  # an agent sends one per upload
+    max_samples: int = 16  # per series: an agent sends one (one profile per upload)
+    # All samples' profiles of one request once decompressed: a 142 KB body of many
+    # 4 MiB-inflating samples cost 766 CPU-seconds to parse.
+    max_request_profile_bytes: int = 16 << 20
+    max_folded_depth: int = 2048  # frames in one folded stack (Pyroscope cuts at 1024)
+    # Frames of one folded body in all (each a tree node, ~400 bytes): a 4 KB gzip of one
+    # 2M-frame stack added 1.7 GB.
+    max_folded_frames: int = 200_000
     max_labels: int = 30  # max_label_names_per_series
     max_label_name_length: int = 1024
     max_label_value_length: int = 2048
@@ -85,11 +93,12 @@ def gunzip_bounded(data: bytes, limit: int, what: str) -> bytes:
         raise IngestError(str(exc)) from None
 
 
-def _parse_pprof(raw: bytes, limits: IngestLimits, what: str) -> profile_pb2.Profile:
+def _parse_pprof(
+    raw: bytes, limits: IngestLimits, what: str, cap: int | None = None
+) -> profile_pb2.Profile:
+    data = gunzip_bounded(raw, limits.max_profile_bytes if cap is None else cap, what)
     try:
-        return decode_pprof(gunzip_bounded(raw, limits.max_profile_bytes, what), what)
-    except IngestError:
-        raise
+        return decode_pprof(data, what)
     except ValueError as exc:
         raise IngestError(str(exc)) from None
 
@@ -145,9 +154,49 @@ def push_from_connect(
         _check_labels([(p.name, p.value) for p in series.labels], limits, what)
         if not series.samples:
             raise IngestError(f"{what}: no samples")
+        if len(series.samples) > limits.max_samples:
+            raise IngestError(f"{what}: {len(series.samples)} samples, at most "
+                              f"{limits.max_samples} per series", status=413)  # fmt: skip
+    # Every sample's profile is checked, all of them together within one budget.
+    left = limits.max_request_profile_bytes
+    for index, series in enumerate(request.series):
         for number, sample in enumerate(series.samples):
-            _parse_pprof(sample.raw_profile, limits, f"{what}.samples[{number}]")
+            what = f"series[{index}].samples[{number}]"
+            if left <= 0:
+                raise IngestError(f"{what}: the request's profiles exceed "
+                                  f"{limits.max_request_profile_bytes} bytes in all "
+                                  "once decompressed", status=413)  # fmt: skip
+            cap = min(limits.max_profile_bytes, left)
+            try:
+                profile = _parse_pprof(sample.raw_profile, limits, what, cap)
+            except IngestError as exc:
+                if cap < limits.max_profile_bytes and "once decompressed" in exc.message:
+                    raise IngestError(f"{what}: the request's profiles exceed "
+                                      f"{limits.max_request_profile_bytes} bytes in all "
+                                      "once decompressed", status=413) from None  # fmt: skip
+                raise
+            left -= profile.ByteSize()
     return request
+
+
+def _check_folded(text: str, limits: IngestLimits) -> None:
+    """Refuse a folded body whose stacks would make too many frames, before any is made."""
+    separators = text.count(";")
+    # An upper bound on the frames of all lines: no line can pass either limit.
+    if separators < limits.max_folded_depth and (
+        separators + text.count("\n") + 1 <= limits.max_folded_frames
+    ):
+        return
+    total = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        depth = line.count(";") + 1
+        if depth > limits.max_folded_depth:
+            raise IngestError(f"folded body: line {number} is a stack of {depth} frames, "
+                              f"at most {limits.max_folded_depth}", status=413)  # fmt: skip
+        total += depth
+        if total > limits.max_folded_frames:
+            raise IngestError(f"folded body: more than {limits.max_folded_frames} frames "
+                              f"in all (by line {number})", status=413)  # fmt: skip
 
 
 # ``name`` of the legacy API: the application, then optional {key=value,...} tags.
@@ -282,6 +331,7 @@ def push_from_ingest(
         except UnicodeDecodeError:
             raise IngestError("folded body: not UTF-8 text") from None
         metric = suffix_metric or "process_cpu"
+        _check_folded(decoded, limits)
         raw = _folded_pprof(decoded, sample_rate, from_s, until_s)
         if len(raw) > limits.max_profile_bytes:
             raise IngestError(f"folded body: profile over {limits.max_profile_bytes} bytes")

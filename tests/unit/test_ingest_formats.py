@@ -185,3 +185,61 @@ def test_bad_legacy_upload_names_the_problem(
         push_from_ingest(query, body, ctype, "", now_s=1_700_000_000)
     assert caught.value.status == status
     assert words in caught.value.message
+
+
+def _push_of(samples: list[bytes]) -> bytes:
+    request = pyroscope_push_pb2.PushRequest()
+    series = request.series.add()
+    for name, value in AGENT_LABELS.items():
+        series.labels.add(name=name, value=value)
+    for number, raw in enumerate(samples):
+        series.samples.add(raw_profile=gzip.compress(raw, 1), ID=str(number))
+    return bytes(request.SerializeToString())
+
+
+def test_a_push_of_many_samples_is_refused_before_they_are_parsed() -> None:
+    # One series of 40 samples (an agent sends one): each could inflate to 4 MiB.
+    body = _push_of([agent_pprof()] * 40)
+    with pytest.raises(IngestError, match=r"40 samples, at most 16 per series") as info:
+        push_from_connect(body, "application/proto", "")
+    assert info.value.status == 413
+
+
+def test_a_pushs_profiles_share_one_decompressed_budget() -> None:
+    # 8 samples of 3 MiB each once decompressed (a few KB each as gzip): 24 MiB in all,
+    # over the request's 16 MiB; each alone is within the 4 MiB per profile.
+    profile = profile_pb2.Profile()
+    profile.ParseFromString(agent_pprof())
+    profile.string_table.append("x" * (3 << 20))
+    big = profile.SerializeToString()
+    body = _push_of([big] * 8)
+    assert len(body) < 200_000
+    with pytest.raises(IngestError, match=r"samples\[5\]: the request's profiles exceed") as info:
+        push_from_connect(body, "application/proto", "")
+    assert info.value.status == 413
+    push_from_connect(_push_of([big] * 5), "application/proto", "")  # within it: accepted
+
+
+def test_a_folded_stack_of_many_frames_is_refused_before_building_it() -> None:
+    # 100,000 frames in one stack from a 1 KB gzip (2M frames from 4 KB added 1.7 GB):
+    # refused by counting separators, before any frame is made.
+    import tracemalloc
+
+    query = {"name": "app.cpu", "format": "folded"}
+    deep = gzip.compress((";".join(["f"] * 100_000) + " 1\n").encode())
+    assert len(deep) < 2048
+    tracemalloc.start()
+    try:
+        with pytest.raises(IngestError, match=r"line 1 is a stack of 100000 frames") as info:
+            push_from_ingest(query, deep, "text/plain", "gzip", now_s=1_700_000_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.status == 413
+    assert peak < 8 << 20  # the text (200 KB) and its decoded copy, no frame tree
+    # Many stacks within the depth but too many frames in all.
+    wide = "".join(f"{';'.join(['g'] * 1000)};leaf{n} 1\n" for n in range(300)).encode()
+    with pytest.raises(IngestError, match=r"more than 200000 frames in all"):
+        push_from_ingest(query, wide, "text/plain", "", now_s=1_700_000_000)
+    # An ordinary folded upload still passes.
+    push_from_ingest(query, b"main;step 3\nmain;load 1\n", "text/plain", "", now_s=1)
