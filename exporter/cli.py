@@ -358,6 +358,7 @@ def flamegraph(
 ) -> None:
     """Flame graph (self/total) of an .xplane.pb, a memory pprof or a session (dir or id)."""
     from exporter.profiles.convert import flamegraph_from_path, render, resolve_input
+    from exporter.profiles.flamegraph import format_value
     from exporter.profiles.pprof import InflateLimits
 
     # Settings (and pydantic) only when needed: a session id to look up in the store, or
@@ -377,7 +378,14 @@ def flamegraph(
     data = render(graph, fmt, title)
     if output is None and fmt == "pprof" and sys.stdout.isatty():
         raise ConfigError("--format pprof is binary: give -o FILE or redirect stdout")
-    write_output(data, output, f"{graph.node_count} frames, total {graph.root.total} {graph.unit}")
+    total = format_value(graph.root.total, graph.unit)
+    if graph.unit in ("nanoseconds", "bytes"):  # the exact figure too, for scripts
+        total += f" = {graph.root.total} {graph.unit}"
+    threads = len(graph.root.children)
+    if graph.sample_type == "wall" and threads > 1:
+        # Host time adds up every thread's busy time: more than the capture's wall time.
+        total += f", summed over {threads} concurrent threads"
+    write_output(data, output, f"{graph.node_count} frames, total {total}")
 
 
 @main.command("memory-profile")

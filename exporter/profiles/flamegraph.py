@@ -26,9 +26,25 @@ from dataclasses import dataclass, field
 
 from exporter.profiles.frames import FrameLabel
 
-__all__ = ["OTHER", "FlameGraph", "Frame", "FrameKey", "cut_name"]
+__all__ = ["OTHER", "FlameGraph", "Frame", "FrameKey", "cut_name", "format_value"]
 
 OTHER = "other"  # the frame that holds what truncation folded away
+
+
+def format_value(value: float, unit: str) -> str:
+    """``value`` in its unit for reading, as the HTML page shows it (``5.522 s``, ``2.00 MiB``)."""
+    if unit == "nanoseconds":
+        for scale, name in ((1e9, "s"), (1e6, "ms"), (1e3, "\u00b5s")):
+            if abs(value) >= scale:
+                return f"{value / scale:.3f} {name}"
+        return f"{value:.0f} ns"
+    if unit == "bytes":
+        names = ("B", "KiB", "MiB", "GiB", "TiB")
+        index, scaled = 0, float(value)
+        while abs(scaled) >= 1024 and index < len(names) - 1:
+            scaled, index = scaled / 1024, index + 1
+        return f"{scaled:.2f} {names[index]}" if index else f"{scaled:.0f} B"
+    return f"{value:,.0f} {unit}"
 
 
 def cut_name(kept: int) -> str:

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
-from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.flamegraph import FlameGraph, format_value
 from exporter.profiles.frames import FrameLabel
 from exporter.profiles.pprof import decode_pprof, encode_pprof, from_pprof
 from exporter.profiles.synthetic import write_tpu_capture
@@ -54,7 +54,11 @@ def test_pprof_file(capture: Path, tmp_path: Path) -> None:
     graph = from_pprof(decode_pprof(out.read_bytes()))
     graph.check()
     assert (graph.sample_type, graph.unit) == ("device_time", "nanoseconds")
-    assert f"total {graph.root.total} nanoseconds" in done.stderr
+    assert (
+        f"total {format_value(graph.root.total, 'nanoseconds')} = {graph.root.total} nanoseconds"
+        in done.stderr
+    )
+    assert re.search(r"total \d+\.\d{3} (s|ms|µs) = ", done.stderr), done.stderr  # readable first
 
 
 def test_session_directory_merges_hosts(capture: Path, tmp_path: Path) -> None:
@@ -128,7 +132,8 @@ def test_torch_memory_snapshot(tmp_path: Path) -> None:
     out = tmp_path / "memory.pb.gz"
     done = mlprof("flamegraph", str(path), "--format", "pprof", "-o", str(out))
     assert done.returncode == 0, done.stderr
-    assert f"total {ts.live_totals(snapshot)[1]} bytes" in done.stderr
+    assert f"= {ts.live_totals(snapshot)[1]} bytes" in done.stderr
+    assert re.search(r"total \d+\.\d\d (KiB|MiB|GiB) = ", done.stderr), done.stderr
 
     sentinel = tmp_path / "pwned"
     evil = tmp_path / "evil.pickle"

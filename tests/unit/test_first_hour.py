@@ -74,3 +74,21 @@ def test_the_printed_mlprof_command_runs_from_the_users_shell(tmp_path: Path) ->
     from exporter.cli import _mlprof_command
 
     assert _mlprof_command()  # in-process too
+
+
+def test_flamegraph_says_its_total_in_readable_units_and_that_threads_add_up(
+    tmp_path: Path,
+) -> None:
+    from exporter.proto import xplane_pb2
+    from tests.xspace_builder import PlaneBuilder
+
+    space = xplane_pb2.XSpace()
+    host = PlaneBuilder(space, "/host:CPU")
+    for thread in ("python", "tf_XLAPjRtCpuClient/7"):
+        host.event(host.line(thread), "work", 0, 1_500_000)  # 1.5 ms on each, at once
+    capture = tmp_path / "vm.xplane.pb"
+    capture.write_bytes(space.SerializeToString())
+    done = CliRunner().invoke(main, ["flamegraph", str(capture), "-o", str(tmp_path / "f.txt")])
+    assert done.exit_code == 0, done.output
+    # Was "total 3000000 nanoseconds": raw, and twice the 1.5 ms the capture lasted.
+    assert "total 3.000 ms = 3000000 nanoseconds, summed over 2 concurrent threads" in done.output
