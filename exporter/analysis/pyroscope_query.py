@@ -60,7 +60,7 @@ def parse_time(text: str, now: float | None = None) -> float:
     """Seconds since the epoch from ``now``, ``now-2h``, Unix seconds or ISO 8601."""
     now = time.time() if now is None else now
     value = text.strip()
-    relative = _RELATIVE.match(value)
+    relative = _RELATIVE.fullmatch(value)
     if relative:
         amount, unit = relative.groups()
         return now - (int(amount) * _UNITS[unit] if amount else 0)
@@ -149,7 +149,7 @@ def pyroscope_side(selector: str, kind: Kind | None, context: SideContext, spec:
         )
     chosen: Kind = kind or "device"
     if context.profile_type:
-        if not _PROFILE_TYPE.match(context.profile_type):
+        if not _PROFILE_TYPE.fullmatch(context.profile_type):
             raise ConfigError(
                 f"--profile-type {context.profile_type!r}: expected "
                 "name:type:unit:period_type:period_unit"

@@ -156,7 +156,7 @@ def create_app(sidecar: Sidecar) -> FastAPI:
     )
     def get_memory_profile(request_id: str) -> JSONResponse:
         """The profiles written in answer to a request (empty while the workload works)."""
-        if not MEMORY_REQUEST_ID.match(request_id):
+        if not MEMORY_REQUEST_ID.fullmatch(request_id):
             return JSONResponse({"detail": "expected a request id like 1700000000-0a1b2c3d"}, 404)
         found = answers_to(sidecar.settings.shared_dir, request_id)
         done = [p.name for p in found if p.name in sidecar.memory_profiles.processed]

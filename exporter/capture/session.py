@@ -35,7 +35,7 @@ def utcnow() -> datetime:
 
 def check_session_id(value: str) -> str:
     """Return ``value`` if it is a safe session id; raise ValueError saying what is expected."""
-    if not SESSION_ID_RE.match(value) or ".." in value:
+    if not SESSION_ID_RE.fullmatch(value) or ".." in value:
         raise ValueError(
             f"session name {value!r}: expected 1-128 characters of A-Z a-z 0-9 . _ -, "
             "starting with a letter or digit, without '..' or path separators"

@@ -287,7 +287,7 @@ class TrainingMetrics:
         """Check a user value; return its name if it is new (its gauge is not made yet)."""
         name = _text(record, "name")
         _number(record, "value")
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise MalformedRecord(f"field 'name': {name!r} is not a metric name")
         new = name not in self._record_names
         if new:

@@ -95,7 +95,7 @@ def resolve_input(text: str, store: str | None = None) -> Path:
     if "://" in store and not store.startswith("file://"):
         return path  # remote stores are read by the capture engine, not here
     root = Path(store.removeprefix("file://"))
-    if _SESSION_ID.match(text) and ".." not in text:
+    if _SESSION_ID.fullmatch(text) and ".." not in text:
         candidate = root / "plugins" / "profile" / text
         if candidate.is_dir():
             return candidate

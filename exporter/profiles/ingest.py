@@ -226,7 +226,7 @@ def parse_app_name(name: str) -> tuple[str, str | None, dict[str, str]]:
 
     The middle item is the profile type the suffix names, None without a known suffix.
     """
-    match = _APP_NAME_RE.match(name.strip())
+    match = _APP_NAME_RE.fullmatch(name.strip())
     if not match:
         raise IngestError(f"name={name!r}: expected app or app{{key=value,...}}")
     app, inner = match.group(1).strip(), match.group(2)
@@ -240,7 +240,7 @@ def parse_app_name(name: str) -> tuple[str, str | None, dict[str, str]]:
             continue
         key, sep, value = part.partition("=")
         key = key.strip()
-        if not sep or not _TAG_KEY_RE.match(key):
+        if not sep or not _TAG_KEY_RE.fullmatch(key):
             raise IngestError(f"name={name!r}: tag {part!r} is not key=value")
         if key != "__name__":  # reserved, as the agents filter it
             tags[key] = value.strip()

@@ -182,7 +182,7 @@ class Capture:
 
     @property
     def device_planes(self) -> list[PlaneRef]:
-        return [p for p in self.planes if DEVICE_PLANE_RE.match(p.name)]
+        return [p for p in self.planes if DEVICE_PLANE_RE.fullmatch(p.name)]
 
     @property
     def host_planes(self) -> list[PlaneRef]:

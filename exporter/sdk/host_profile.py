@@ -73,7 +73,7 @@ def _warn(message: str) -> None:
 
 def check_phase(name: str) -> str:
     """Return ``name`` if it can be a ``phase`` label value; ValueError otherwise."""
-    if not isinstance(name, str) or not PHASE_RE.match(name):
+    if not isinstance(name, str) or not PHASE_RE.fullmatch(name):
         raise ValueError(f"phase {name!r}: expected 1-64 characters of A-Z a-z 0-9 _ . -")
     return name
 

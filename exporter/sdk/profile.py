@@ -54,7 +54,7 @@ class Profile(contextlib.ContextDecorator):
         host_tracer_level: int = 2,
         python_tracer_level: int = 0,
     ) -> None:
-        if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
             raise ValueError(
                 f"profile name {name!r}: expected 1-81 characters of A-Z a-z 0-9 . _ -, "
                 "starting with a letter or digit, without '..'"

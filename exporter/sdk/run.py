@@ -349,7 +349,7 @@ class Run:
 
     def record(self, name: str, value: float, step: int | None = None) -> None:
         """Record a user gauge such as ``loss`` or ``mfu`` (published as ``train_<name>``)."""
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise ValueError(f"record name {name!r}: expected [a-zA-Z_][a-zA-Z0-9_]* (<= 64)")
         number = float(value)
         if not math.isfinite(number):

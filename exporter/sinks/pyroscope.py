@@ -138,7 +138,7 @@ def profile_labels(
         **(extra or {}),
     }
     if session_id:
-        key = "__session_id__" if SESSION_ID_RE.match(session_id) else "session_id"
+        key = "__session_id__" if SESSION_ID_RE.fullmatch(session_id) else "session_id"
         labels[key] = session_id
     return labels
 
@@ -150,7 +150,7 @@ def validate_labels(labels: Mapping[str, str], limits: PyroscopeLimits) -> None:
     if len(labels) > limits.max_labels:
         raise ValueError(f"labels: {len(labels)} labels, Pyroscope accepts {limits.max_labels}")
     for name, value in labels.items():
-        if not LABEL_NAME_RE.match(name) or len(name) > limits.max_label_name_length:
+        if not LABEL_NAME_RE.fullmatch(name) or len(name) > limits.max_label_name_length:
             raise ValueError(f"label name {name!r}: expected [a-zA-Z_][a-zA-Z0-9_]*")
         if len(value) > limits.max_label_value_length:
             raise ValueError(f"label {name}: value longer than {limits.max_label_value_length}")
