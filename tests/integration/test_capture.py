@@ -307,11 +307,11 @@ class FlakyImportStore(SessionStore):
         super().__init__(f"memory://flaky-import-{time.monotonic_ns()}")
         self.failures = failures
 
-    def import_file(self, session_id: str, source: Path) -> int:
+    def import_file(self, session_id: str, source: Path, *, below: Path | None = None) -> int:
         if self.failures:
             self.failures -= 1
             raise OSError("503 Service Unavailable")
-        return super().import_file(session_id, source)
+        return super().import_file(session_id, source, below=below)
 
 
 def test_a_capture_the_store_refused_is_kept_and_imported_later(stack: Stack) -> None:
