@@ -252,9 +252,17 @@ class ReportWorker:
             f".{int(time.time() * 1000) % 1000:03d}Z"
         )
         report["analysis_seconds"] = round(seconds, 3)
-        self.store.write_file(record.id, REPORT_HTML, page)
-        # The JSON last: its presence means the report is complete.
-        self.store.write_file(record.id, REPORT_JSON, json.dumps(report, indent=2).encode() + b"\n")
+        try:
+            self.store.write_file(record.id, REPORT_HTML, page)
+            # The JSON last: its presence means the report is complete.
+            text = json.dumps(report, indent=2).encode() + b"\n"
+            self.store.write_file(record.id, REPORT_JSON, text)
+        except OSError as exc:  # a full or failing store: said, never a silent half-report
+            for name in (REPORT_JSON, REPORT_HTML):
+                with contextlib.suppress(Exception):
+                    self.store.fs.rm(f"{self.store.session_dir(record.id)}/{name}")
+            error = f"cannot write the report into the store {self.store.url}: {exc}"
+            return self._failed(record, workload, error, seconds)
         with contextlib.suppress(OSError, FileNotFoundError):
             self.store.fs.rm(f"{self.store.session_dir(record.id)}/{ERROR_FILE}")
         top = (report.get("baseline") or {}).get("top_regression") or {}

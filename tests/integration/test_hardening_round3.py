@@ -3,6 +3,7 @@ sidecar's HTTP surface (the app in process, on temp dirs)."""
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -10,9 +11,11 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from exporter.analysis.job import REPORT_HTML, REPORT_JSON
+from exporter.analysis.job import REPORT_HTML, REPORT_JSON, JobResult
+from exporter.analysis.worker import ReportEvent, ReportSettings, ReportWorker
 from exporter.api.app import create_app
-from exporter.capture.session import SessionRecord
+from exporter.capture.session import SessionRecord, TargetResult
+from exporter.capture.store import SessionStore
 from exporter.cli import main
 from exporter.sidecar import Sidecar
 from tests.sidecar_app import settings_in
@@ -71,3 +74,43 @@ def test_sessions_with_a_filter_count_the_stored_sessions(
     listed = CliRunner().invoke(main, ["sessions", "--trigger", "snapshot"])
     assert listed.exit_code == 0, listed.output
     assert listed.output.strip().splitlines() == ["0 of 1 sessions"]  # was "0 of 0 sessions"
+
+
+class _FullStore(SessionStore):
+    """A store whose disk fills up while a report is written: a 0-byte file is left."""
+
+    def write_file(self, session_id: str, name: str, data: bytes) -> None:
+        if name in (REPORT_HTML, REPORT_JSON):
+            super().write_file(session_id, name, b"")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().write_file(session_id, name, data)
+
+
+def test_a_report_the_full_store_cannot_take_is_an_error_not_pending_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = settings_in(tmp_path)
+    store = _FullStore(settings.store)
+    capture = TargetResult(address="h:1", host="h", status="ok", files=["h.xplane.pb"])
+    store.write_record(SessionRecord(id="s1", status="done", targets=[capture]))
+
+    def analysed(args: list[str], *_: object) -> JobResult:  # the child, without the work
+        out = Path(args[2])
+        (out / REPORT_JSON).write_text(json.dumps({"status": "ok", "finding_counts": {}}))
+        (out / REPORT_HTML).write_text("<html>report</html>")
+        return JobResult(ok=True)
+
+    monkeypatch.setattr("exporter.analysis.worker.run_job", analysed)
+    worker = ReportWorker(store, ReportSettings(xprof=False))
+    heard: list[ReportEvent] = []
+    worker.on_report.append(heard.append)
+    event = worker.process("s1")
+    assert event is not None and event.status == "error"  # was: an exception, logged only
+    assert "No space left on device" in event.error
+    assert heard == [event]
+    files = store.files("s1")
+    assert REPORT_HTML not in files and REPORT_JSON not in files  # no 0-byte page left
+    client = TestClient(create_app(Sidecar(settings)), base_url="http://127.0.0.1")
+    answer = client.get("/api/v1/sessions/s1/report")
+    assert answer.status_code == 500  # was 202 "pending", for ever
+    assert "cannot write the report into the store" in answer.json()["detail"]
