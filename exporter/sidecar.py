@@ -184,6 +184,9 @@ class Sidecar:
             settings.shared_dir,
             self.pyroscope.push if self.pyroscope else None,
             limits=InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio),
+            # Converted in a child bounded like the analysis reports.
+            timeout_s=settings.report_timeout_s,
+            max_memory_mb=settings.report_max_memory_mb,
         )
         # State files found bad at start were moved aside (see exporter/state_files.py).
         discarded = meter.create_counter(
