@@ -77,8 +77,8 @@ store_option = click.option(
 @click.option(
     "--kind",
     type=KIND_CHOICE,
-    help="device, host or memory (default: device time when a side has XLA "
-    "computations, else host; memory for memory profiles).",
+    help="Narrow to device, host or memory (default for captures: the step view, XLA "
+    "work and the host's phases such as input_pipeline; memory for memory profiles).",
 )
 @format_option
 @output_option
@@ -86,7 +86,8 @@ store_option = click.option(
     "--fail-on-regression",
     "fail_pct",
     type=click.FloatRange(min=0),
-    help="Exit 1 when a significant regression's self share grew by more than PCT points.",
+    help="Exit 1 when a regression verdict adds more than PCT % of the base step, or the "
+    "step time is slower (beyond noise) by more than PCT %.",
     metavar="PCT",
 )
 @click.option(
@@ -120,7 +121,9 @@ def compare(
 
     context = _context(_settings(store), time_from, time_until, profile_type)
     base_side = load_side(base, kind, context)  # type: ignore[arg-type]
-    head_side = load_side(head, kind or base_side.kind, context)  # type: ignore[arg-type]
+    # The head is read as the base was: its kind, or the step view when the base has one.
+    head_kind = kind or (None if base_side.scope == "step" else base_side.kind)
+    head_side = load_side(head, head_kind, context)  # type: ignore[arg-type]
     try:
         comparison = compare_sides(base_side, head_side)
     except ValueError as exc:
@@ -136,15 +139,15 @@ def compare(
         data, output, f"{comparison.kind}, {comparison.normalisation}, {regressions} regressions"
     )
     if fail_pct is not None:
-        failing = comparison.failing(fail_pct)
-        if failing:
-            worst = failing[0]
-            q = f", q={worst.q_value:.2g}" if worst.q_value is not None else ""
-            raise MlprofError(
-                f"regression: {worst.frame.name} self share {worst.values['self_base_pct']:.1f}% "
-                f"-> {worst.values['self_head_pct']:.1f}% ({worst.delta_self_pts:+.1f} points > "
-                f"{fail_pct:g}{q}); {len(failing)} significant regression(s) over the limit"
-            )
+        reasons = comparison.gate_reasons(fail_pct)
+        if reasons:
+            more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+            raise MlprofError(f"regression gate {fail_pct:g} %: {reasons[0]}{more}")
+        click.echo(
+            f"regression gate {fail_pct:g} %: passed (no regression verdict adds more than "
+            f"{fail_pct:g} % of the step; step time {comparison.step_verdict.verdict})",
+            err=True,
+        )
 
 
 @click.command()

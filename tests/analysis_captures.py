@@ -2,7 +2,8 @@
 
 Two processes run ``tests/integration/analysis_workload.py``: one captures the
 ``compute``, ``heavy`` and ``sleepy`` workloads and two device-memory profiles, the other
-captures ``compute`` again, so "the same workload twice" is two processes, as in life.
+captures ``compute`` again, so "the same workload twice" is two processes, as in life,
+and the README demo's slowed input and a recompiling step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class AnalysisCaptures:
     sleepy: Path
     memory_base: Path
     memory_extra: Path
+    demo: Path  # the README demo's loop shape, in the first process
+    demo_slow: Path  # ... with its input slowed, in the second
+    recompiling: Path  # a step whose input shape changes every step
 
 
 def _run(out: Path, variants: list[str]) -> dict[str, Path]:
@@ -50,8 +54,8 @@ def _run(out: Path, variants: list[str]) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def analysis_captures(tmp_path_factory: pytest.TempPathFactory) -> AnalysisCaptures:
     base = tmp_path_factory.mktemp("analysis-captures")
-    first = _run(base / "a", ["compute", "heavy", "sleepy", "memory_base", "memory_extra"])
-    second = _run(base / "b", ["compute"])
+    first = _run(base / "a", ["compute", "heavy", "sleepy", "memory_base", "memory_extra", "demo"])
+    second = _run(base / "b", ["compute", "demo_slow", "recompiling"])
     return AnalysisCaptures(
         first["compute"],
         second["compute"],
@@ -59,4 +63,7 @@ def analysis_captures(tmp_path_factory: pytest.TempPathFactory) -> AnalysisCaptu
         first["sleepy"],
         first["memory_base"],
         first["memory_extra"],
+        first["demo"],
+        second["demo_slow"],
+        second["recompiling"],
     )

@@ -1,27 +1,45 @@
-"""Compare two sides: which frames grew or shrank, by how much, and is it real.
+"""Compare two sides: did the step get slower, by how much, beyond noise, and which work
+explains the difference, in time per step.
 
-Normalisation: ``per_step`` when both sides have step markers (every value is the
-frame's mean time per step cycle, and every step is a sample for
-:mod:`exporter.analysis.noise`); ``share`` otherwise (every value is the side's whole
-value, and only shares of each side's total are compared).
+The answer comes in this order:
 
-Denominator: a frame's share is of **its own side's total** (the root: all device time,
-all host thread time, or all bytes in use; per step in ``per_step``), as Grafana's diff
-colours compare each side's share of its own total. ``delta_*_pts`` is head share minus
-base share, in percentage points; the sign is always head - base.
+1. **Step time** (:class:`StepVerdict`): the median step of each side, the change with
+   a bootstrap interval, and a verdict against the change that separate runs of the
+   same workload show on that backend (:data:`exporter.analysis.noise.STEP_NOISE_PCT`,
+   or the spread of the workload's own history when the caller has one).
+2. **Attribution in absolute time.** Every frame's mean time per step on each side
+   (``base_ms``/``head_ms``), its change (``delta_ms``) and its **excess**: the change
+   beyond the machine-wide factor ``scale`` (the time-weighted median of head/base over
+   the work both sides ran; another process on the machine slows every op alike, new
+   work does not). ``step_pct`` is the excess as a share of the base step at the head's
+   speed (``scale`` x base median step): "this function adds 5 % to the step".
+   ``explains_pct`` is the excess as a share of the step-time change.
+3. **Verdicts.** A frame is a regression when it is significant (Mann-Whitney U across
+   steps of its scaled time per step, Benjamini-Hochberg across the frames tested) and
+   large: new work (absent from every base step) from
+   :data:`~exporter.analysis.noise.MIN_NEW_STEP_PCT` of the step, grown work from
+   :data:`~exporter.analysis.noise.MIN_GROWN_STEP_PCT` and
+   :data:`~exporter.analysis.noise.MIN_RELATIVE_CHANGE` of its own time. Runtime waits
+   (XLA's executor waiting for its thunks, a host thread in dispatch, the step
+   annotation's own time while XLA works) are kept out of the candidates: their time
+   is the work they wait on, which is judged itself (``"wait": true`` in the JSON).
+   When the step got slower and the frames explain less than half of it, the slowdown
+   is **uniform** (every op scaled alike: a machine, clock or configuration change).
+
+``delta_*_pts`` (each side's share of its own total, head - base) are still given: the
+flame-graph colours use them. ``share`` normalisation (no steps on a side) compares
+those shares against a measured floor, as before.
 
 Entries (``regressions`` grow, ``improvements`` shrink) come in two bases: ``self``
-(the frame's own time moved: the usual answer, "``fusion.2`` self grew from 4 % to
-29 %") and ``total`` (the frame's subtree moved while no frame below it explains at
-least half of the move, e.g. growth spread over many small children). Each list is
-ordered by importance: regressions (large and significant) first, by how many points
-they moved, then the other changes.
+(the frame's own time) and ``total`` (a subtree whose frames below do not explain at
+least half of its excess, e.g. a new program whose time is spread over many ops).
+Each list is ordered by verdict, then by excess time per step.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -29,20 +47,128 @@ import numpy as np
 
 from exporter.analysis import noise
 from exporter.analysis.diff import AlignedTree, DiffFrame, align
-from exporter.analysis.sides import Side
+from exporter.analysis.noise import HOST_PHASE
+from exporter.analysis.sides import HOST_FRAME, Side
 
-__all__ = ["DEFAULT_TOP", "Comparison", "Entry", "compare_sides"]
+__all__ = [
+    "DEFAULT_TOP",
+    "Comparison",
+    "Entry",
+    "StepVerdict",
+    "compare_sides",
+    "is_host_phase",
+    "is_wait",
+]
 
 DEFAULT_TOP: Final = 20
 # A "total" entry is listed when the self entries below it explain less than this
-# fraction of its total's move.
+# fraction of its excess.
 UNEXPLAINED_FRACTION: Final = 0.5
+# The step got slower and the frames explain less than this fraction of it: uniform.
+UNIFORM_UNEXPLAINED: Final = 0.5
 # Files of installed packages and the interpreter: not a user's allocation site.
 _LIBRARY_FILE = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
 # Entries kept per list (the JSON shows ``top`` of them; the CI gate looks at all).
 MAX_ENTRIES: Final = 200
+# Frames whose time is the runtime waiting for work judged elsewhere: XLA's CPU
+# executor waiting for its thunks, a host thread dispatching or awaiting an executable.
+_WAIT = re.compile(
+    r"^(ThunkExecutor( > |::)Execute|CommonPjRtLoadedExecutable|PjitFunction\(|PjRt|TfrtCpu"
+    r"|.*block_until_ready|.*BlockHostUntilReady|.*::Await)"
+)
+# The machine-wide scale (see _scale): frames with this share of the common work vote,
+# and the frames within this factor of their median ratio make it.
+SCALE_MIN_WEIGHT: Final = 0.01
+SCALE_BAND: Final = 1.5
+# Bootstrap resamples for the interval of the median step's change.
+BOOTSTRAP_RESAMPLES: Final = 2000
+_RNG_SEED: Final = 20261201  # fixed: the same inputs give the same interval
 
 Normalisation = Literal["per_step", "share"]
+Verdict = Literal["slower", "faster", "unchanged", "unknown"]
+
+
+def is_wait(frame: DiffFrame, step_names: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Whether ``frame``'s own time is a runtime wait, not work (see the module doc).
+
+    In the step view's host part, what runs inside a dispatch (XLA ops a small program
+    runs inline on the calling thread) is the device part's time already: a wait too.
+    """
+    stack = frame.stack()
+    if _WAIT.match(frame.name):
+        return True
+    if not stack or stack[0].name != HOST_FRAME:
+        return False
+    # The host's step annotation: its own time is the thread blocked inside the step.
+    return frame.name in step_names or any(_WAIT.match(f.name) for f in stack[:-1])
+
+
+def is_host_phase(frame: DiffFrame) -> bool:
+    """Whether ``frame`` is in the step view's host part (the host's own threads)."""
+    stack = frame.stack()
+    return bool(stack) and stack[0].name == HOST_FRAME
+
+
+@dataclass
+class StepVerdict:
+    """Step time base -> head and whether it moved beyond run-to-run noise."""
+
+    base_median_ms: float | None
+    head_median_ms: float | None
+    change_pct: float | None
+    interval_pct: tuple[float, float] | None  # bootstrap 95 % interval of change_pct
+    noise_pct: float  # a change within this is what separate runs of one workload show
+    noise_source: str
+    verdict: Verdict
+    scale: float | None  # machine-wide factor: head/base time of the work both ran
+    uniform: bool = False
+    explained_pct: float | None = None  # share of the change the regressions explain
+
+    def to_json(self) -> dict[str, Any]:
+        def num(v: float | None) -> float | None:
+            return None if v is None else round(float(v), 3)
+
+        return {
+            "base_median_ms": num(self.base_median_ms),
+            "head_median_ms": num(self.head_median_ms),
+            "change_pct": num(self.change_pct),
+            "interval_pct": None
+            if self.interval_pct is None
+            else [num(v) for v in self.interval_pct],
+            "noise_pct": self.noise_pct,
+            "noise_source": self.noise_source,
+            "verdict": self.verdict,
+            "scale": num(self.scale),
+            "uniform": self.uniform,
+            "explained_pct": num(self.explained_pct),
+        }
+
+    def sentence(self) -> str:
+        """One line: the step's change and what it means."""
+        if self.base_median_ms is None or self.head_median_ms is None or self.change_pct is None:
+            return "step time: no steps on a side, no step-time verdict"
+        ci = (
+            f" (95 % interval {self.interval_pct[0]:+.1f}..{self.interval_pct[1]:+.1f} %)"
+            if self.interval_pct
+            else ""
+        )
+        said = {
+            "slower": "SLOWER",
+            "faster": "faster",
+            "unchanged": "within noise",
+            "unknown": "too few steps for a verdict",
+        }[self.verdict]
+        line = (
+            f"step time {self.base_median_ms:.2f} ms -> {self.head_median_ms:.2f} ms "
+            f"({self.change_pct:+.1f} %){ci}: {said} (noise {self.noise_pct:g} %, "
+            f"{self.noise_source})"
+        )
+        if self.uniform and self.scale is not None:
+            line += (
+                f"; uniform: all ops x{self.scale:.2f}, a machine, clock or configuration "
+                "change rather than new work"
+            )
+        return line
 
 
 @dataclass
@@ -54,16 +180,27 @@ class Entry:
     values: dict[str, float]  # self_base, self_head, total_base, total_head and *_pct
     delta_self_pts: float
     delta_total_pts: float
-    relative_change: float | None  # of the basis value's mean per step; None: new frame
+    relative_change: float | None  # of the basis value's scaled mean per step; None: new
     significant: bool
     regression: bool  # large and significant (an improvement when it shrank)
     p_value: float | None
     q_value: float | None
     effect: float | None
+    base_ms: float = 0.0
+    head_ms: float = 0.0
+    excess_ms: float = 0.0  # head - scale x base, ms per step
+    step_pct: float = 0.0  # excess as % of the base step at the head's speed
+    explains_pct: float | None = None  # excess as % of the step-time change
+    new: bool = False
+    wait: bool = False
 
     @property
     def delta_pts(self) -> float:
         return self.delta_self_pts if self.basis == "self" else self.delta_total_pts
+
+    @property
+    def delta_ms(self) -> float:
+        return self.head_ms - self.base_ms
 
     @property
     def site(self) -> DiffFrame | None:
@@ -93,6 +230,14 @@ class Entry:
             "relative_change_pct": None
             if self.relative_change is None
             else _num(100 * self.relative_change),
+            "base_ms": _num(self.base_ms),
+            "head_ms": _num(self.head_ms),
+            "delta_ms": _num(self.delta_ms),
+            "excess_ms": _num(self.excess_ms),
+            "step_pct": _num(self.step_pct),
+            "explains_pct": None if self.explains_pct is None else _num(self.explains_pct),
+            "new": self.new,
+            "wait": self.wait,
             "significant": self.significant,
             "regression": self.regression,
             "p_value": None if self.p_value is None else float(f"{self.p_value:.3g}"),
@@ -107,7 +252,7 @@ def _num(value: float) -> float:
 
 @dataclass
 class Comparison:
-    """Both sides, their aligned tree, and every frame's change."""
+    """Both sides, their aligned tree, the step-time verdict and every frame's change."""
 
     kind: str
     normalisation: Normalisation
@@ -121,18 +266,35 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     # (basis, frame index) -> (p, q, effect) of every test made.
     tests: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict)
+    step_verdict: StepVerdict = field(
+        default_factory=lambda: StepVerdict(None, None, None, None, 0.0, "", "unknown", None)
+    )
 
     @property
-    def min_delta_pts(self) -> float:
-        """How many points of share a change needs to be large, for these two sides."""
-        return noise.MIN_DELTA_PTS[_noise_view(self.base, self.head)]
+    def view(self) -> str:
+        """``step`` (device work and host phases), or the one kind compared."""
+        return "step" if self.base.scope == "step" else self.kind
+
+    @property
+    def noise_view(self) -> str:
+        return _noise_view(self.base, self.head)
+
+    @property
+    def min_new_step_pct(self) -> float:
+        return noise.MIN_NEW_STEP_PCT[self.noise_view]
+
+    @property
+    def min_grown_step_pct(self) -> float:
+        return noise.MIN_GROWN_STEP_PCT[self.noise_view]
 
     @property
     def top_regression(self) -> Entry | None:
-        """The most important regression that is large and significant, if any."""
+        """The regression that explains the most step time, if any."""
         return next((e for e in self.regressions if e.regression), None)
 
     def step_time(self) -> dict[str, float | None]:
+        """Mean step cycle of each side (kept for the report's older key)."""
+
         def mean(values: list[int]) -> float | None:
             return float(np.mean(values)) if values else None
 
@@ -140,9 +302,29 @@ class Comparison:
         change = 100 * (head - base) / base if base and head is not None else None
         return {"base_mean_ns": base, "head_mean_ns": head, "change_pct": change}
 
-    def failing(self, threshold_pts: float) -> list[Entry]:
-        """Significant regressions whose self share grew by more than ``threshold_pts``."""
-        return [e for e in self.regressions if e.significant and e.delta_self_pts > threshold_pts]
+    def failing(self, threshold_pct: float) -> list[Entry]:
+        """Regression verdicts whose excess time is more than ``threshold_pct`` % of the step."""
+        return [e for e in self.regressions if e.regression and e.step_pct > threshold_pct]
+
+    def gate_reasons(self, threshold_pct: float) -> list[str]:
+        """Why ``--fail-on-regression threshold_pct`` fails (empty: it passes).
+
+        It fails exactly on the verdicts: a regression whose excess is more than
+        ``threshold_pct`` % of the base step, or a step-time verdict "slower" by more
+        than ``threshold_pct`` %.
+        """
+        reasons = [
+            f"{e.to_json()['frame']} ({e.basis}) adds {e.excess_ms:.3g} ms per step, "
+            f"{e.step_pct:.1f} % of the step (> {threshold_pct:g} %)"
+            for e in self.failing(threshold_pct)
+        ]
+        v = self.step_verdict
+        if v.verdict == "slower" and v.change_pct is not None and v.change_pct > threshold_pct:
+            reasons.append(
+                f"step time {v.change_pct:+.1f} % (> {threshold_pct:g} %, beyond the "
+                f"{v.noise_pct:g} % noise{'; uniform' if v.uniform else ''})"
+            )
+        return reasons
 
     def to_json(self, top: int | None = None) -> dict[str, Any]:
         base, head = self.base.describe(), self.head.describe()
@@ -154,11 +336,15 @@ class Comparison:
         )
         if self.normalisation == "per_step":
             noise_model: dict[str, Any] = {
-                "method": "mann-whitney-u across steps, benjamini-hochberg across frames",
+                "method": "time per step beyond the machine-wide scale; mann-whitney-u "
+                "across steps, benjamini-hochberg across frames",
                 "fdr_alpha": noise.FDR_ALPHA,
                 "min_steps": noise.MIN_STEPS,
-                "min_delta_pts": self.min_delta_pts,
+                "min_new_step_pct": self.min_new_step_pct,
+                "min_grown_step_pct": self.min_grown_step_pct,
                 "min_relative_change_pct": 100 * noise.MIN_RELATIVE_CHANGE,
+                "step_noise_pct": self.step_verdict.noise_pct,
+                "noise_view": self.noise_view,
                 "verdict": self.verdict_possible,
             }
         else:
@@ -168,6 +354,7 @@ class Comparison:
             }
         return {
             "kind": self.kind,
+            "view": self.view,
             "sample_type": self.tree.sample_type,
             "unit": self.tree.unit,
             "normalisation": self.normalisation,
@@ -178,6 +365,7 @@ class Comparison:
             "base": base,
             "head": head,
             "step_time": self.step_time(),
+            "step_verdict": self.step_verdict.to_json(),
             "regressions": [e.to_json() for e in self.regressions[:top]],
             "improvements": [e.to_json() for e in self.improvements[:top]],
             "notes": self.notes,
@@ -192,13 +380,73 @@ def _shares(values: np.ndarray) -> np.ndarray:
 def _noise_view(base: Side, head: Side) -> str:
     """The noisier of the two sides' views decides how large a change must be."""
     views = {base.view, head.view}
-    return max(views, key=lambda view: noise.MIN_DELTA_PTS[view])
+    return max(views, key=lambda view: noise.MIN_GROWN_STEP_PCT[view])
 
 
-def compare_sides(base: Side, head: Side) -> Comparison:
-    """Compare ``head`` against ``base`` (see the module docstring)."""
-    if base.kind != head.kind:
-        raise ValueError(f"cannot compare {base.kind} ({base.spec}) with {head.kind} ({head.spec})")
+def _scales(base: np.ndarray, head: np.ndarray, candidates: np.ndarray) -> list[float]:
+    """Candidate machine-wide scales: head over base time of the work both sides ran.
+
+    Two estimates: of all the common work, and of the frames' consensus (the frames
+    within :data:`SCALE_BAND` of the median ratio of the frames holding at least
+    :data:`SCALE_MIN_WEIGHT` of it). New work moves neither (it is not common). The
+    caller keeps the one that leaves fewer frames changed: one frame that changed
+    alone, however large, is outside the consensus; ops that slow unevenly under a
+    loaded CPU are best scaled all together (bench/detection.py measured both).
+    """
+    both = candidates[(base[candidates] > 0) & (head[candidates] > 0)]
+    total = float(base[both].sum())
+    if total <= 0:
+        return []
+    ratios = head[both] / base[both]
+    heavy = base[both] >= SCALE_MIN_WEIGHT * total
+    middle = float(np.median(ratios[heavy] if heavy.any() else ratios))
+    near = np.abs(np.log(ratios / middle)) <= np.log(SCALE_BAND)
+    return [float(head[both].sum()) / total, float(head[both][near].sum() / base[both][near].sum())]
+
+
+def _step_verdict(
+    base_ns: Sequence[int],
+    head_ns: Sequence[int],
+    view: str,
+    history: Sequence[float] | None,
+) -> StepVerdict:
+    noise_pct, source = noise.STEP_NOISE_PCT[view], f"measured for the {view} view"
+    if history is not None and len(history) >= noise.MIN_HISTORY:
+        noise_pct, source = noise.history_step_noise_pct(history), f"{len(history)} earlier runs"
+    if not base_ns or not head_ns:
+        return StepVerdict(None, None, None, None, noise_pct, source, "unknown", None)
+    b, h = np.asarray(base_ns, float), np.asarray(head_ns, float)
+    b_med, h_med = float(np.median(b)), float(np.median(h))
+    change = 100 * (h_med - b_med) / b_med if b_med > 0 else None
+    if change is None or min(len(b), len(h)) < noise.MIN_STEPS:
+        return StepVerdict(
+            b_med / 1e6, h_med / 1e6, change, None, noise_pct, source, "unknown", None
+        )
+    rng = np.random.default_rng(_RNG_SEED)
+    rb = np.median(rng.choice(b, (BOOTSTRAP_RESAMPLES, len(b))), axis=1)
+    rh = np.median(rng.choice(h, (BOOTSTRAP_RESAMPLES, len(h))), axis=1)
+    changes = 100 * (rh - rb) / rb
+    lo, hi = (float(v) for v in np.percentile(changes, [2.5, 97.5]))
+    verdict: Verdict = "unchanged"
+    if change > noise_pct and lo > 0:
+        verdict = "slower"
+    elif change < -noise_pct and hi < 0:
+        verdict = "faster"
+    return StepVerdict(b_med / 1e6, h_med / 1e6, change, (lo, hi), noise_pct, source, verdict, None)
+
+
+def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None) -> Comparison:
+    """Compare ``head`` against ``base`` (see the module docstring).
+
+    ``history``: median step times (ns) of earlier runs of the same workload; with
+    :data:`~exporter.analysis.noise.MIN_HISTORY` or more, their spread replaces the
+    measured step-time noise of the backend.
+    """
+    if base.kind != head.kind or base.scope != head.scope:
+        raise ValueError(
+            f"cannot compare {base.scope or base.kind} ({base.spec}) with "
+            f"{head.scope or head.kind} ({head.spec})"
+        )
     notes: list[str] = []
     per_step = bool(base.steps and head.steps)
     if per_step:
@@ -218,13 +466,14 @@ def compare_sides(base: Side, head: Side) -> Comparison:
                 f"total; a change counts only beyond the noise floor of {floor:g} points "
                 "measured between captures of the same workload"
             )
-    verdict = per_step and min(len(base.steps), len(head.steps)) >= noise.MIN_STEPS
-    if per_step and not verdict:
+    verdict_possible = per_step and min(len(base.steps), len(head.steps)) >= noise.MIN_STEPS
+    if per_step and not verdict_possible:
         notes.append(
             f"{min(len(base.steps), len(head.steps))} steps on one side: fewer than "
             f"{noise.MIN_STEPS}, so no change is called significant"
         )
-    min_pts = noise.MIN_DELTA_PTS[_noise_view(base, head)]
+    view = _noise_view(base, head)
+    step = _step_verdict(base.step_ns, head.step_ns, view, history) if per_step else None
     bs, bt, hs, ht = tree.means()
     shares = {
         "bs": _shares_of(bs, bt),
@@ -234,23 +483,55 @@ def compare_sides(base: Side, head: Side) -> Comparison:
     }
     d_self = shares["hs"] - shares["bs"]
     d_total = shares["ht"] - shares["bt"]
-    tests: dict[tuple[str, int], tuple[float, float, float]] = {}
+    frames = list(tree.walk())
+    step_names = base.step_names | head.step_names
+    waits = np.zeros(len(tree.frames), bool)
+    for frame in frames:
+        waits[frame.index] = is_wait(frame, step_names)
+    phases = np.zeros(len(tree.frames), bool)
+    for frame in frames:
+        phases[frame.index] = is_host_phase(frame)
+    work = np.flatnonzero(~waits)
+    work = work[work > 0]
+    base_step_ns = float(np.median(base.step_ns)) if per_step and base.step_ns else 0.0
+    scale = None
+    if per_step and base_step_ns > 0:
+        floor_ns = base_step_ns * noise.MIN_GROWN_STEP_PCT[view] / 100
+
+        def changed(k: float) -> int:
+            # Fewest frames changed by the floor's time; on a tie the first (all the
+            # common work) is kept: measured the steadier on loaded CPU captures.
+            return int((np.abs(hs[work] - k * bs[work]) >= floor_ns).sum())
+
+        scales = _scales(bs, hs, work)
+        scale = min(scales, key=changed) if scales else None
+    s = scale if scale is not None else 1.0
+    expected_step = s * base_step_ns
+    # Excess per frame and basis: head minus the base scaled to the head's speed.
+    ex_self, ex_total = hs - s * bs, ht - s * bt
+    # A total is the sum of its frames less its waits: a program's own excess.
+    wait_self = np.where(waits, 1.0, 0.0)
     if per_step:
-        eligible_self = np.flatnonzero(np.maximum(shares["bs"], shares["hs"]) >= min_pts)
-        eligible_total = np.flatnonzero(np.maximum(shares["bt"], shares["ht"]) >= min_pts)
-        eligible_total = eligible_total[eligible_total > 0]  # the root's share is always 100
-        # One family for the correction: every test made in this comparison.
-        # Samples are each step's share of that step's total: a slowdown of the whole
-        # step (another process on the machine) moves no share, a frame's own growth does.
-        base_root = np.where(tree.base_total[0] > 0, tree.base_total[0], 1.0)
-        head_root = np.where(tree.head_total[0] > 0, tree.head_total[0], 1.0)
-        base_m = (
-            np.concatenate([tree.base_self[eligible_self], tree.base_total[eligible_total]])
-            / base_root
+        wait_base_total, wait_head_total = _subtree_sums(tree, bs * wait_self, hs * wait_self)
+        ex_total = (ht - wait_head_total) - s * (bt - wait_base_total)
+    new_self = tree.base_self.max(axis=1) == 0
+    new_total = tree.base_total.max(axis=1) == 0
+    tests: dict[tuple[str, int], tuple[float, float, float]] = {}
+    small = min(noise.MIN_NEW_STEP_PCT[view], noise.MIN_GROWN_STEP_PCT[view]) / 2
+    if per_step and expected_step > 0:
+        # Only frames that could be large are tested: the others cannot be regressions,
+        # and testing them would weaken the correction across frames.
+        def could(excess: np.ndarray) -> np.ndarray:
+            rows = np.flatnonzero(np.abs(excess) / expected_step * 100 >= small)
+            return rows[~waits[rows] & (rows > 0)]
+
+        eligible_self, eligible_total = could(ex_self), could(ex_total)
+        eligible_total = np.asarray(
+            [i for i in eligible_total.tolist() if tree.frames[i].children], np.int64
         )
+        base_m = np.concatenate([tree.base_self[eligible_self], tree.base_total[eligible_total]])
         head_m = (
-            np.concatenate([tree.head_self[eligible_self], tree.head_total[eligible_total]])
-            / head_root
+            np.concatenate([tree.head_self[eligible_self], tree.head_total[eligible_total]]) / s
         )
         result = noise.rank_tests(base_m, head_m, np.arange(len(base_m)))
         n = len(eligible_self)
@@ -262,20 +543,33 @@ def compare_sides(base: Side, head: Side) -> Comparison:
                 result.q_values[n + k],
                 result.effects[n + k],
             )
+    step_change_ns = (
+        (step.head_median_ms - step.base_median_ms) * 1e6
+        if step and step.head_median_ms is not None and step.base_median_ms is not None
+        else 0.0
+    )
 
     def entry(frame: DiffFrame, basis: Literal["self", "total"]) -> Entry:
         i = frame.index
         before, after = (bs[i], hs[i]) if basis == "self" else (bt[i], ht[i])
         delta = d_self[i] if basis == "self" else d_total[i]
-        relative = None if before == 0 else float((after - before) / before)
+        excess = float(ex_self[i] if basis == "self" else ex_total[i])
+        is_new = bool(new_self[i] if basis == "self" else new_total[i])
+        relative = None if before == 0 else float((after - s * before) / (s * before))
         test = tests.get((basis, i))
+        wait = bool(waits[i]) and basis == "self"
+        step_pct = 100 * excess / expected_step if expected_step > 0 else 0.0
         if per_step:
-            significant = bool(verdict and test is not None and test[1] < noise.FDR_ALPHA)
-            # Large: the share, the time per step and the ranks all moved the same way
-            # (a frame whose share fell only because the other side grew is no change).
-            sign = 1.0 if delta > 0 else -1.0
+            significant = bool(verdict_possible and test is not None and test[1] < noise.FDR_ALPHA)
+            sign = 1.0 if excess > 0 else -1.0
+            floor_pct = (
+                noise.MIN_NEW_STEP_PCT[view]
+                if is_new and sign > 0
+                else noise.MIN_GROWN_STEP_PCT[HOST_PHASE if phases[i] else view]
+            )
             large = bool(
-                abs(delta) >= min_pts
+                not wait
+                and sign * step_pct >= floor_pct
                 and (relative is None or sign * relative >= noise.MIN_RELATIVE_CHANGE)
                 and (test is None or sign * test[2] > 0)
             )
@@ -286,7 +580,8 @@ def compare_sides(base: Side, head: Side) -> Comparison:
                 # Bytes in use compare as they are (no length to normalise away): a share
                 # that fell only because the other side allocated more is no change.
                 sign = 1.0 if delta > 0 else -1.0
-                large = large and (relative is None or sign * relative >= noise.MIN_RELATIVE_CHANGE)
+                rel = None if before == 0 else float((after - before) / before)
+                large = large and (rel is None or sign * rel >= noise.MIN_RELATIVE_CHANGE)
         values = {
             "self_base": bs[i],
             "self_head": hs[i],
@@ -297,6 +592,7 @@ def compare_sides(base: Side, head: Side) -> Comparison:
             "total_base_pct": shares["bt"][i],
             "total_head_pct": shares["ht"][i],
         }
+        ms = 1e-6 if tree.unit == "nanoseconds" else 1.0
         return Entry(
             frame,
             basis,
@@ -309,11 +605,36 @@ def compare_sides(base: Side, head: Side) -> Comparison:
             None if test is None else float(test[0]),
             None if test is None else float(test[1]),
             None if test is None else float(test[2]),
+            base_ms=float(before) * ms,
+            head_ms=float(after) * ms,
+            excess_ms=excess * ms if per_step else float(after - before) * ms,
+            step_pct=step_pct,
+            explains_pct=100 * excess / step_change_ns if step_change_ns else None,
+            new=is_new,
+            wait=wait,
         )
 
-    frames = list(tree.walk())
-    regressions = _ranked(frames, d_self, d_total, entry, grow=True)
-    improvements = _ranked(frames, d_self, d_total, entry, grow=False)
+    key_self = ex_self if per_step else d_self
+    key_total = ex_total if per_step else d_total
+    rank_by: Callable[[Entry], float] = (
+        (lambda e: e.excess_ms) if per_step else (lambda e: e.delta_pts)
+    )
+    regressions = _ranked(frames, key_self, key_total, entry, rank_by, grow=True)
+    improvements = _ranked(frames, key_self, key_total, entry, rank_by, grow=False)
+    if step is not None:
+        step.scale = scale
+        explained = sum(e.excess_ms for e in _outermost([e for e in regressions if e.regression]))
+        if step_change_ns > 0:
+            step.explained_pct = 100 * explained * 1e6 / step_change_ns
+            step.uniform = step.verdict == "slower" and step.explained_pct < 100 * (
+                UNIFORM_UNEXPLAINED
+            )
+        waited = [e for e in regressions if e.wait and e.step_pct >= small]
+        if waited:
+            notes.append(
+                "runtime waits left out of the verdicts (their time is the work they wait "
+                f"on): {', '.join(sorted({e.frame.name for e in waited})[:4])}"
+            )
     return Comparison(
         base.kind,
         normalisation,
@@ -323,10 +644,25 @@ def compare_sides(base: Side, head: Side) -> Comparison:
         regressions,
         improvements,
         floor,
-        verdict,
+        verdict_possible,
         notes,
         tests,
+        step
+        if step is not None
+        else StepVerdict(None, None, None, None, 0.0, "no steps", "unknown", None),
     )
+
+
+def _subtree_sums(
+    tree: AlignedTree, base: np.ndarray, head: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per frame, the sum of ``base``/``head`` over its subtree (itself included)."""
+    out_b, out_h = base.copy(), head.copy()
+    for frame in reversed(list(tree.walk())):  # children before parents
+        if frame.parent is not None:
+            out_b[frame.parent.index] += out_b[frame.index]
+            out_h[frame.parent.index] += out_h[frame.index]
+    return out_b, out_h
 
 
 def _shares_of(values: np.ndarray, totals: np.ndarray) -> np.ndarray:
@@ -334,11 +670,27 @@ def _shares_of(values: np.ndarray, totals: np.ndarray) -> np.ndarray:
     return 100 * values / root if root > 0 else np.zeros_like(values)
 
 
+def _outermost(entries: list[Entry]) -> list[Entry]:
+    """Entries not inside another listed total entry (each time counted once)."""
+    return [
+        e
+        for e in entries
+        if not any(
+            o is not e
+            and o.basis == "total"
+            and _within(e.frame, o.frame)
+            and (e.basis == "self" or e.frame is not o.frame)
+            for o in entries
+        )
+    ]
+
+
 def _ranked(
     frames: list[DiffFrame],
     d_self: np.ndarray,
     d_total: np.ndarray,
     entry: Callable[[DiffFrame, Literal["self", "total"]], Entry],
+    key: Callable[[Entry], float],
     grow: bool,
 ) -> list[Entry]:
     sign = 1.0 if grow else -1.0
@@ -359,19 +711,12 @@ def _ranked(
             for e in explainers
             if _within(e.frame, frame) and (e.basis == "self" or e.frame is not frame)
         ]
-        outermost = [
-            e
-            for e in inside
-            if not any(
-                o is not e and o.basis == "total" and _within(e.frame, o.frame) for o in inside
-            )
-        ]
-        explained = sum(sign * e.delta_pts for e in outermost)
-        if explained < UNEXPLAINED_FRACTION * sign * candidate.delta_total_pts:
+        explained = sum(sign * key(e) for e in _outermost(inside))
+        if explained < UNEXPLAINED_FRACTION * sign * key(candidate):
             total_entries.append(candidate)
             explainers.append(candidate)
     ordered = [*self_entries, *total_entries]
-    ordered.sort(key=lambda e: (not e.regression, -sign * e.delta_pts))
+    ordered.sort(key=lambda e: (not e.regression, -sign * key(e)))
     return ordered
 
 

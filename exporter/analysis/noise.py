@@ -24,6 +24,7 @@ change significant only beyond a measured noise floor (:data:`SHARE_NOISE_FLOOR_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,12 +32,19 @@ import numpy as np
 
 __all__ = [
     "FDR_ALPHA",
+    "HISTORY_FLOOR_PCT",
+    "HISTORY_SIGMAS",
+    "HOST_PHASE",
     "MEMORY_NOISE_FLOOR_PTS",
-    "MIN_DELTA_PTS",
+    "MIN_GROWN_STEP_PCT",
+    "MIN_HISTORY",
+    "MIN_NEW_STEP_PCT",
     "MIN_RELATIVE_CHANGE",
     "MIN_STEPS",
     "SHARE_NOISE_FLOOR_PTS",
+    "STEP_NOISE_PCT",
     "RankTests",
+    "history_step_noise_pct",
     "rank_tests",
 ]
 
@@ -47,22 +55,34 @@ FDR_ALPHA: Final = 0.01
 # the rank test is 2/70 = 0.029, which no correction across frames lets through; 5 a
 # side reach 0.008.
 MIN_STEPS: Final = 5
-# A frame's share must move by this many points (of its side's total per step) to count
-# as large. Measured between captures of the same unchanged JAX CPU workload, each in its
-# own process, on a shared 2-core machine under load (bench/noise_floor.py, three rounds
-# of 10-15 pairs): on the device view (XLA ops) no frame moved significantly by more
-# than 1.4 points; on the host view, time spent *waiting* (the Python thread inside an
-# executable's dispatch, the executor waiting for its thunks, the step annotation while
-# XLA threads work) lands in different frames from one process to the next, and single
-# frames moved significantly by 6, 7 and 10.4 points. The thresholds sit above those.
-# The device view of a CPU capture ("xla_host": XLA's thunks on host threads) is as
-# noisy as the host view: on a quiet machine two processes of the same workload moved
-# a fusion by 5.2 points and the executor's wait for its thunks by 12 (q = 0.003), as
-# thread placement changed between processes; TPU and GPU planes time the hardware and
-# keep the 2-point threshold.
-MIN_DELTA_PTS: Final = {"device": 2.0, "xla_host": 15.0, "host": 15.0, "memory": 2.0}
-# ... and its mean time per step by this fraction of the base's (new frames: infinite).
-MIN_RELATIVE_CHANGE: Final = 0.2
+# The step view's host part (the Python thread's phases, e.g. input_pipeline): host
+# code, as noisy as the host's load, whatever the backend.
+HOST_PHASE: Final = "host_phase"
+# How much of the step (its excess time per step beyond the machine-wide scale, as a
+# share of the base step at the head's speed) a frame must add to count as large:
+# new work (absent from every base step) and work that grew. Measured on captures of the
+# same JAX CPU workload taken in separate processes on this 2-core machine with other
+# work running (bench/detection.py; figures in docs/analysis.md, "Detection"): PLACEHOLDER
+# TPU and GPU planes time the hardware: device time does not move with the host's load.
+MIN_NEW_STEP_PCT: Final = {"device": 1.0, "xla_host": 2.0, "host": 2.0, "memory": 1.0}
+MIN_GROWN_STEP_PCT: Final = {
+    "device": 2.0,
+    "xla_host": 20.0,
+    "host": 20.0,
+    "memory": 2.0,
+    HOST_PHASE: 20.0,
+}
+# ... and a frame that grew, by this fraction of its own scaled time per step.
+MIN_RELATIVE_CHANGE: Final = 0.1
+# The median step's change that separate runs of the same unchanged workload show, per
+# view: PLACEHOLDER
+STEP_NOISE_PCT: Final = {"device": 5.0, "xla_host": 80.0, "host": 80.0, "memory": 5.0}
+# Earlier runs needed before their own spread replaces STEP_NOISE_PCT.
+MIN_HISTORY: Final = 3
+# The history's noise: this many robust standard deviations of its runs' log median
+# step (MAD x 1.4826), with a floor for runs that happened to agree closely.
+HISTORY_SIGMAS: Final = 4.0
+HISTORY_FLOOR_PCT: Final = 2.0
 # Without steps: the largest share change of a single frame between captures of the
 # same unchanged workload, measured on this project's CPU captures (see
 # docs/analysis.md, "Noise floor"): self shares of host frames moved by up to this many
@@ -111,3 +131,10 @@ def rank_tests(base: np.ndarray, head: np.ndarray, rows: np.ndarray) -> RankTest
     effects = 2 * u / (x.shape[1] * y.shape[1]) - 1
     q = false_discovery_control(p, method="bh")
     return RankTests(rows, p, np.asarray(q), effects)
+
+
+def history_step_noise_pct(medians_ns: Sequence[float]) -> float:
+    """The step-time change (%) beyond which a run differs from its history's runs."""
+    logs = np.log(np.asarray(medians_ns, float))
+    mad = float(np.median(np.abs(logs - np.median(logs)))) * 1.4826
+    return round(max(HISTORY_FLOOR_PCT, 100 * (float(np.exp(HISTORY_SIGMAS * mad)) - 1)), 2)

@@ -47,18 +47,34 @@ def _fmt_value(value: float, unit: str) -> str:
     return f"{value:.0f} {unit}"
 
 
-def _entry_row(entry: Entry, unit: str) -> list[str]:
+def _entry_row(entry: Entry, unit: str, per_step: bool) -> list[str]:
     v = entry.values
     basis = entry.basis
     q = "-" if entry.q_value is None else f"{entry.q_value:.2g}"
+    grew = entry.excess_ms > 0 if per_step else entry.delta_pts > 0
     verdict = (
-        "REGRESSION"
-        if entry.regression and entry.delta_pts > 0
-        else ("IMPROVEMENT" if entry.regression else ("significant" if entry.significant else ""))
+        ("REGRESSION" if grew else "IMPROVEMENT")
+        if entry.regression
+        else ("wait" if entry.wait else ("significant" if entry.significant else ""))
     )
+    if entry.regression and entry.new:
+        verdict += " (new)"
     stack = entry.frame.stack()
     shown = ";".join(f.name for f in stack[-2:])
     name = ("…;" if len(stack) > 2 else "") + shown + (" (total)" if basis == "total" else "")
+    if per_step and unit == "nanoseconds":
+        explains = "-" if entry.explains_pct is None else f"{entry.explains_pct:.0f}%"
+        return [
+            name,
+            f"{entry.base_ms:.3f}",
+            f"{entry.head_ms:.3f}",
+            f"{entry.excess_ms:+.3f}",
+            f"{entry.step_pct:+.1f}%",
+            explains,
+            f"{entry.delta_pts:+.2f}",
+            q,
+            verdict,
+        ]
     return [
         name,
         f"{v[f'{basis}_base_pct']:.2f}%",
@@ -85,52 +101,63 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def comparison_text(comparison: Comparison, top: int = 20) -> str:
-    """The comparison as text tables (regressions, then improvements)."""
+    """The comparison as text: the step-time verdict, then what explains the change."""
     data = comparison.to_json(top=top)
     unit = data["unit"]
-    per = " per step" if data["normalisation"] == "per_step" else ""
+    per_step = data["normalisation"] == "per_step"
+    per = " per step" if per_step else ""
+    view = {"step": "step view (device work and host phases)"}.get(data["view"], data["view"])
     out = [
-        f"{data['kind']} {data['sample_type']} ({unit}), normalisation {data['normalisation']}",
-        f"  base {data['base']['spec']}: {data['base']['steps']} steps, total "
-        f"{_fmt_value(data['base']['total'], unit)}{per}",
-        f"  head {data['head']['spec']}: {data['head']['steps']} steps, total "
-        f"{_fmt_value(data['head']['total'], unit)}{per}",
+        f"{view}, {data['sample_type']} ({unit}), normalisation {data['normalisation']}",
+        f"  base {data['base']['spec']}: {data['base']['steps']} steps",
+        f"  head {data['head']['spec']}: {data['head']['steps']} steps",
     ]
-    step = data["step_time"]
-    if step["change_pct"] is not None:
+    if per_step:
+        out.append("  " + comparison.step_verdict.sentence())
+        noise = data["noise"]
+        scale = comparison.step_verdict.scale
+        if scale is not None:
+            out.append(
+                f"  machine-wide scale x{scale:.3f} (head/base time of the work both ran, or "
+                "of the frames that agree); excess = head - scale x base"
+            )
         out.append(
-            f"  step time {step['base_mean_ns'] / 1e6:.2f} ms -> {step['head_mean_ns'] / 1e6:.2f}"
-            f" ms ({step['change_pct']:+.1f}%)"
-        )
-    noise = data["noise"]
-    if data["normalisation"] == "per_step":
-        out.append(
-            f"  a regression: share moved >= {noise['min_delta_pts']:g} pts and time per step "
-            f">= {noise['min_relative_change_pct']:g}%, q < {noise['fdr_alpha']:g} "
-            "(Mann-Whitney U across steps, Benjamini-Hochberg)"
+            f"  a regression: q < {noise['fdr_alpha']:g} (Mann-Whitney U across steps, "
+            f"Benjamini-Hochberg) and excess >= {noise['min_new_step_pct']:g} % of the step "
+            f"for new work, >= {noise['min_grown_step_pct']:g} % and "
+            f"{noise['min_relative_change_pct']:g} % of its own time for work that grew "
+            f"(noise of the {noise['noise_view']} view)"
         )
     else:
         out.append(
-            f"  no steps on both sides: a change counts beyond {noise['noise_floor_pts']:g} pts"
+            f"  no steps on both sides: a change counts beyond {data['noise']['noise_floor_pts']:g}"
+            " pts of share"
         )
     out.extend(f"  note: {n}" for n in data["notes"])
-    header = ["frame", "base", "head", "Δ pts", f"base{per}", f"head{per}", "q", "verdict"]
+    if per_step and unit == "nanoseconds":
+        header = ["frame", "base ms", "head ms", "excess ms", "of step", "explains",
+                  "Δ pts", "q", "verdict"]  # fmt: skip
+    else:
+        header = ["frame", "base", "head", "Δ pts", f"base{per}", f"head{per}", "q", "verdict"]
     for title, entries in (
         ("Regressions", comparison.regressions),
         ("Improvements", comparison.improvements),
     ):
         shown = entries[:top]
         out.append("")
-        out.append(f"{title} (share of each side's total{per}):")
-        out.append(_table([_entry_row(e, unit) for e in shown], header) if shown else "  none")
+        what = "time per step" if per_step else "share of each side's total"
+        out.append(f"{title} ({what}):")
+        rows = [_entry_row(e, unit, per_step) for e in shown]
+        out.append(_table(rows, header) if shown else "  none")
     return "\n".join(out) + "\n"
 
 
 def _diff_tree(comparison: Comparison, max_frames: int) -> dict[str, Any]:
     tree = comparison.tree.truncated(max_frames)
     bs, bt, hs, ht = tree.means()
+    per_step = comparison.normalisation == "per_step"
     flagged = {
-        (e.frame.index, e.basis): (1 if e.delta_pts > 0 else -1)
+        (e.frame.index, e.basis): (1 if (e.excess_ms if per_step else e.delta_pts) > 0 else -1)
         for e in [*comparison.regressions, *comparison.improvements]
         if e.regression
     }
@@ -292,17 +319,23 @@ def _baseline(report: Report) -> str:
         f"({_esc(base.get('reason'))}).</p>",
     ]
     for kind, comparison in report.comparisons.items():
+        per_step = comparison.normalisation == "per_step" and comparison.tree.unit == "nanoseconds"
         rows = "".join(
             "<tr>"
-            + "".join(f"<td>{_esc(c)}</td>" for c in _entry_row(e, comparison.tree.unit))
+            + "".join(f"<td>{_esc(c)}</td>" for c in _entry_row(e, comparison.tree.unit, per_step))
             + "</tr>"
             for e in comparison.regressions[:5]
         )
-        header = "".join(
-            f"<th>{h}</th>"
-            for h in ("frame", "base", "head", "Δ pts", "base value", "head value", "q", "verdict")
-        )
+        names = (
+            ("frame", "base ms", "head ms", "excess ms", "of step", "explains", "Δ pts", "q",
+             "verdict")
+            if per_step
+            else ("frame", "base", "head", "Δ pts", "base value", "head value", "q", "verdict")
+        )  # fmt: skip
+        header = "".join(f"<th>{h}</th>" for h in names)
         out.append(f"<h3>{_esc(kind)}: top growth</h3>")
+        if comparison.normalisation == "per_step":
+            out.append(f"<p>{_esc(comparison.step_verdict.sentence())}</p>")
         kind_attr = _esc(kind)
         out.append(
             f'<table class="baseline-table" data-kind="{kind_attr}"><tr>{header}</tr>{rows}</table>'

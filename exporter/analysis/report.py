@@ -19,7 +19,14 @@ from typing import Any, Final
 from exporter.analysis.compare import Comparison, compare_sides
 from exporter.analysis.facts import CaptureFacts, gather_facts
 from exporter.analysis.rules import Finding, apply_rules
-from exporter.analysis.sides import Kind, Side, SideContext, load_side, load_sides
+from exporter.analysis.sides import (
+    Kind,
+    Side,
+    SideContext,
+    join_step_view,
+    load_side,
+    load_sides,
+)
 from exporter.errors import InputError
 
 __all__ = ["REPORT_VERSION", "Report", "analyze", "baseline_summary", "capture_paths"]
@@ -154,12 +161,13 @@ def baseline_summary(
     comparisons: dict[str, Comparison], spec: str, session: str | None, reason: str
 ) -> dict[str, Any]:
     """The report's ``baseline``: per-kind comparisons and the top regression of all."""
+    # The step view answers first (it holds device work and host phases); a narrower
+    # kind's regression leads only when the step view has none.
     tops = [
         (kind, c, entry)
         for kind, c in comparisons.items()
         if (entry := c.top_regression) is not None
-    ]
-    tops.sort(key=lambda t: -t[2].delta_pts)
+    ][:1]
     out: dict[str, Any] = {
         "spec": spec,
         "session": session,
@@ -169,7 +177,13 @@ def baseline_summary(
     }
     first = next(iter(comparisons.values()), None)
     if first is not None:
-        out["step_time_change_pct"] = first.step_time()["change_pct"]
+        verdict = first.step_verdict
+        out["step_time_change_pct"] = (
+            verdict.change_pct
+            if verdict.change_pct is not None
+            else first.step_time()["change_pct"]
+        )
+        out["step_verdict"] = verdict.to_json()
     if tops:
         kind, comparison, entry = tops[0]
         out |= {
@@ -213,10 +227,19 @@ def analyze(
         bases = _load_kinds(baseline, kinds, context, facts)
         heads = _load_kinds(head_spec, [k for k in kinds if k in bases], context, facts)
         timings["load_s"] = round(time.perf_counter() - started, 3)
-        for kind, head in heads.items():
+        pairs: dict[str, tuple[Side, Side]] = {k: (bases[k], h) for k, h in heads.items()}
+        if "device" in pairs and "host" in pairs:
+            # The step view first: what explains the step, device work and host phases.
+            joined = (
+                join_step_view(bases["device"], bases["host"]),
+                join_step_view(heads["device"], heads["host"]),
+            )
+            if joined[0].scope == joined[1].scope == "step":
+                pairs = {"step": joined, **pairs}
+        for kind, (base_side, head) in pairs.items():
             begun = time.perf_counter()
             try:
-                comparisons[kind] = compare_sides(bases[kind], head)
+                comparisons[kind] = compare_sides(base_side, head)
             except ValueError as exc:
                 facts.unavailable[f"baseline_{kind}"] = str(exc)
             timings[f"compare_{kind}_s"] = round(time.perf_counter() - begun, 3)

@@ -71,6 +71,8 @@ OOM_MEDIUM_PCT: Final = 75.0
 # side's total or the step got half again as slow, else P1.
 BASELINE_P0_PTS: Final = 20.0
 BASELINE_P0_STEP_PCT: Final = 50.0
+# ... or one frame's excess adds this much of the step (per-step comparisons).
+BASELINE_P0_ADDED_PCT: Final = 20.0
 
 
 @dataclass
@@ -352,48 +354,101 @@ class OomRiskRule(Rule):
 
 
 class BaselineRegressionRule(Rule):
-    """The top significant regression against the baseline; always the first finding."""
+    """The top regression against the baseline (or a step-time verdict); always first."""
 
     name = "BaselineRegressionRule"
 
     def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
-        return bool(baseline and baseline.get("top_regression"))
+        if not baseline:
+            return False
+        verdict = baseline.get("step_verdict") or {}
+        return bool(baseline.get("top_regression")) or verdict.get("verdict") == "slower"
 
     def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
         assert baseline is not None
-        top = baseline["top_regression"]
+        top = baseline.get("top_regression")
+        verdict = baseline.get("step_verdict") or {}
         step = baseline.get("step_time_change_pct")
+        step_text = f"step time {step:+.0f}%: " if step is not None else ""
+        against = baseline.get("session") or baseline.get("spec")
+        if not top:
+            scale = verdict.get("scale") or 1.0
+            return Finding(
+                "P0" if (step or 0) >= BASELINE_P0_STEP_PCT else "P1",
+                self.name,
+                f"{step_text}every op slower alike (x{scale:.2f}) against the baseline",
+                f"Against baseline {against}: step time {verdict.get('base_median_ms')} ms -> "
+                f"{verdict.get('head_median_ms')} ms, beyond the {verdict.get('noise_pct')} % "
+                "that runs of the same workload differ by, and no frame explains it: all ops "
+                f"scaled by x{scale:.2f}.",
+                {"step_time_change_pct": round(step or 0.0, 2), "scale": round(scale, 3)},
+                f"Each step takes {step or 0:.0f}% longer than in the baseline.",
+                "A uniform slowdown is a machine, clock or configuration change rather than "
+                "new work: compare the chips, their clocks and throttling, the XLA flags and "
+                "library versions of both runs.",
+                {},
+            )
         basis = top["basis"]
-        before, after = top[f"{basis}_base_pct"], top[f"{basis}_head_pct"]
-        delta = top[f"delta_{basis}_pts"]
-        high = delta >= BASELINE_P0_PTS or (step is not None and step >= BASELINE_P0_STEP_PCT)
+        step_pct = float(top.get("step_pct") or 0.0)
+        per_step = baseline.get("normalisation") == "per_step"
+        high = (
+            step_pct >= BASELINE_P0_ADDED_PCT
+            or (step is not None and step >= BASELINE_P0_STEP_PCT)
+            or (not per_step and top[f"delta_{basis}_pts"] >= BASELINE_P0_PTS)
+        )
         steps = baseline.get("steps")
         how = (
             f"significant over {steps} steps (q={top['q_value']:.2g})"
-            if baseline.get("normalisation") == "per_step"
+            if per_step and top.get("q_value") is not None
             else f"beyond the {baseline.get('noise_floor_pts')} point noise floor"
         )
-        step_text = f"step time {step:+.0f}%: " if step is not None else ""
         evidence: dict[str, float | int] = {
-            f"{basis}_base_pct": before,
-            f"{basis}_head_pct": after,
-            f"delta_{basis}_pts": delta,
+            "base_ms": top.get("base_ms", 0.0),
+            "head_ms": top.get("head_ms", 0.0),
+            "excess_ms": top.get("excess_ms", 0.0),
+            "step_pct": round(step_pct, 2),
+            f"{basis}_base_pct": top[f"{basis}_base_pct"],
+            f"{basis}_head_pct": top[f"{basis}_head_pct"],
+            f"delta_{basis}_pts": top[f"delta_{basis}_pts"],
         }
         if step is not None:
             evidence["step_time_change_pct"] = round(step, 2)
         if top.get("q_value") is not None:
             evidence["q_value"] = top["q_value"]
+        what = "new work" if top.get("new") else f"{basis} time grew"
+        if per_step:
+            title = (
+                f"{step_text}{top['name']}: {what}, +{top.get('excess_ms', 0):.3g} ms per step "
+                f"({step_pct:.1f}% of the step) against the baseline"
+            )
+            detail = (
+                f"Against baseline {against}: {top['frame']} {basis} time "
+                f"{top.get('base_ms', 0):.3g} ms -> {top.get('head_ms', 0):.3g} ms per step; "
+                f"{top.get('excess_ms', 0):.3g} ms beyond the machine-wide scale ({how})."
+            )
+            impact = f"It adds {step_pct:.1f}% to every step."
+        else:
+            before, after = top[f"{basis}_base_pct"], top[f"{basis}_head_pct"]
+            delta = top[f"delta_{basis}_pts"]
+            title = (
+                f"{step_text}{top['name']} {basis} time grew from {before:.1f}% to "
+                f"{after:.1f}% ({baseline.get('kind')}) against the baseline"
+            )
+            detail = (
+                f"Against baseline {against}: {top['frame']} {basis} share {before:.1f}% -> "
+                f"{after:.1f}% ({delta:+.1f} points, {how})."
+            )
+            impact = (
+                f"This frame accounts for {delta:.1f} points more of the "
+                f"{baseline.get('kind')} time than in the baseline."
+            )
         return Finding(
             "P0" if high else "P1",
             self.name,
-            f"{step_text}{top['name']} {basis} time grew from {before:.1f}% to {after:.1f}% "
-            f"({baseline.get('kind')}) against the baseline",
-            f"Against baseline {baseline.get('session') or baseline.get('spec')}: "
-            f"{top['frame']} {basis} share {before:.1f}% -> {after:.1f}% ({delta:+.1f} points, "
-            f"{how}).",
+            title,
+            detail,
             evidence,
-            f"This frame accounts for {delta:.1f} points more of the "
-            f"{baseline.get('kind')} time than in the baseline.",
+            impact,
             f"Look at what changed in {top['name']} since the baseline (code, data, "
             "configuration); the differential flame graph shows where it grew.",
             {"frame": top["frame"]},

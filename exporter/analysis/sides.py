@@ -12,6 +12,13 @@ A side is any of:
 * ``pyroscope:{service_name="…",run_id="…"}``: a Pyroscope selection over
   ``--from``/``--until``, fetched with ``SelectMergeProfile`` (``MLPROF_PYROSCOPE_URL``).
 
+Read without ``--kind``, a capture is the **step view**: the device work (XLA ops on
+device planes, or on a CPU capture the XLA computations on its host threads) and,
+beside it under one ``host`` frame, what the host's own threads did (the Python
+thread's annotated phases, ``input_pipeline``, and its dispatch and waits) without the
+XLA thread pools, whose time the device part already holds. It is what explains a
+step: a slow input pipeline and a slow kernel both show in it. ``--kind`` narrows.
+
 Captures with step markers also give one graph per *step cycle*: from one step's start
 to the next step's start (the last step ends with its own end), so that time spent
 between two step annotations (an input pipeline that is not annotated as part of the
@@ -42,10 +49,12 @@ __all__ = [
     "Side",
     "SideContext",
     "capture_side",
+    "join_step_view",
     "load_side",
     "load_sides",
     "sample_cycles",
     "step_cycles",
+    "step_view",
 ]
 
 RUN_PREFIX = "run:"
@@ -56,6 +65,11 @@ PYROSCOPE_PREFIX = "pyroscope:"
 MAX_STEP_SAMPLES = 200
 _FAR_FUTURE_NS = 1 << 62
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
+# The step view's frame holding the host threads' own time.
+HOST_FRAME = "host"
+# Host threads that run XLA's own work (the CPU client, Eigen and runtime pools): the
+# device part of the step view already holds their time.
+_XLA_THREAD = re.compile(r"^(tf_)?(xla|pjrt|pjrtcpu)|eigen", re.IGNORECASE)
 # pprof sample types -> the kind of flame graph they are.
 _SAMPLE_KINDS: dict[str, Kind] = {
     "device_time": "device",
@@ -86,9 +100,15 @@ class Side:
     step_source: str = "none"  # device_steps | host_step_annotations | none
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # Which noise model fits the values (see analysis.noise.MIN_DELTA_PTS): the kind,
-    # or "xla_host" for the device view of a CPU capture (XLA thunks on host threads).
+    # Which noise model fits the values (see analysis.noise): the kind, or "xla_host"
+    # for the device view of a CPU capture (XLA thunks on host threads).
     view: str = ""
+    # "step": the step view (device work and the host's phases, see the module doc);
+    # "" for one kind alone.
+    scope: str = ""
+    # Names of the host's step annotations (their self time is the host waiting inside
+    # the step, not work of its own).
+    step_names: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.view = self.view or self.kind
@@ -101,6 +121,7 @@ class Side:
             "files": self.files,
             "steps": len(self.steps),
             "step_source": self.step_source,
+            "view": "step" if self.scope == "step" else self.kind,
             "total": self.whole.root.total,
             "notes": self.notes,
         }
@@ -226,14 +247,70 @@ def capture_side(
     return chosen, whole, list(graphs), lengths, source, chosen
 
 
+def step_view(device: FlameGraph, host: FlameGraph) -> FlameGraph:
+    """The step view of one graph pair: device frames, and the host's own threads under
+    :data:`HOST_FRAME` (threads of XLA's pools left out: the device part holds them)."""
+    out = device.copy()
+    own = [t for t in host.root.children.values() if not _XLA_THREAD.search(t.name)]
+    if own:
+        top = out.root.child(HOST_FRAME)
+        stack = [(top, thread) for thread in own]
+        while stack:
+            mine, theirs = stack.pop()
+            node = mine.child(theirs.name, theirs.file, theirs.line)
+            node.self_value += theirs.self_value
+            stack.extend((node, child) for child in theirs.children.values())
+        out.recompute_totals()
+    return out
+
+
+def join_step_view(device: Side, host: Side) -> Side:
+    """Two kinds of one input joined into its step view (each graph pair by position)."""
+    if device.kind != "device" or len(device.steps) != len(host.steps):
+        return device  # nothing to join, or steps that do not pair up: the device alone
+    return Side(
+        device.spec,
+        device.source,
+        "device",
+        step_view(device.whole, host.whole),
+        [step_view(d, h) for d, h in zip(device.steps, host.steps, strict=True)],
+        list(device.step_ns),
+        device.step_source,
+        list(device.files),
+        [*device.notes, *(n for n in host.notes if n not in device.notes)],
+        view=device.view,
+        scope="step",
+        step_names=device.step_names | host.step_names,
+    )
+
+
 def _read_capture(path: Path, kind: Kind | None, side: Side | None) -> Side:
+    if kind is None and (side is None or side.scope == "step"):
+        try:
+            device, host = _read_capture_kinds(path, ["device", "host"], [None, None])
+        except InputError:  # no device work at all: the host view is the whole story
+            return _read_capture_kinds(path, [None], [side])[0]
+        one = join_step_view(device, host)
+        return one if side is None else _merge_sides(side, one)
     return _read_capture_kinds(path, [kind], [side])[0]
+
+
+def _merge_sides(side: Side, one: Side) -> Side:
+    side.whole.merge(one.whole)
+    side.steps.extend(one.steps)
+    side.step_ns.extend(one.step_ns)
+    side.files.extend(one.files)
+    side.step_names |= one.step_names
+    if one.step_source != "none" and side.step_source == "none":
+        side.step_source = one.step_source
+    return side
 
 
 def _read_capture_kinds(
     path: Path, kinds: Sequence[Kind | None], sides: Sequence[Side | None]
 ) -> list[Side]:
     """One capture read once into a side per kind (each new, or merged into ``sides``)."""
+    from exporter.profiles.steps import host_step_names
     from exporter.profiles.xplane import load_capture
 
     out = []
@@ -246,6 +323,7 @@ def _read_capture_kinds(
             merged = _merge_capture(path, side, chosen, whole, steps, step_ns, source)
             if side is None or view != side.kind:
                 merged.view = view  # one CPU capture makes the whole side as noisy
+            merged.step_names |= cache.setdefault("step_names", host_step_names(capture))
             out.append(merged)
     return out
 

@@ -48,7 +48,7 @@ from exporter.profiles.xplane import (
     read_line,
 )
 
-__all__ = ["StepSource", "StepWindow", "step_windows", "windowed_flamegraphs"]
+__all__ = ["StepSource", "StepWindow", "host_step_names", "step_windows", "windowed_flamegraphs"]
 
 StepSource = Literal["device_steps", "host_step_annotations", "none"]
 _PS_PER_NS = 1000
@@ -150,6 +150,23 @@ def _host_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
                         )
                         break
     return spans
+
+
+def host_step_names(capture: Capture) -> set[str]:
+    """Names of the host events that mark steps (``StepTraceAnnotation``'s ``train``)."""
+    names: set[str] = set()
+    for ref in capture.host_planes:
+        plane = capture.plane(ref)
+        step_ids = {m.id for m in plane.stat_metadata.values() if m.name == "step_num"}
+        if not step_ids:
+            continue
+        for header in line_headers(capture, plane):
+            for event in read_line(capture, plane, header.index).events:
+                if event.stats and any(st.metadata_id in step_ids for st in event.stats):
+                    meta = plane.event_metadata.get(event.metadata_id)
+                    if meta is not None:
+                        names.add(meta.name)
+    return names
 
 
 def step_windows(capture: Capture) -> tuple[list[StepWindow], StepSource]:

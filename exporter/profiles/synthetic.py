@@ -292,8 +292,12 @@ def tpu_capture(
     host: bool = True,
     while_every: int = 0,
     while_body: int = 4,
+    slowdown: float = 1.0,
 ) -> SyntheticCapture:
     """Build a TPU-shaped XSpace with ``devices * steps * ops_per_step`` op events.
+
+    ``slowdown`` multiplies every op's duration (the same ops otherwise, for a seed): a
+    uniformly slower chip, clock or configuration.
 
     ``while_every=k`` makes every k-th op of a step a ``while`` holding the next
     ``while_body`` ops (those ops count towards ``ops_per_step``; the while adds one).
@@ -304,7 +308,7 @@ def tpu_capture(
         category, stem, fw_op = _OP_KINDS[j % len(_OP_KINDS)]
         scope = _SCOPES[(j // len(_OP_KINDS)) % len(_SCOPES)].format(i=j % layers)
         ops.append(_Op(f"{stem}.{j}", category, f"jit(train_step)/jit(main)/{scope}/{fw_op}"))
-    durations_ns = [rng.randrange(200, 40_000) for _ in ops]
+    durations_ns = [round(rng.randrange(200, 40_000) * slowdown) for _ in ops]
     space = xplane_pb2.XSpace()
     space.hostnames.append("tpu-vm-0")
     start_ns = time.time_ns() - 60_000_000_000

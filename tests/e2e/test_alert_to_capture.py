@@ -234,6 +234,10 @@ def check_report(stack: Stack, session_id: str, baseline_id: str) -> dict[str, A
     first = report["findings"][0]
     assert first["rule"] == "BaselineRegressionRule", report["findings"]
     assert first["frame"].split(";")[-1] == "input_pipeline", first
-    top = baseline["comparisons"]["host"]["regressions"][0]
-    assert top["name"] == "input_pipeline" and top["regression"], top
+    # The step view (the default comparison) leads, and names the input as the host
+    # view does.
+    assert next(iter(baseline["comparisons"])) == "step", list(baseline["comparisons"])
+    for view in ("step", "host"):
+        top = baseline["comparisons"][view]["regressions"][0]
+        assert top["name"] == "input_pipeline" and top["regression"], (view, top)
     return report

@@ -11,6 +11,11 @@ except the memory ones, which write ``OUT_DIR/<variant>.pprof.gz``):
 * ``sleepy``: the same as ``compute``, but ``data_loading`` sleeps twice as long as the
   previous step's compute took (so its share stays near two thirds however loaded the
   machine is);
+* ``demo`` / ``demo_slow``: as the README's demo loop is written, the batch comes from an
+  ``input_pipeline`` annotation *between* the steps; ``demo_slow`` sleeps
+  :data:`DEMO_DELAY_S` in it, as ``echo 0.02 > demo-input-delay`` would;
+* ``recompiling``: every step's batch has a new shape, so ``update`` compiles again
+  inside each step, as a workload with unpadded variable-length batches does;
 * ``memory_base`` / ``memory_extra``: device-memory profiles of the model's buffers,
   the second with a 64 MiB buffer allocated by ``allocate_extra_buffer``.
 
@@ -29,6 +34,7 @@ import jax.numpy as jnp
 STEPS = 16
 SLEEP_RATIO = 2.0  # sleepy: data_loading sleeps this many times the last compute time
 EXTRA_BUFFER_BYTES = 64 * 1024 * 1024
+DEMO_DELAY_S = 0.02
 
 
 @jax.jit
@@ -71,7 +77,20 @@ def capture(out: Path, variant: str) -> Path:
     options.host_tracer_level = 2
     options.python_tracer_level = 0
     with jax.profiler.trace(str(logdir), profiler_options=options):
-        for step in range(STEPS):
+        for step in range(STEPS if variant.startswith("demo") else 0):
+            with jax.profiler.TraceAnnotation("input_pipeline"):
+                if variant == "demo_slow":
+                    time.sleep(DEMO_DELAY_S)
+                x = jnp.full((512, 512), step % 7, jnp.float32)
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                w = update(w, x)
+                w.block_until_ready()
+        for step in range(STEPS if variant == "recompiling" else 0):
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                x = data_loading(step, 0.0)[: 256 + step]
+                update(w[: 256 + step, : 256 + step], x[:, : 256 + step]).block_until_ready()
+        plain = not variant.startswith("demo") and variant != "recompiling"
+        for step in range(STEPS if plain else 0):
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 sleep_s = SLEEP_RATIO * compute_s if variant == "sleepy" else 0.0
                 x = data_loading(step, sleep_s)

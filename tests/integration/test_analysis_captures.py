@@ -62,32 +62,33 @@ def test_heavy_function_is_the_top_regression_and_trips_the_gate(
     )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("mlprof: regression: ")
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("mlprof: regression gate 2 %: ") and "jit_heavy_extra" in last, last
     data = json.loads(out.read_text())
-    assert (data["kind"], data["normalisation"]) == ("device", "per_step")
+    assert (data["kind"], data["view"], data["normalisation"]) == ("device", "step", "per_step")
     top = [e for e in data["regressions"] if e["regression"]][:3]
-    # On CPU the device view is the XLA ops grouped by program: the new program is named.
+    # The step view holds the XLA ops grouped by program: the new program is named, as
+    # new work, whether its verdict is on an op's self time or the program's total.
     assert top and all(e["frame"].split(";")[0] == "jit_heavy_extra" for e in top), top
     assert data["regressions"][0] == top[0]  # the most important change is a regression
-    assert all(e["significant"] for e in top)
-    assert top[0]["total_base"] == 0 and top[0]["delta_total_pts"] > 15
+    assert all(e["significant"] and e["new"] for e in top)
+    assert top[0]["base_ms"] == 0 and top[0]["step_pct"] > 2
+    # The gate agrees with the verdicts: it names the first one above its limit.
+    assert top[0]["frame"] in last
 
 
-def test_same_workload_twice_is_nothing_significant(analysis_captures: AnalysisCaptures) -> None:
-    for kind in ("device", "host"):
+def test_same_workload_twice_has_no_verdict(analysis_captures: AnalysisCaptures) -> None:
+    for kind in (None, "device", "host"):
         a = load_side(str(analysis_captures.compute), kind)  # type: ignore[arg-type]
         b = load_side(str(analysis_captures.compute_again), kind)  # type: ignore[arg-type]
         result = compare_sides(a, b)
         assert result.normalisation == "per_step" and result.verdict_possible
-        loud = [
-            (e.frame.name, e.delta_pts, e.q_value)
-            for e in result.regressions + result.improvements
-            if e.significant and abs(e.delta_pts) >= result.min_delta_pts
-        ]
+        loud = [(e.frame.name, e.step_pct, e.q_value) for e in result.regressions if e.regression]
         assert loud == [], f"{kind}: {loud}"
-        assert result.failing(result.min_delta_pts) == []
-    # On CPU both views take the host's noise threshold (analysis.noise.MIN_DELTA_PTS).
-    assert result.min_delta_pts == noise.MIN_DELTA_PTS["xla_host"] == noise.MIN_DELTA_PTS["host"]
+        assert result.gate_reasons(3) == [] or result.step_verdict.verdict == "slower"
+    # On CPU every view takes the host's measured noise (analysis.noise).
+    assert result.noise_view in {"xla_host", "host"}
+    assert noise.MIN_GROWN_STEP_PCT["xla_host"] == noise.MIN_GROWN_STEP_PCT["host"]
 
 
 def test_slow_data_loading_needs_attention_quoting_the_share(reports: dict[str, object]) -> None:

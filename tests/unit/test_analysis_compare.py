@@ -35,67 +35,148 @@ def step_graph(ops: dict[str, float], rng: random.Random, jitter: float = 0.03) 
 
 
 def side(ops: dict[str, float], steps: int, seed: int, name: str, scale: float = 1.0) -> Side:
+    """``steps`` device steps of ``ops`` (ns each); each step lasts as long as its ops."""
     rng = random.Random(seed)
     graphs = [step_graph({k: v * scale for k, v in ops.items()}, rng) for _ in range(steps)]
     whole = FlameGraph(sample_type="device_time", unit="nanoseconds")
     for g in graphs:
         whole.merge(g)
-    return Side(name, "capture", "device", whole, graphs, [10**7] * steps, "device_steps")
+    lengths = [g.root.total for g in graphs]
+    return Side(name, "capture", "device", whole, graphs, lengths, "device_steps")
 
 
 BASE = {"matmul": 6_000_000.0, "softmax": 2_000_000.0, "copy": 1_000_000.0, "fusion": 1_000_000.0}
+STEP_NS = sum(BASE.values())
 
 
-def with_growth(op: str, share_pts: float) -> dict[str, float]:
-    """BASE where ``op`` grew so that its share rises by about ``share_pts`` points."""
-    total = sum(BASE.values())
-    before = BASE[op] / total
-    target = before + share_pts / 100
-    grown = target * (total - BASE[op]) / (1 - target)
-    return BASE | {op: grown}
+def with_growth(op: str, step_pct: float) -> dict[str, float]:
+    """BASE where ``op`` takes ``step_pct`` % of the base step longer."""
+    return BASE | {op: BASE.get(op, 0.0) + step_pct / 100 * STEP_NS}
 
 
-def entry(comparison, name):  # type: ignore[no-untyped-def]
-    return next(e for e in comparison.regressions if e.frame.name == name and e.basis == "self")
+def entry(comparison, name, basis="self"):  # type: ignore[no-untyped-def]
+    return next(e for e in comparison.regressions if e.frame.name == name and e.basis == basis)
 
 
-def test_a_large_significant_growth_is_the_top_regression() -> None:
+def test_an_op_that_grew_is_named_in_time_per_step_and_trips_the_gate() -> None:
     result = compare_sides(side(BASE, 20, 1, "base"), side(with_growth("copy", 15), 20, 2, "head"))
     assert result.normalisation == "per_step" and result.verdict_possible
     top = result.top_regression
-    assert top is not None and top.frame.name == "copy"
-    assert top.significant and top.regression
-    assert top.delta_self_pts == pytest.approx(15, abs=1)
+    assert top is not None and top.frame.name == "copy" and top.basis == "self"
+    assert top.significant and top.regression and not top.new
     assert top.q_value is not None and top.q_value < noise.FDR_ALPHA
     assert top.effect == pytest.approx(1.0)
-    assert result.failing(10) and not result.failing(20)
+    # 1.5 ms more per step on a 10 ms step. The other ops agree that the machine did not
+    # change (scale 1: the consensus, not the 1.15 of all the common work), so all of it
+    # is excess: 15 % of the step.
+    assert top.delta_ms == pytest.approx(1.5, rel=0.05)
+    assert result.step_verdict.scale == pytest.approx(1.0, abs=0.02)
+    assert top.excess_ms == pytest.approx(1.5, rel=0.05)
+    assert top.step_pct == pytest.approx(15, rel=0.05)
+    assert result.failing(top.step_pct - 1) == [top] and not result.failing(top.step_pct + 1)
+    assert result.step_verdict.change_pct == pytest.approx(15, abs=1.5)
 
 
-def test_same_distribution_is_nothing_significant() -> None:
+def test_new_work_is_found_by_its_time_per_step() -> None:
+    # A function absent from the base, at 5 % of the step: the common work's scale is
+    # untouched, so all of its time is excess.
+    result = compare_sides(side(BASE, 20, 1, "base"), side(with_growth("extra", 5), 20, 2, "h"))
+    top = result.top_regression
+    assert top is not None and top.frame.name == "extra" and top.new
+    assert result.step_verdict.scale == pytest.approx(1.0, abs=0.01)
+    assert top.step_pct == pytest.approx(5, rel=0.05)
+    assert top.explains_pct == pytest.approx(100, abs=15)
+
+
+def test_same_distribution_is_no_verdict_and_passes_the_gate() -> None:
     result = compare_sides(side(BASE, 20, 1, "base"), side(BASE, 20, 2, "head"))
-    assert not [e for e in result.regressions + result.improvements if e.significant]
     assert result.top_regression is None and result.failing(0) == []
+    assert result.step_verdict.verdict == "unchanged"
+    assert result.gate_reasons(0) == []
 
 
-def test_uniform_slowdown_moves_no_share_and_is_no_regression() -> None:
-    # Another process on the machine slows every op by half: the step is slower, yet no
-    # frame's share of it moved.
+def test_uniform_slowdown_is_a_step_verdict_called_uniform_and_trips_the_gate() -> None:
+    # Every op 1.5x slower: no frame's share moved and no frame has excess time.
     result = compare_sides(side(BASE, 20, 1, "base"), side(BASE, 20, 2, "head", scale=1.5))
-    assert result.step_time()["change_pct"] == 0.0  # the cycle lengths were given equal
     assert not [e for e in result.regressions if e.regression]
+    verdict = result.step_verdict
+    assert verdict.verdict == "slower" and verdict.uniform
+    assert verdict.change_pct == pytest.approx(50, abs=2)
+    assert verdict.scale == pytest.approx(1.5, rel=0.01)
+    assert verdict.interval_pct is not None and verdict.interval_pct[0] > 40
+    assert "uniform: all ops x1.5" in verdict.sentence()
+    reasons = result.gate_reasons(10)
+    assert len(reasons) == 1 and "step time +" in reasons[0] and "uniform" in reasons[0]
+    assert result.gate_reasons(60) == []
 
 
 @pytest.mark.parametrize(
-    ("grow_pts", "regression"),
-    [(noise.MIN_DELTA_PTS["device"] * 0.7, False), (noise.MIN_DELTA_PTS["device"] * 1.6, True)],
+    ("factor", "regression"), [(0.7, False), (1.6, True)], ids=["below", "above"]
 )
-def test_minimum_share_move_either_side(grow_pts: float, regression: bool) -> None:
+def test_minimum_growth_either_side(factor: float, regression: bool) -> None:
+    # "softmax" is 20 % of the step, so growing it by the floor's share of the step is a
+    # relative change well past MIN_RELATIVE_CHANGE: the floor decides.
+    grow = noise.MIN_GROWN_STEP_PCT["device"] * factor
     result = compare_sides(
-        side(BASE, 20, 1, "base"), side(with_growth("fusion", grow_pts), 20, 2, "head")
+        side(BASE, 20, 1, "base"), side(with_growth("softmax", grow), 20, 2, "h")
     )
-    found = entry(result, "fusion")
+    found = entry(result, "softmax")
     assert found.significant  # the rank test sees it either way
     assert found.regression is regression
+
+
+@pytest.mark.parametrize(("factor", "regression"), [(0.5, False), (2.0, True)])
+def test_minimum_new_work_either_side(factor: float, regression: bool) -> None:
+    grow = noise.MIN_NEW_STEP_PCT["device"] * factor
+    result = compare_sides(side(BASE, 20, 1, "base"), side(with_growth("extra", grow), 20, 2, "h"))
+    assert entry(result, "extra").regression is regression
+
+
+def test_a_runtime_wait_is_never_the_regression() -> None:
+    # XLA's CPU executor waiting for its thunks grows with the work it waits on; the
+    # work is judged, the wait is not.
+    wait = "ThunkExecutor::Execute (wait for completion)"
+    base = side(BASE | {wait: 1_000_000.0}, 20, 1, "base")
+    head = side(BASE | {wait: 4_000_000.0}, 20, 2, "head")
+    result = compare_sides(base, head)
+    found = entry(result, wait)
+    assert found.wait and not found.regression and found.excess_ms > 2
+    assert result.top_regression is None
+    assert any("runtime waits left out" in n for n in result.notes)
+
+
+def test_the_gate_fails_only_on_verdicts() -> None:
+    # The frame that shrank is significant but no regression: the gate ignores it.
+    base = side(BASE, 20, 1, "base")
+    head = side(BASE | {"matmul": 3_000_000.0}, 20, 2, "head")
+    result = compare_sides(base, head)
+    assert any(e.significant for e in result.improvements)
+    assert result.failing(0) == [] and result.gate_reasons(3) == []
+
+
+def test_a_regression_on_its_total_counts_for_the_gate() -> None:
+    # Growth spread over many small new children: only the parent's total explains it.
+    def graphs(extra: bool, seed: int) -> Side:
+        rng = random.Random(seed)
+        out = []
+        for _ in range(20):
+            graph = step_graph(BASE, rng)
+            if extra:
+                for k in range(40):
+                    graph.add(["jit_step", "loop", f"op{k}"], 25_000)
+            out.append(graph)
+        whole = FlameGraph(sample_type="device_time", unit="nanoseconds")
+        for g in out:
+            whole.merge(g)
+        return Side(
+            "s", "capture", "device", whole, out, [g.root.total for g in out], "device_steps"
+        )
+
+    result = compare_sides(graphs(False, 1), graphs(True, 2))
+    top = result.top_regression
+    assert top is not None and top.basis == "total" and top.frame.name == "loop"
+    assert top.step_pct == pytest.approx(10, rel=0.05)
+    assert result.failing(5) == [top]
 
 
 def test_below_the_minimum_steps_there_is_no_verdict() -> None:
@@ -105,10 +186,25 @@ def test_below_the_minimum_steps_there_is_no_verdict() -> None:
     assert entry(result, "copy").p_value is not None
     assert not entry(result, "copy").significant and result.top_regression is None
     assert any("fewer than" in n for n in result.notes)
+    assert result.step_verdict.verdict == "unknown"
     enough = compare_sides(
         side(BASE, noise.MIN_STEPS, 1, "b"), side(with_growth("copy", 30), noise.MIN_STEPS, 2, "h")
     )
     assert enough.verdict_possible and enough.top_regression is not None
+
+
+def test_history_sets_the_step_noise() -> None:
+    base, head = side(BASE, 20, 1, "base"), side(BASE, 20, 2, "head", scale=1.12)
+    # Without history the device view's measured noise (5 %) calls +12 % slower; a
+    # history whose runs spread by ~10 % does not.
+    assert compare_sides(base, head).step_verdict.verdict == "slower"
+    spread = [1.0e7, 1.1e7, 0.9e7, 1.05e7, 0.95e7]
+    judged = compare_sides(base, head, history=spread).step_verdict
+    assert judged.noise_source == "5 earlier runs"
+    assert judged.noise_pct == noise.history_step_noise_pct(spread) > 12
+    assert judged.verdict == "unchanged"
+    tight = compare_sides(base, head, history=[1.0e7] * 4).step_verdict
+    assert tight.noise_pct == noise.HISTORY_FLOOR_PCT and tight.verdict == "slower"
 
 
 @pytest.mark.parametrize(
@@ -118,13 +214,18 @@ def test_below_the_minimum_steps_there_is_no_verdict() -> None:
 def test_without_steps_a_change_counts_only_beyond_the_noise_floor(
     grow_pts: float, significant: bool
 ) -> None:
-    base, head = side(BASE, 20, 1, "base"), side(with_growth("copy", grow_pts), 20, 2, "head")
+    # BASE's copy is 10 % of the total; growing it by g % of the old total moves its
+    # share by about g * 0.9 / (1 + g / 100) points: ask for the points directly.
+    target = (10 + grow_pts) / 100
+    grown = target * (STEP_NS - 1_000_000) / (1 - target)
+    base, head = side(BASE, 20, 1, "base"), side(BASE | {"copy": grown}, 20, 2, "head")
     base.steps, head.steps = [], []
     result = compare_sides(base, head)
     assert result.normalisation == "share" and result.noise_floor_pts == noise.SHARE_NOISE_FLOOR_PTS
     found = entry(result, "copy")
     assert found.significant is significant and found.p_value is None
     assert any("no step markers" in n for n in result.notes)
+    assert result.step_verdict.verdict == "unknown"
 
 
 def test_json_contract() -> None:
@@ -132,16 +233,23 @@ def test_json_contract() -> None:
     data = result.to_json(top=3)
     assert {"kind", "normalisation", "base", "head", "regressions", "improvements"} <= set(data)
     assert data["normalisation"] == "per_step" and data["kind"] == "device"
+    assert data["view"] == "device"
     assert {"source", "steps", "total"} <= set(data["base"])
     assert data["base"]["steps"] == 20
+    verdict = data["step_verdict"]
+    assert {"base_median_ms", "head_median_ms", "change_pct", "interval_pct", "noise_pct",
+            "verdict", "scale", "uniform", "explained_pct"} <= set(verdict)  # fmt: skip
     first = data["regressions"][0]
-    assert set(first) >= REQUIRED_ENTRY_KEYS
+    per_step_keys = {"base_ms", "head_ms", "delta_ms", "excess_ms", "step_pct", "explains_pct"}
+    assert set(first) >= REQUIRED_ENTRY_KEYS | per_step_keys | {"new", "wait"}
     assert first["frame"] == "jit_step;copy" and first["name"] == "copy"
     assert first["significant"] is True and 0 <= first["p_value"] < 0.01
+    assert first["regression"] is True
     # Per step: the values are means per step, the shares of each side's own total.
     assert first["self_base"] == pytest.approx(1_000_000, rel=0.05)
+    assert first["base_ms"] == pytest.approx(1.0, rel=0.05)
     assert len(data["regressions"]) <= 3
-    deltas = [e["delta_self_pts"] for e in data["improvements"]]
+    deltas = [e["excess_ms"] for e in data["improvements"]]
     assert all(d < 0 for d in deltas)
 
 

@@ -176,7 +176,8 @@ def test_no_memory_fact_no_oom_finding() -> None:
     assert rules.OomRiskRule().apply(facts(memory=None)) is None
 
 
-def baseline(delta: float, step: float | None) -> dict[str, Any]:
+def baseline(added: float, step: float | None) -> dict[str, Any]:
+    """A per-step baseline whose top regression adds ``added`` % of the step."""
     return {
         "session": "s-good",
         "kind": "device",
@@ -189,26 +190,46 @@ def baseline(delta: float, step: float | None) -> dict[str, Any]:
             "name": "fusion.2",
             "basis": "self",
             "self_base_pct": 4.0,
-            "self_head_pct": 4.0 + delta,
-            "delta_self_pts": delta,
+            "self_head_pct": 4.0 + added,
+            "delta_self_pts": added,
+            "base_ms": 0.4,
+            "head_ms": 0.4 + added / 10,
+            "excess_ms": added / 10,
+            "step_pct": added,
+            "new": False,
             "q_value": 1e-6,
         },
     }
 
 
 @pytest.mark.parametrize(
-    ("delta", "step", "priority"),
+    ("added", "step", "priority"),
     [
         (5.0, 10.0, "P1"),
-        (rules.BASELINE_P0_PTS, 10.0, "P0"),
+        (rules.BASELINE_P0_ADDED_PCT, 10.0, "P0"),
         (5.0, rules.BASELINE_P0_STEP_PCT, "P0"),
     ],
 )
-def test_baseline_regression_leads_the_findings(delta: float, step: float, priority: str) -> None:
-    found = rules.apply_rules(facts(breakdown=wait(60)), baseline(delta, step))
+def test_baseline_regression_leads_the_findings(added: float, step: float, priority: str) -> None:
+    found = rules.apply_rules(facts(breakdown=wait(60)), baseline(added, step))
     assert found[0].rule == "BaselineRegressionRule" and found[0].priority == priority
-    assert "fusion.2" in found[0].title and "from 4.0%" in found[0].title
+    assert "fusion.2" in found[0].title and f"+{added / 10:.3g} ms per step" in found[0].title
+    assert f"({added:.1f}% of the step)" in found[0].title
     assert found[1].priority == "P0"  # the input wait follows
+
+
+def test_a_uniform_slowdown_against_the_baseline_is_a_finding() -> None:
+    base = baseline(0, 50.0) | {
+        "top_regression": None,
+        "step_verdict": {"verdict": "slower", "scale": 1.49, "base_median_ms": 10.0,
+                         "head_median_ms": 15.0, "noise_pct": 5.0},
+    }  # fmt: skip
+    found = rules.apply_rules(facts(), base)
+    assert found[0].rule == "BaselineRegressionRule" and found[0].priority == "P0"
+    assert "every op slower alike (x1.49)" in found[0].title
+    assert "machine, clock or configuration" in found[0].suggestion
+    calm = base | {"step_verdict": {"verdict": "unchanged"}}
+    assert not [f for f in rules.apply_rules(facts(), calm) if f.rule == "BaselineRegressionRule"]
 
 
 def test_verdict_and_summary() -> None:
