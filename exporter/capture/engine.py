@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import shutil
 import threading
 import time
@@ -43,7 +44,7 @@ from exporter.capture.session import (
 from exporter.capture.store import PROFILE_DIR, SessionStore
 from exporter.capture.targets import ProfilerTarget, TargetRegistry, probe
 from exporter.errors import MlprofError
-from exporter.regular_files import NotRegularFileError
+from exporter.regular_files import NotRegularFileError, open_directory, replace_file
 from exporter.schema import TRIGGERS
 
 if TYPE_CHECKING:
@@ -587,7 +588,7 @@ class CaptureEngine:
                 staging.is_dir()
                 and staging.resolve() != Path(self.store.session_dir(record.id)).resolve()
             ):
-                shutil.rmtree(staging, ignore_errors=True)
+                _remove_staging(staging, self.logdir)
         finally:  # whatever the store did, the session is over and its targets are free
             with self._lock:
                 self._running.pop(record.id, None)
@@ -630,9 +631,27 @@ class CaptureEngine:
                 )
                 result.status, result.error, result.unimported = "ok", "", []
         retry.status = retry.summarize()
-        target = staging / SESSION_FILE
-        tmp = staging / f".{SESSION_FILE}.tmp"
-        tmp.write_bytes(retry.model_dump_json(indent=2).encode() + b"\n")
-        tmp.replace(target)  # the watcher never reads half a record
+        # Written beside and renamed (the watcher never reads half a record); the staging
+        # dir is the workload's to write too, so no link there is written through.
+        below = self.logdir if staging.is_relative_to(self.logdir) else None
+        data = retry.model_dump_json(indent=2).encode() + b"\n"
+        replace_file(staging / SESSION_FILE, data, below=below, sync=False)
         log.warning("capture %s: %s kept in %s; the import is retried", final.id,
                     ", ".join(n for t in final.targets for n in t.unimported), staging)  # fmt: skip
+
+
+def _remove_staging(staging: Path, logdir: Path) -> None:
+    """Remove a staging dir, no link under the logdir followed (a ``plugins/`` made a
+    link elsewhere must not make the sidecar delete a directory there)."""
+    if not staging.is_relative_to(logdir):
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    try:
+        parent = open_directory(staging.parent, below=logdir)
+    except OSError as exc:
+        log.warning("staging dir %s not removed: %s", staging, exc)
+        return
+    try:
+        shutil.rmtree(staging.name, dir_fd=parent, ignore_errors=True)
+    finally:
+        os.close(parent)

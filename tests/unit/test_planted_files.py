@@ -559,3 +559,49 @@ def test_a_run_file_linked_elsewhere_gives_no_backend_to_the_metrics(
     car.metrics.refresh_runs()
     rendered = generate_latest(car.telemetry.registry)
     assert b'accelerator="unknown"' in rendered and b'accelerator="tpu"' not in rendered
+
+
+def test_files_kept_for_a_retry_get_their_record_without_writing_through_a_link(
+    tmp_path: Path, outside: Path
+) -> None:
+    """The engine's staging dir is in the logdir the workload writes: the record kept
+    for the watcher's retry went to ``.session.json.tmp``, following a link there."""
+    from exporter.capture.engine import CaptureEngine, CaptureLimits
+
+    (outside / "victim2").write_bytes(VICTIM)
+    engine = CaptureEngine(SessionStore(tmp_path / "store"), tmp_path / "logdir", CaptureLimits())
+    try:
+        staging = engine.staging_dir("s1")
+        staging.mkdir(parents=True)
+        (staging / "vm_1.xplane.pb").write_bytes(b"capture")
+        (staging / ".session.json.tmp").symlink_to(outside / "victim")
+        (staging / "session.json").symlink_to(outside / "victim2")
+        target = TargetResult(
+            address="vm:1", host="vm", status="failed", unimported=["vm_1.xplane.pb"]
+        )
+        engine._leave_for_retry(SessionRecord(id="s1", status="failed", targets=[target]), staging)
+    finally:
+        engine.close()
+    assert (outside / "victim").read_bytes() == VICTIM
+    assert (outside / "victim2").read_bytes() == VICTIM
+    kept = SessionRecord.model_validate_json((staging / "session.json").read_bytes())
+    assert kept.targets[0].files == ["vm_1.xplane.pb"] and kept.status == "done"
+
+
+def test_a_staging_dir_under_a_linked_plugins_dir_is_not_removed(
+    tmp_path: Path, outside: Path
+) -> None:
+    from exporter.capture import engine
+
+    kept = outside / "plugins" / "profile" / "s1"
+    kept.mkdir(parents=True)
+    (kept / "theirs").write_bytes(VICTIM)
+    logdir = tmp_path / "logdir"
+    logdir.mkdir()
+    (logdir / "plugins").symlink_to(outside / "plugins")
+    engine._remove_staging(logdir / "plugins" / "profile" / "s1", logdir)
+    assert (kept / "theirs").read_bytes() == VICTIM
+    real = logdir.parent / "real-logdir"
+    (real / "plugins" / "profile" / "s2").mkdir(parents=True)
+    engine._remove_staging(real / "plugins" / "profile" / "s2", real)
+    assert not (real / "plugins" / "profile" / "s2").exists()
