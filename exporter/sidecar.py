@@ -159,6 +159,7 @@ class Sidecar:
             settings.shared_dir,
             window_s=settings.duty_cycle_window_s,
             series_ttl_s=settings.series_ttl_s,
+            max_runs=settings.max_runs,
         )
         step_log_errors = meter.create_counter(
             "mlprof.step_log.errors",

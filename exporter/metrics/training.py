@@ -43,6 +43,8 @@ class MemoryRecordHandler(Protocol):
 
 
 MAX_RECORD_NAMES = 32  # user gauges become metric names: keep the set bounded
+# Runs with series at once (MLPROF_MAX_RUNS): each costs about 1 KB of /metrics per scrape.
+MAX_RUNS = 1000
 # The SDK flushes every second; a workload silent for this long is not "up".
 HEARTBEAT_TIMEOUT_S = 10.0
 # Data younger than this may still sit in the SDK's buffer: the duty-cycle window
@@ -143,11 +145,21 @@ class TrainingMetrics:
         window_s: float = 60.0,
         series_ttl_s: float = 900.0,
         clock: Any = time.time,
+        max_runs: int = MAX_RUNS,
     ) -> None:
         self._meter = meter
         self._shared_dir = shared_dir
         self.window_s = window_s
         self.series_ttl_s = series_ttl_s
+        self.max_runs = max_runs
+        self._over_cap = False  # a warning per episode of lines dropped at the cap
+        self._dropped = meter.create_counter(
+            "mlprof.runs.dropped",
+            unit="{line}",
+            description="Step-log lines of runs beyond MLPROF_MAX_RUNS, dropped (the series "
+            "of those runs would grow /metrics without bound).",
+        )
+        self._dropped.add(0)  # so increase() sees the first drop
         self._clock = clock
         self._lock = threading.Lock()
         self._series: dict[SeriesKey, _Series] = {}
@@ -216,6 +228,8 @@ class TrainingMetrics:
         step = self._parse_step(record) if kind == schema.KIND_STEP else None
         if kind not in (schema.KIND_STEP, schema.KIND_RECORD, schema.KIND_END, schema.KIND_MEMORY):
             raise MalformedRecord(f"field 'kind': unknown kind {kind!r}")
+        if self._beyond_cap(key, source):
+            return
         if self.memory is not None and kind == schema.KIND_MEMORY:
             # Before the run is noted: the handler raises MalformedRecord on a bad line.
             # It calls into OpenTelemetry, so never under self._lock (see below).
@@ -244,6 +258,23 @@ class TrainingMetrics:
                 hook(attrs, record, series.steps, series.tokens)
         if self.memory is not None and kind == schema.KIND_END:
             self.memory.end(attrs)
+
+    def _beyond_cap(self, key: SeriesKey, source: str) -> bool:
+        """Whether a line of a new run arrives with ``max_runs`` runs tracked (counted)."""
+        with self._lock:
+            over = key not in self._series and len(self._series) >= self.max_runs
+            first = over and not self._over_cap
+            self._over_cap = self._over_cap or over  # until expire() makes room
+        if over:
+            self._dropped.add(1)
+            if first:
+                log.warning(
+                    "step log %s: run %r not tracked: %d runs have series already "
+                    "(MLPROF_MAX_RUNS); its lines are dropped and counted in "
+                    "mlprof_runs_dropped_total until a run expires",
+                    source, key[0], self.max_runs,
+                )  # fmt: skip
+        return over
 
     def _parse_step(self, record: dict[str, Any]) -> _Step:
         start = _number(record, "start")
@@ -346,6 +377,7 @@ class TrainingMetrics:
             ]
             for key in dead:
                 del self._series[key]
+            self._over_cap = self._over_cap and len(self._series) >= self.max_runs
             self._files = {n: k for n, k in self._files.items() if k in self._series}
             live_runs = {key[0] for key in self._series}
             self._accelerators = {r: v for r, v in self._accelerators.items() if r in live_runs}

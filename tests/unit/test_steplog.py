@@ -265,3 +265,37 @@ def test_a_missing_steps_directory_for_one_poll_does_not_recount(shared: Path) -
     (shared / "steps.away").rename(shared / "steps")
     car.tailer.poll()
     assert car.value("train_steps_total") == 5
+
+
+def test_runs_beyond_the_cap_are_dropped_and_counted(
+    shared: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 20,000 run ids in one step log made 18.9 MB of /metrics; the cap bounds the series.
+    telemetry = build_telemetry()
+    now = [2000.0]
+    metrics = TrainingMetrics(telemetry.meter, shared, clock=lambda: now[0], max_runs=3)
+    tailer = StepLogTailer(shared, shared / "sidecar" / "state.json", metrics)
+    lines = [
+        json.dumps({"kind": "step", "run_id": f"r{i}", "workload": "w", "host": "h",
+                    "step": 1, "start": 1000.0, "duration": 0.5}) + "\n"
+        for i in range(50)
+    ]  # fmt: skip
+    (shared / "steps" / "h-1.jsonl").write_text("".join(lines))
+    tailer.poll()
+    text = generate_latest(telemetry.registry).decode()
+    runs = {
+        line.split('run_id="')[1].split('"')[0] for line in text.splitlines() if "run_id=" in line
+    }
+    assert runs == {"r0", "r1", "r2"}
+    assert telemetry.registry.get_sample_value("mlprof_runs_dropped_total") == 47
+    warned = [r for r in caplog.records if "MLPROF_MAX_RUNS" in r.getMessage()]
+    assert len(warned) == 1  # once, not per line
+    # Once the tracked runs expire, a new run is taken again.
+    now[0] += 10_000
+    metrics.expire()
+    with (shared / "steps" / "h-1.jsonl").open("a") as fh:
+        fh.write(lines[49])
+    tailer.poll()
+    assert (
+        telemetry.registry.get_sample_value("train_steps_total", {**LABELS, "run_id": "r49"}) == 1
+    )
