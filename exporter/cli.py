@@ -107,6 +107,7 @@ def _build_server(settings: Settings) -> Any:
     import uvicorn
 
     from exporter.api.app import create_app
+    from exporter.api.header_timeout import HeaderTimeoutProtocol
     from exporter.sidecar import Sidecar
 
     app = create_app(Sidecar(settings))
@@ -117,6 +118,7 @@ def _build_server(settings: Settings) -> Any:
         log_level="warning" if settings.log_level == "info" else settings.log_level,
         access_log=settings.log_level == "debug",
         lifespan="on",
+        http=HeaderTimeoutProtocol,  # h11 alone holds a half-sent request for ever
     )
     return uvicorn.Server(config)
 

@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 
 from exporter.api.app import create_app
+from exporter.api.header_timeout import HeaderTimeoutProtocol
 from exporter.config import Settings, load_settings, parse_hostport
 from exporter.proto import xplane_pb2
 from exporter.sidecar import Sidecar
@@ -110,8 +111,9 @@ class ServedSidecar:
         host, port = parse_hostport(settings.listen)
         self.url = f"http://{host}:{port}"
         config = uvicorn.Config(
-            create_app(self.sidecar), host=host, port=port, log_level="warning", lifespan="on"
-        )
+            create_app(self.sidecar), host=host, port=port, log_level="warning", lifespan="on",
+            http=HeaderTimeoutProtocol,  # as `mlprof serve` runs it
+        )  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
