@@ -92,3 +92,14 @@ def test_flamegraph_says_its_total_in_readable_units_and_that_threads_add_up(
     assert done.exit_code == 0, done.output
     # Was "total 3000000 nanoseconds": raw, and twice the 1.5 ms the capture lasted.
     assert "total 3.000 ms = 3000000 nanoseconds, summed over 2 concurrent threads" in done.output
+
+
+def test_every_suggested_xprof_command_says_it_listens_on_every_interface() -> None:
+    # XProf (server.py: run_server(plugin, _get_wildcard_address(port)), gRPC on 0.0.0.0)
+    # has no bind option: where we suggest it, the reader is told.
+    for doc in (ROOT / "README.md", ROOT / "docs" / "capture.md"):
+        lines = doc.read_text(encoding="utf-8").splitlines()
+        for index, line in enumerate(lines):
+            if "xprof --logdir" in line:
+                near = " ".join(lines[index : index + 3])
+                assert "every interface" in near, f"{doc.name}:{index + 1}: {line}"
