@@ -159,9 +159,22 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         if not MEMORY_REQUEST_ID.fullmatch(request_id):
             return JSONResponse({"detail": "expected a request id like 1700000000-0a1b2c3d"}, 404)
         found = answers_to(sidecar.settings.shared_dir, request_id)
-        done = [p.name for p in found if p.name in sidecar.memory_profiles.processed]
-        state = "converted" if found and len(done) == len(found) else "pending"
-        body = {"request_id": request_id, "state": state, "profiles": [p.name for p in found]}
+        watcher = sidecar.memory_profiles
+        # Processed is recorded before a conversion: the one converting now is pending.
+        done = [
+            p.name for p in found if p.name in watcher.processed and p.name != watcher.converting
+        ]
+        errors = {name: watcher.failed[name] for name in done if name in watcher.failed}
+        state = "pending"
+        if found and len(done) == len(found):
+            state = "failed" if errors else "converted"
+        body: dict[str, object] = {
+            "request_id": request_id,
+            "state": state,
+            "profiles": [p.name for p in found],
+        }
+        if errors:
+            body["errors"] = errors
         return JSONResponse(body)
 
     app.state.require_token = require_token

@@ -139,6 +139,7 @@ class MemoryProfileWatcher:
         self.max_memory_mb = max_memory_mb
         self.convert = convert or self._convert_in_child
         self.failed: dict[str, str] = {}
+        self.converting: str | None = None  # the profile being converted now
         self.directory = shared_dir / schema.MEMORY_DIR
         self.publish = publish
         self.state_path = state_path or shared_dir / schema.SIDECAR_DIR / "memory-profiles.json"
@@ -221,7 +222,11 @@ class MemoryProfileWatcher:
             self.processed.add(path.name)
             self.failed[path.name] = "conversion did not finish (the sidecar stopped)"
             self._save()
-            result = self._process(path)
+            self.converting = path.name
+            try:
+                result = self._process(path)
+            finally:
+                self.converting = None
             if result.error:
                 self.failed[path.name] = result.error[:500]
             else:

@@ -216,3 +216,32 @@ def test_a_profile_whose_conversion_took_the_sidecar_down_is_not_retried(
     restarted = MemoryProfileWatcher(tmp_path, None, convert=count)
     assert restarted.poll() == [] and calls == []
     assert "did not finish" in restarted.failed["h-1-1-1.pprof.gz"]
+
+
+def test_the_status_url_says_failed_with_the_reason(tmp_path: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    from exporter.api.app import create_app
+    from exporter.sidecar import Sidecar
+    from tests.sidecar_app import settings_in
+    from tests.unit.test_memory import _amplifying_profile
+
+    settings = settings_in(tmp_path)
+    sidecar = Sidecar(settings)
+    request_id = "1700000000-0a1b2c3d"
+    _write(settings.shared_dir, "h-1-1-1", _amplifying_profile(1_100, 1_100),
+           request_id=request_id)  # fmt: skip
+    sidecar.memory_profiles.poll()
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=create_app(sidecar))
+        async with httpx.AsyncClient(
+            transport=transport, base_url=f"http://{settings.listen}"
+        ) as c:
+            return await c.get(f"/api/v1/memory-profiles/{request_id}")
+
+    body = asyncio.run(get()).json()
+    assert body["state"] == "failed"  # it said "converted"
+    assert "1211100 frames" in body["errors"]["h-1-1-1.pprof.gz"]
