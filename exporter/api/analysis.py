@@ -15,24 +15,21 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from exporter.api.admission import AdmissionPool
 from exporter.api.auth import check_bearer
 from exporter.capture.session import check_session_id
 
 if TYPE_CHECKING:
     from exporter.sidecar import Sidecar
 
-__all__ = ["ChildPool", "router"]
-
-T = TypeVar("T")
+__all__ = ["router"]
 
 _RUN_SIDE = re.compile(r"^run:[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 MAX_BODY_BYTES = 4096
@@ -44,46 +41,11 @@ COMPARE_QUEUE = 4
 RETRY_AFTER_S = 10
 
 
-class ChildPool:
-    """At most ``workers`` jobs at once and ``queue`` waiting; ``None`` beyond that.
-
-    >>> pool = ChildPool(workers=2, queue=4)
-    >>> pool.run(lambda: 42)
-    42
-    """
-
-    def __init__(self, workers: int = COMPARE_WORKERS, queue: int = COMPARE_QUEUE) -> None:
-        self.workers = workers
-        self.queue = queue
-        self._running = threading.BoundedSemaphore(workers)
-        self._lock = threading.Lock()
-        self.admitted = 0  # running or waiting
-        self.refused = 0
-
-    def admit(self) -> bool:
-        """Take a place (running or waiting); False when every place is taken."""
-        with self._lock:
-            if self.admitted >= self.workers + self.queue:
-                self.refused += 1
-                return False
-            self.admitted += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            self.admitted -= 1
-
-    def run(self, job: Callable[[], T]) -> T:
-        """Run ``job`` once a worker is free (the caller has been admitted)."""
-        with self._running:
-            return job()
-
-
-def _compare_pool(request: Request) -> ChildPool:
+def _compare_pool(request: Request) -> AdmissionPool:
     state = request.app.state
     pool = getattr(state, "compare_pool", None)
     if pool is None:
-        pool = state.compare_pool = ChildPool()
+        pool = state.compare_pool = AdmissionPool(COMPARE_WORKERS, COMPARE_QUEUE)
     return pool
 
 

@@ -29,7 +29,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from exporter.api.analysis import ChildPool
+from exporter.api.admission import AdmissionPool
 from exporter.api.auth import check_bearer
 from exporter.api.body import read_limited
 from exporter.profiles.ingest import IngestError, push_from_connect, push_from_ingest
@@ -100,15 +100,15 @@ def _connect_error(
     return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
 
 
-def _pool(request: Request) -> ChildPool:
+def _pool(request: Request) -> AdmissionPool:
     state = request.app.state
     pool = getattr(state, "ingest_pool", None)
     if pool is None:
-        pool = state.ingest_pool = ChildPool(MAX_CONCURRENT_INGESTS, MAX_CONCURRENT_INGESTS)
+        pool = state.ingest_pool = AdmissionPool(MAX_CONCURRENT_INGESTS, MAX_CONCURRENT_INGESTS)
     return pool
 
 
-def _busy(pool: ChildPool) -> tuple[str, dict[str, str]]:
+def _busy(pool: AdmissionPool) -> tuple[str, dict[str, str]]:
     message = (
         f"{pool.workers} profile uploads are being read and {pool.queue} wait: "
         f"try again in {INGEST_RETRY_AFTER_S}s"

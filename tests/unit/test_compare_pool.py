@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from exporter.analysis.job import JobResult, last_message
-from exporter.api.analysis import COMPARE_QUEUE, COMPARE_WORKERS, ChildPool
+from exporter.api.admission import AdmissionPool
+from exporter.api.analysis import COMPARE_QUEUE, COMPARE_WORKERS
 from exporter.api.app import create_app
 from exporter.sidecar import Sidecar
 from tests.sidecar_app import settings_in
@@ -71,7 +72,7 @@ def test_compares_beyond_the_pool_and_its_queue_are_refused_with_retry_after(
 
 
 def test_the_pool_runs_at_most_its_workers() -> None:
-    pool = ChildPool(workers=1, queue=1)
+    pool = AdmissionPool(workers=1, queue=1)
     assert pool.admit() and pool.admit() and not pool.admit()
     pool.release()
     assert pool.admit()

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.api.analysis import ChildPool
+from exporter.api.admission import AdmissionPool
 from exporter.api.app import create_app
 from exporter.sidecar import Sidecar
 from tests.sidecar_app import settings_in
@@ -50,7 +50,7 @@ def test_without_pyroscope_uploads_are_refused_before_parsing(
 def test_uploads_beyond_those_read_at_once_get_429(tmp_path: Path) -> None:
     settings = settings_in(tmp_path, pyroscope_url="http://127.0.0.1:9")
     app = create_app(Sidecar(settings))
-    pool = app.state.ingest_pool = ChildPool(1, 0)
+    pool = app.state.ingest_pool = AdmissionPool(1, 0)
     assert pool.admit()  # one upload being read: the pool is full
     body = gzip.compress(push_body(AGENT_LABELS, agent_pprof()))
     busy = _post(app, settings.listen, PUSH, content=body, headers=PROTO)

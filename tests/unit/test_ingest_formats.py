@@ -30,7 +30,7 @@ def agent_pprof(period_ns: int = 10_000_000) -> bytes:
     sample = profile.sample.add(location_id=[1, 2], value=[3 * period_ns])
     sample.label.add(key=6, str=7)
     profile.sample.add(location_id=[2], value=[period_ns])
-    return profile.SerializeToString()
+    return bytes(profile.SerializeToString())
 
 
 def push_body(labels: dict[str, str], raw: bytes | None = None) -> bytes:
@@ -39,7 +39,7 @@ def push_body(labels: dict[str, str], raw: bytes | None = None) -> bytes:
     for name, value in labels.items():
         series.labels.add(name=name, value=value)
     series.samples.add(raw_profile=gzip.compress(raw or agent_pprof()), ID="x")
-    return request.SerializeToString()
+    return bytes(request.SerializeToString())
 
 
 AGENT_LABELS = {
