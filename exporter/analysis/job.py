@@ -101,7 +101,17 @@ def last_message(stderr: str) -> str:
     own = [ln for ln in lines if ln.startswith("mlprof: ")]
     if own:
         return own[-1]
-    real = [ln for ln in lines if not ln.startswith(_NOISE)]
+    real: list[str] = []
+    ignored = False  # inside an "Exception ignored in:" report, up to its exception line
+    for line in lines:
+        if line.startswith("Exception ignored in"):
+            ignored = True
+        elif line.startswith(_NOISE):
+            continue
+        elif ignored:
+            ignored = False  # the ignored exception itself: not why the child failed
+        else:
+            real.append(line)
     return (real or lines or [""])[-1].strip()
 
 

@@ -89,6 +89,7 @@ def test_a_childs_error_is_its_last_real_line() -> None:
         "Exception ignored in: <function _TemporaryFileCloser.__del__ at 0x7f>\n"
         "Traceback (most recent call last):\n"
         '  File "tempfile.py", line 450, in __del__\n'
+        "OSError: [Errno 12] Cannot allocate memory\n"
     )
     assert last_message(noisy) == "ValueError: base: run 'r1' has no captures"
     assert last_message("mlprof: base: bad side\nException ignored in: <x>\n") == (
