@@ -190,3 +190,14 @@ def test_split_keeps_start_order_while_few_events_are_above() -> None:
     assert rows == [(0, 100, 0), (10, 100, 1), (20, 100, 2), (100, 200, 1), (100, 200, 2),
                     (200, 300, 2)]  # fmt: skip
     assert nested.parent.tolist() == [-1, 0, 1, -1, 3, -1]
+
+
+def test_split_keeps_its_invariants_where_it_reorders() -> None:
+    # Dense random overlaps: many ends with more than REORDER_ABOVE events above.
+    rng = random.Random(11)
+    for _ in range(200):
+        events = []
+        for _ in range(rng.randint(10, 60)):
+            s = rng.randint(0, 100)
+            events.append((s, s + rng.randint(1, 200)))
+        _check_split(events)
