@@ -404,25 +404,69 @@ def memory_profile(
     wait_s: float,
 ) -> None:
     """Ask the workload (SDK) for a device-memory profile in the shared dir."""
+    from exporter.capture.targets import LIVE_HEARTBEAT_S
     from exporter.profiles.memory_watcher import answers_to, request_memory_profile
 
     settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
+    live = _live_step_logs(settings.shared_dir)
+    if not live and wait_s:
+        # Said at once: the wait would only end in "no answer" (it took 30 s of silence).
+        raise MlprofError(
+            f"no live workload in {settings.shared_dir}: no step log written there in the "
+            f"last {LIVE_HEARTBEAT_S:g}s (start a workload using the SDK with MLPROF_SHARED_DIR="
+            f"{settings.shared_dir}, or give --wait 0 to leave a request for one)"
+        )
     request_id = request_memory_profile(settings.shared_dir)
     click.echo(f"requested memory profile {request_id} in {settings.shared_dir}", err=True)
     if not wait_s:
+        if not live:
+            click.echo("no live workload yet: the request waits for one that starts", err=True)
         return
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        found = answers_to(settings.shared_dir, request_id)
-        if found:
-            for path in found:
-                click.echo(str(path))
-            return
-        time.sleep(0.25)
-    raise MlprofError(
-        f"no answer to memory-profile request {request_id} within {wait_s:g}s: is a workload "
-        f"using the SDK with JAX running on {settings.shared_dir}?"
-    )
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    click.echo(f"waiting up to {wait_s:g}s for {', '.join(live)} to answer", err=True)
+    with Progress(
+        TextColumn("[bold]memory profile"), BarColumn(), TextColumn("{task.fields[state]}"),
+        TimeElapsedColumn(), transient=True, console=Console(stderr=True),
+    ) as progress:  # fmt: skip
+        task = progress.add_task("wait", total=wait_s, state="waiting for the workload")
+        began = time.monotonic()
+        while (elapsed := time.monotonic() - began) < wait_s:
+            found = answers_to(settings.shared_dir, request_id)
+            if found:
+                break
+            progress.update(task, completed=elapsed, state=f"{elapsed:.0f}/{wait_s:g}s")
+            time.sleep(0.25)
+        else:
+            found = []
+    for path in found:
+        click.echo(str(path))
+    if not found:
+        raise MlprofError(
+            f"no answer to memory-profile request {request_id} within {wait_s:g}s from "
+            f"{', '.join(live)}: does the workload run JAX with the SDK's memory profiles on?"
+        )
+
+
+def _live_step_logs(shared_dir: Path) -> list[str]:
+    """The step logs in ``shared_dir`` written in the last ``LIVE_HEARTBEAT_S`` seconds.
+
+    The SDK's heartbeat is its step log's modification time, as local discovery reads it.
+    """
+    from exporter.capture.targets import LIVE_HEARTBEAT_S
+
+    now = time.time()
+    try:
+        logs = sorted((shared_dir / schema.STEPS_DIR).glob(f"*{schema.STEP_LOG_SUFFIX}"))
+    except OSError:
+        return []
+    live = []
+    for path in logs:
+        with contextlib.suppress(OSError):
+            if now - path.lstat().st_mtime <= LIVE_HEARTBEAT_S:  # lstat: a link beats not
+                live.append(path.name)
+    return live
 
 
 @main.command("fake-tpu")

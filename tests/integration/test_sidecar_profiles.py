@@ -207,7 +207,8 @@ def test_pyroscope_down_then_up_loses_nothing(tmp_path: Path) -> None:
 
 def test_memory_profile_command_on_a_bad_shared_dir_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "memory-profile", "--shared-dir", "/proc/x"],
+        [sys.executable, "-m", "exporter.cli", "memory-profile", "--shared-dir", "/proc/x",
+         "--wait", "0"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr

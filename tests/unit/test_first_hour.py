@@ -103,3 +103,39 @@ def test_every_suggested_xprof_command_says_it_listens_on_every_interface() -> N
             if "xprof --logdir" in line:
                 near = " ".join(lines[index : index + 3])
                 assert "every interface" in near, f"{doc.name}:{index + 1}: {line}"
+
+
+def test_memory_profile_without_a_live_workload_says_so_at_once(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    (shared / "steps").mkdir(parents=True)
+    stale = shared / "steps" / "vm-1.jsonl"
+    stale.write_text("")
+    os.utime(stale, (1.0, 1.0))  # a run that stopped long ago
+    # Before: 5 s of silence here (30 s by default), then "no answer".
+    done = CliRunner().invoke(main, ["memory-profile", "--shared-dir", str(shared), "--wait", "5"])
+    assert done.exit_code == 1
+    assert done.output.startswith(f"mlprof: no live workload in {shared}: no step log written")
+    requests = shared / "requests"
+    assert not requests.exists() or not any(requests.iterdir())  # no request left behind
+
+
+def test_memory_profile_waits_for_a_live_workload_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared"
+    (shared / "steps").mkdir(parents=True)
+    (shared / "steps" / "vm-42.jsonl").write_text("")  # written just now: live
+    answer = shared / "memory" / "vm-42.pprof.gz"
+    calls = []
+
+    def answers_to(directory: Path, request_id: str) -> list[Path]:
+        calls.append(request_id)
+        return [answer] if len(calls) >= 3 else []
+
+    monkeypatch.setattr("exporter.profiles.memory_watcher.answers_to", answers_to)
+    done = CliRunner().invoke(main, ["memory-profile", "--shared-dir", str(shared)])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    assert lines[0].startswith("requested memory profile ")
+    assert lines[1] == "waiting up to 30s for vm-42.jsonl to answer"
+    assert lines[-1] == str(answer)
