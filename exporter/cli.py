@@ -224,7 +224,11 @@ def demo(
         "--steps", str(steps),
     ]  # fmt: skip
     with log_path.open("ab") as out:
-        workload = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        # Its own process group: a Ctrl-C in the terminal reaches the demo alone, which
+        # forwards it once (two SIGINTs could land while the workload exits, killing it).
+        workload = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0
+        )
     server = _build_server(settings)
     base = f"http://{settings.listen}"
     knob = shared / schema.DEMO_INPUT_DELAY_FILE
@@ -320,12 +324,17 @@ def _run_until_interrupted(server: Any) -> None:
 
 
 def _stop_workload(workload: subprocess.Popen[bytes]) -> None:
-    # A Ctrl-C in the terminal reached the workload too: let it finish its step and
-    # write its end record before asking again.
-    for sig, grace_s in ((None, 10.0), (signal.SIGTERM, 30.0)):
+    """Stop the demo's workload: SIGINT at once, SIGTERM after 10 s, SIGKILL after 30 more.
+
+    The workload runs in its own process group, so neither a Ctrl-C in the terminal nor
+    a SIGINT to the demo's PID reaches it (before, the latter left it running for the
+    10 s grace): the demo forwards the signal at once, and the workload finishes its
+    step and writes its end record.
+    """
+    for sig, grace_s in ((signal.SIGINT, 10.0), (signal.SIGTERM, 30.0)):
         if workload.poll() is not None:
             return
-        if sig is not None:
+        with contextlib.suppress(ProcessLookupError):
             workload.send_signal(sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             workload.wait(grace_s)

@@ -139,3 +139,24 @@ def test_memory_profile_waits_for_a_live_workload_and_says_so(
     assert lines[0].startswith("requested memory profile ")
     assert lines[1] == "waiting up to 30s for vm-42.jsonl to answer"
     assert lines[-1] == str(answer)
+
+
+def test_stopping_the_demo_forwards_sigint_to_its_workload_at_once() -> None:
+    from exporter.cli import _stop_workload
+
+    # A workload that says which signal stopped it, as the demo's does on SIGINT/SIGTERM.
+    child = (
+        "import signal, sys, time\n"
+        "def stop(signum, frame):\n"
+        "    print(signal.Signals(signum).name, flush=True); sys.exit(0)\n"
+        "signal.signal(signal.SIGINT, stop); signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    workload = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE)
+    assert workload.stdout is not None
+    assert workload.stdout.readline() == b"ready\n"
+    _stop_workload(workload)  # `kill -INT <demo pid>`: the workload got no signal itself
+    # Before: nothing for a 10 s grace, then SIGTERM.
+    assert workload.stdout.read() == b"SIGINT\n"
+    assert workload.wait() == 0
