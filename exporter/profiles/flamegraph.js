@@ -90,6 +90,17 @@ function flameGraph(view) {
     return function (s) { return s.toLowerCase().indexOf(low) >= 0; };
   }
 
+  // Embedded in a page (the report's and the comparison's <iframe srcdoc>): the frame
+  // takes the drawing's height, rows times depth, instead of a fixed one that left most
+  // of it empty (a 5-deep graph drew 94 px in 520).
+  function fitFrame() {
+    let host = null;
+    try { host = window.frameElement; } catch (e) { return; } // another origin: leave it
+    if (!host) return;
+    const bottom = graph.getBoundingClientRect().bottom + window.scrollY;
+    host.style.height = Math.ceil(bottom + 24) + "px"; // the graph's margin and a border
+  }
+
   function render() {
     const state = readHash();
     const found = findPath(state.zoom);
@@ -154,6 +165,7 @@ function flameGraph(view) {
     }
     graph.appendChild(frag);
     graph.style.height = ((maxDepth + 1 - rowShift) * 18 + 4) + "px";
+    fitFrame();
     view.showStatus(status, top, {
       search: match !== null, drawn: drawn, matchedFrames: matchedFrames, matched: matched,
       minWidth: MIN_WIDTH,

@@ -306,3 +306,27 @@ def test_flamegraph_of_a_capture_imports_only_what_it_needs(capture: Path, tmp_p
     # Listing the commands still finds the capture commands.
     listed = mlprof("--help")
     assert "capture" in listed.stdout and "sessions" in listed.stdout
+
+
+def test_an_embedded_flame_graph_is_as_tall_as_its_depth(tmp_path: Path) -> None:
+    from exporter.profiles.html import render_html
+
+    def page(depth: int) -> str:
+        graph = FlameGraph(sample_type="wall", unit="nanoseconds")
+        graph.add([f"f{i}" for i in range(depth)], 1000)
+        # As the report embeds it (exporter/analysis/render.py): a fixed 520 px iframe.
+        frame = html.escape(render_html(graph), quote=True)
+        return f'<iframe style="width: 100%; height: 520px" srcdoc="{frame}"></iframe>'
+
+    heights = {}
+    for depth in (3, 40):
+        report = tmp_path / f"report-{depth}.html"
+        report.write_text(f"<!DOCTYPE html><html><body>{page(depth)}</body></html>")
+        style = re.search(r'<iframe style="([^"]*)"', _chromium_dom(report))
+        assert style is not None
+        found = re.search(r"height: (\d+)px", style.group(1))
+        assert found is not None, style.group(1)
+        heights[depth] = int(found.group(1))
+    # 18 px a row: 3 rows no longer sit in 520 px (80 % empty), 40 rows are not cut off.
+    assert 3 * 18 < heights[3] < 260
+    assert heights[40] > 40 * 18
