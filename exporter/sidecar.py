@@ -324,6 +324,8 @@ class Sidecar:
 
     async def start(self) -> None:
         self.settings.shared_dir.mkdir(parents=True, exist_ok=True)
+        # Before any capture: traces a killed sidecar left staged would stay for ever.
+        await asyncio.to_thread(self.capture.remove_stale)
         self._advertise_ingest()
         self._running = [asyncio.create_task(t.run_forever(), name=t.name) for t in self.tasks]
 

@@ -422,6 +422,45 @@ class CaptureEngine:
             )
         return TargetOutcome("ok", files=files)
 
+    def remove_stale_staging(self) -> list[str]:
+        """Remove what a killed sidecar's captures left in the logdir; return their ids.
+
+        A ``kill -9`` during a capture leaves the trace the profiler server wrote (tens of
+        MB) in ``<logdir>/plugins/profile/<id>`` for ever: no process will import it. A
+        staging dir is the engine's (and stale) when the store has its session, this
+        engine does not run it, and it holds no ``session.json``: one with it is a
+        programmatic session (the SDK writes it last) or files kept for the watcher to
+        import again. Call once at start, before any capture.
+        """
+        root = self.logdir / PROFILE_DIR
+        try:
+            root_fd = open_directory(root, below=self.logdir)
+        except OSError:  # none yet, or not a directory of ours: nothing to remove
+            return []
+        try:
+            with os.scandir(root_fd) as listing:
+                names = sorted(e.name for e in listing if e.is_dir(follow_symlinks=False))
+        finally:
+            os.close(root_fd)
+        removed = []
+        for name in names:
+            try:
+                check_session_id(name)
+            except ValueError:
+                continue
+            staged = root / name
+            if self.get_live(name) or os.path.lexists(staged / SESSION_FILE):
+                continue
+            record = self.store.read_record(name)
+            if record is None or any(t.unimported for t in record.targets):
+                continue
+            _remove_staging(staged, self.logdir)
+            removed.append(name)
+        if removed:
+            log.warning("removed the staged captures of %d sessions a stopped sidecar left "
+                        "in %s: %s", len(removed), root, ", ".join(removed))  # fmt: skip
+        return removed
+
     def staging_dir(self, session_id: str) -> Path:
         check_session_id(session_id)
         return self.logdir / PROFILE_DIR / session_id

@@ -159,6 +159,11 @@ class CaptureService:
         watcher.on_complete.append(hooks)
         return cls(registry, engine, snapshots, watcher, processor, hooks)
 
+    def remove_stale(self) -> list[str]:
+        """Remove what a killed sidecar's captures left in the logdir (call at start)."""
+        removed = self.engine.remove_stale_staging()
+        return removed + [str(p) for p in self.snapshots.remove_stale()]
+
     def close(self) -> None:
         self.snapshots.close()
         self.engine.close()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from exporter.capture.engine import RING_HOLDER, CaptureEngine, TargetOutcome
+from exporter.capture.engine import RING_HOLDER, CaptureEngine, TargetOutcome, _remove_staging
 from exporter.capture.session import new_session_id
 from exporter.capture.store import PROFILE_DIR
 from exporter.capture.targets import ProfilerTarget
@@ -79,6 +79,23 @@ class SnapshotService:
             engine.limits.concurrency, thread_name_prefix="snapshot-ring"
         )
         engine.snapshots = self
+
+    def remove_stale(self) -> list[Path]:
+        """Remove the ring windows and snapshot scratch a previous sidecar left behind.
+
+        What is kept lives in this process only (a restart keeps no snapshots), so at
+        start everything under ``.ring`` and ``.snapshot`` is stale: a ``kill -9`` during
+        a ring capture left its trace there for ever. Call before any snapshot starts.
+        """
+        with self._lock:
+            if self._kept:
+                return []
+        removed = []
+        for directory in (self.ring_logdir, self.engine.logdir / SNAPSHOT_DIR):
+            if directory.is_dir() and not directory.is_symlink():
+                _remove_staging(directory, self.engine.logdir)
+                removed.append(directory)
+        return removed
 
     def _mode_for(self, target: ProfilerTarget) -> str:
         if self.mode != "auto":

@@ -133,3 +133,56 @@ def test_a_snapshot_without_a_kept_one_says_it_became_a_trace(tmp_path: Path) ->
     shown = record.model_dump(mode="json")
     printed = CliRunner().invoke(click.command()(lambda: _report(shown, False)))
     assert f"note: {result.note}" in printed.output  # `mlprof capture` prints it
+
+
+def test_a_restart_removes_the_captures_a_killed_sidecar_left_staged(tmp_path: Path) -> None:
+    import asyncio
+
+    from exporter.capture.session import TargetResult
+    from exporter.sidecar import Sidecar
+    from tests.sidecar_app import settings_in
+
+    settings = settings_in(tmp_path)
+    logdir = settings.shared_dir / "captures"
+    staged = logdir / "plugins" / "profile"
+    store = SessionStore(settings.store)
+
+    def stage(name: str, *files: str) -> Path:
+        (staged / name).mkdir(parents=True)
+        for file in files:
+            (staged / name / file).write_bytes(b"x" * 1000)
+        return staged / name
+
+    # kill -9 during a capture: the record says running, the trace stays in the shared dir.
+    running = TargetResult(address="h:1", host="h", status="running")
+    store.write_record(SessionRecord(id="killed", targets=[running]))
+    stage("killed", "h_1.xplane.pb")
+    stage("sdk-writing", "vm.xplane.pb")  # programmatic, no record yet: the SDK's
+    stage("sdk-done", "vm.xplane.pb", "session.json")  # programmatic, for the watcher
+    kept = TargetResult(address="h:1", host="h", status="ok", unimported=["h_1.xplane.pb"])
+    store.write_record(SessionRecord(id="retry", status="done", targets=[kept]))
+    stage("retry", "h_1.xplane.pb", "session.json")  # kept for the import to be retried
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("mine")
+    store.write_record(SessionRecord(id="linked", status="done"))
+    (staged / "linked").symlink_to(outside)  # planted: never followed
+    ring = logdir / ".ring" / "plugins" / "profile" / "w1"
+    ring.mkdir(parents=True)
+    (ring / "h_1.xplane.pb").write_bytes(b"x" * 1000)  # a ring window: none survives a restart
+
+    sidecar = Sidecar(settings)
+
+    async def start_and_stop() -> None:
+        await sidecar.start()
+        await sidecar.stop()
+
+    asyncio.run(start_and_stop())
+    assert sorted(p.name for p in staged.iterdir()) == [
+        "linked",
+        "retry",
+        "sdk-done",
+        "sdk-writing",
+    ]
+    assert not (logdir / ".ring").exists()
+    assert (outside / "precious").read_text() == "mine"
