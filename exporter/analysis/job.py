@@ -123,6 +123,7 @@ def flamegraphs_in_child(
     *,
     max_profile_bytes: int | None = None,
     max_profile_ratio: float | None = None,
+    below: Path | None = None,
 ) -> dict[str, FlameGraph]:
     """``{profile_source: FlameGraph}`` of one file, converted in a bounded child.
 
@@ -130,7 +131,9 @@ def flamegraphs_in_child(
     device-memory pprof, symbolic links refused) or ``torch`` (a CUDA memory snapshot).
     A file the child cannot convert, or one that makes it run out of time or memory,
     raises InputError with the child's one-line reason; the sidecar never holds the
-    conversion's memory itself.
+    conversion's memory itself. With ``below`` (the shared directory) the child opens a
+    ``memory`` or ``torch`` file as ``open_regular(path, below=below)``: a directory
+    between the two swapped for a symbolic link since the caller listed it is refused.
     """
     import tempfile
 
@@ -143,6 +146,8 @@ def flamegraphs_in_child(
             args += ["--max-profile-bytes", str(max_profile_bytes)]
         if max_profile_ratio is not None:
             args += ["--max-profile-ratio", repr(max_profile_ratio)]
+        if below is not None:
+            args += ["--shared-dir", str(below)]
         result = run_job(args, timeout_s, max_memory_mb)
         if not result.ok:
             error = result.error.replace("analysis", "conversion")
@@ -168,6 +173,7 @@ def flamegraphs_in_child(
 
 def _convert(path: Path, kind: str, ns: argparse.Namespace) -> dict[str, Any]:
     """The child's side of :func:`flamegraphs_in_child`."""
+    below = Path(ns.shared_dir) if ns.shared_dir else None
     if kind == "capture":
         from exporter.capture.processing import xplane_flamegraphs
 
@@ -180,10 +186,11 @@ def _convert(path: Path, kind: str, ns: argparse.Namespace) -> dict[str, Any]:
         limits = InflateLimits(
             ns.max_profile_bytes or defaults.max_bytes, ns.max_profile_ratio or defaults.max_ratio
         )
-        return {"device_memory": load_memory_profile(path, limits, follow_symlinks=False)}
+        graph = load_memory_profile(path, limits, follow_symlinks=False, below=below)
+        return {"device_memory": graph}
     from exporter.profiles.torch_memory import load_torch_memory_profile
 
-    return {"device_memory": load_torch_memory_profile(path)}
+    return {"device_memory": load_torch_memory_profile(path, below=below)}
 
 
 def _write_graphs(out: Path, graphs: dict[str, Any]) -> None:

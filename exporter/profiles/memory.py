@@ -108,17 +108,22 @@ def memory_flamegraph(
 
 
 def load_memory_profile(
-    path: Path, limits: InflateLimits | None = None, *, follow_symlinks: bool = True
+    path: Path,
+    limits: InflateLimits | None = None,
+    *,
+    follow_symlinks: bool = True,
+    below: Path | None = None,
 ) -> FlameGraph:
     """Read a memory pprof file and build its flame graph.
 
     Only a regular file is read (a FIFO or device in the shared directory would block
     or never end), and none larger than ``limits.max_bytes``; the sidecar's watcher
-    refuses symbolic links too (``follow_symlinks=False``).
+    refuses symbolic links too (``follow_symlinks=False``), and with ``below`` (the shared
+    directory) a link in any directory between it and the file.
     """
     limits = limits or InflateLimits()
     try:
-        with open_regular(path, follow_symlinks=follow_symlinks) as handle:
+        with open_regular(path, follow_symlinks=follow_symlinks, below=below) as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > limits.max_bytes:
                 raise InputError(

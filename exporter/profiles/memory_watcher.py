@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +27,12 @@ from exporter import schema
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.pprof import InflateLimits
-from exporter.regular_files import is_regular, read_regular
+from exporter.regular_files import (
+    NotRegularFileError,
+    open_directory,
+    read_regular_at,
+    replace_file,
+)
 from exporter.state_files import BadStateError, load_state, save_state, set_aside
 
 __all__ = [
@@ -66,16 +73,17 @@ class MemoryProfileResult:
 def request_memory_profile(shared_dir: Path) -> str:
     """Ask the workload (SDK) for a device-memory profile; return the request id.
 
-    InputError (naming the directory) when the request cannot be written.
+    InputError (naming the directory) when the request cannot be written. The workload
+    writes the shared dir too: ``requests/`` must not be a link, and a link planted under
+    any name there is replaced, never written through.
     """
     request_id = f"{int(time.time())}-{secrets.token_hex(4)}"
     directory = shared_dir / schema.REQUESTS_DIR
     name = f"{schema.MEMORY_PROFILE_REQUEST_PREFIX}{request_id}{schema.REQUEST_SUFFIX}"
-    tmp = directory / f".{name}.tmp"
+    body = json.dumps({"id": request_id, "time": time.time()}).encode()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"id": request_id, "time": time.time()}), encoding="utf-8")
-        tmp.replace(directory / name)
+        replace_file(directory / name, body, below=shared_dir)
     except OSError as exc:
         raise InputError(
             f"shared dir {shared_dir}: cannot write a memory-profile request in {directory} "
@@ -84,28 +92,46 @@ def request_memory_profile(shared_dir: Path) -> str:
     return request_id
 
 
-def _profiles(directory: Path) -> list[Path]:
-    return [p for suffix in SUFFIXES for p in directory.glob(f"*{suffix}")]
+def _profiles(dir_fd: int) -> list[tuple[str, os.stat_result]]:
+    """The profiles in an open directory, each with its own (not a link target's) stat."""
+    found = []
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            if entry.name.endswith(SUFFIXES):
+                try:
+                    found.append((entry.name, entry.stat(follow_symlinks=False)))
+                except OSError:  # gone since listed
+                    continue
+    return found
 
 
-def _meta_path(path: Path) -> Path:
-    suffix = next(s for s in SUFFIXES if path.name.endswith(s))
-    return path.with_name(path.name[: -len(suffix)] + schema.MEMORY_META_SUFFIX)
+def _meta_name(name: str) -> str:
+    suffix = next(s for s in SUFFIXES if name.endswith(s))
+    return name[: -len(suffix)] + schema.MEMORY_META_SUFFIX
 
 
-def _meta(path: Path) -> dict[str, Any]:
-    meta_path = _meta_path(path)
+def _meta(dir_fd: int, path: Path) -> dict[str, Any]:
+    """The identity beside profile ``path``, read from the open directory it is in."""
+    name = _meta_name(path.name)
     try:
-        data = json.loads(read_regular(meta_path))
+        data = json.loads(read_regular_at(dir_fd, name, path.with_name(name)))
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def answers_to(shared_dir: Path, request_id: str) -> list[Path]:
-    """Profiles written in answer to ``request_id``."""
+    """Profiles written in answer to ``request_id``; none where ``memory/`` is a link."""
     directory = shared_dir / schema.MEMORY_DIR
-    return sorted(p for p in _profiles(directory) if _meta(p).get("request_id") == request_id)
+    try:
+        dir_fd = open_directory(directory, below=shared_dir)
+    except OSError:
+        return []
+    try:
+        paths = (directory / name for name, _ in _profiles(dir_fd))
+        return sorted(p for p in paths if _meta(dir_fd, p).get("request_id") == request_id)
+    finally:
+        os.close(dir_fd)
 
 
 class MemoryProfileWatcher:
@@ -119,6 +145,10 @@ class MemoryProfileWatcher:
     (``convert`` replaces that, e.g. in tests), and is remembered as processed *before*
     its conversion: one that kills the conversion is recorded in ``failed`` (with the
     child's one-line reason) and never tried again, even after a restart.
+
+    The workload writes the shared dir: a ``memory/`` that is a symbolic link (or lies
+    under one) is not read, and nothing in it is converted, published or deleted; a
+    profile that is a link is recorded as failed, not converted.
     """
 
     def __init__(
@@ -147,6 +177,7 @@ class MemoryProfileWatcher:
         self.processed: set[str] = set()
         self.errors = 0
         self.state_discarded: str | None = None  # why the state file was set aside
+        self.refused: str | None = None  # why memory/ is not read now (said once)
         try:
             state = load_state(self.state_path, _WatcherState)
         except BadStateError as exc:
@@ -171,6 +202,7 @@ class MemoryProfileWatcher:
             self.max_memory_mb,
             max_profile_bytes=self.limits.max_bytes,
             max_profile_ratio=self.limits.max_ratio,
+            below=self.shared_dir,  # the child opens it again: no link on the way
         )
         return graphs[PROFILE_SOURCE]
 
@@ -204,14 +236,53 @@ class MemoryProfileWatcher:
     def poll(self) -> list[MemoryProfileResult]:
         """Convert and publish every profile not seen before; oldest first."""
         results: list[MemoryProfileResult] = []
+        dir_fd = self._open_directory()
+        if dir_fd is not None:
+            try:
+                results = self._poll_in(dir_fd)
+            finally:
+                os.close(dir_fd)
+        self._expire_requests()
+        return results
+
+    def _open_directory(self) -> int | None:
+        """``memory/``, opened without following a link; None (said once) if refused."""
         try:
-            found = sorted(_profiles(self.directory), key=lambda p: p.stat().st_mtime)
+            dir_fd = open_directory(self.directory, below=self.shared_dir)
+        except FileNotFoundError:
+            return None  # no profile yet
+        except OSError as exc:
+            reason = (
+                str(exc) if isinstance(exc, NotRegularFileError) else f"{self.directory}: {exc}"
+            )
+            if reason != self.refused:
+                log.warning("not reading memory profiles: %s", reason)
+                self.refused = reason
+            return None
+        self.refused = None
+        return dir_fd
+
+    def _poll_in(self, dir_fd: int) -> list[MemoryProfileResult]:
+        results: list[MemoryProfileResult] = []
+        try:
+            listed = sorted(_profiles(dir_fd), key=lambda entry: entry[1].st_mtime)
         except OSError:
-            found = []
-        for path in found:
+            listed = []
+        found = [self.directory / name for name, _ in listed]
+        for path, (_, info) in zip(found, listed, strict=True):
             if path.name in self.processed:
                 continue
-            if not is_regular(path):  # a FIFO or device: reading it would block or never end
+            if stat.S_ISLNK(info.st_mode):  # it would read a file outside the shared dir
+                self.errors += 1
+                error = f"{path}: not a regular file (a symbolic link)"
+                log.warning("skipping memory profile: %s", error)
+                self.processed.add(path.name)
+                self.failed[path.name] = error
+                self._save()
+                labels = self.labels_for(_meta(dir_fd, path), path)
+                results.append(MemoryProfileResult(path, labels, None, error=error))
+                continue
+            if not stat.S_ISREG(info.st_mode):  # a FIFO or device: would block or never end
                 self.errors += 1
                 log.warning("skipping memory profile %s: not a regular file", path)
                 self.processed.add(path.name)
@@ -224,7 +295,7 @@ class MemoryProfileWatcher:
             self._save()
             self.converting = path.name
             try:
-                result = self._process(path)
+                result = self._process(dir_fd, path)
             finally:
                 self.converting = None
             if result.error:
@@ -234,19 +305,16 @@ class MemoryProfileWatcher:
             self._save()
             results.append(result)
         if results:
-            self._retain(found)
+            self._retain(dir_fd, found)
             self._save()
-        self._expire_requests()
         return results
 
-    def _process(self, path: Path) -> MemoryProfileResult:
+    def _process(self, dir_fd: int, path: Path) -> MemoryProfileResult:
         """Convert and publish one profile; any failure is logged and returned, not raised."""
-        meta = _meta(path)
+        meta = _meta(dir_fd, path)
         labels = self.labels_for(meta, path)
         try:
             if path.name.endswith(schema.MEMORY_SNAPSHOT_SUFFIX):
-                if path.is_symlink():  # the pprof path refuses links when it opens
-                    raise InputError(f"{path}: not a regular file (a symbolic link)")
                 graph = self.convert(path, "torch")
             else:
                 graph = self.convert(path, "memory")
@@ -268,20 +336,40 @@ class MemoryProfileWatcher:
             return MemoryProfileResult(path, labels, graph, error=f"{path}: {exc}")
         return MemoryProfileResult(path, labels, graph, outcome)
 
-    def _retain(self, found: list[Path]) -> None:
+    def _retain(self, dir_fd: int, found: list[Path]) -> None:
+        """Delete the oldest converted profiles beyond ``keep``: entries of the open
+        directory (a profile that is a link goes, not what it points to)."""
         done = [p for p in found if p.name in self.processed]
         for path in done[: max(0, len(done) - self.keep)]:
-            path.unlink(missing_ok=True)
-            _meta_path(path).unlink(missing_ok=True)
+            for name in (path.name, _meta_name(path.name)):
+                try:
+                    os.unlink(name, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    log.warning("cannot remove %s: %s", path.with_name(name), exc)
             self.processed.discard(path.name)
             self.failed.pop(path.name, None)
 
     def _expire_requests(self) -> None:
+        """Remove old requests: entries of ``requests/``, never through a link."""
         directory = self.shared_dir / schema.REQUESTS_DIR
+        try:
+            dir_fd = open_directory(directory, below=self.shared_dir)
+        except OSError:
+            return
         now = time.time()
-        for entry in directory.glob(f"{schema.MEMORY_PROFILE_REQUEST_PREFIX}*"):
-            try:
-                if now - entry.stat().st_mtime > REQUEST_TTL_S:
-                    entry.unlink(missing_ok=True)
-            except OSError:
-                continue
+        try:
+            with os.scandir(dir_fd) as entries:
+                for entry in entries:
+                    if not entry.name.startswith(schema.MEMORY_PROFILE_REQUEST_PREFIX):
+                        continue
+                    try:
+                        if now - entry.stat(follow_symlinks=False).st_mtime > REQUEST_TTL_S:
+                            os.unlink(entry.name, dir_fd=dir_fd)
+                    except OSError:
+                        continue
+        except OSError:
+            pass
+        finally:
+            os.close(dir_fd)

@@ -477,11 +477,12 @@ def is_torch_snapshot(path: Path) -> bool:
     return len(head) == 2 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS
 
 
-def _open_snapshot(path: Path, follow_symlinks: bool) -> BinaryIO:
+def _open_snapshot(path: Path, follow_symlinks: bool, below: Path | None = None) -> BinaryIO:
     """Open a snapshot file once: a regular file only (a FIFO in the shared directory
-    would block the reader), and no symbolic link unless ``follow_symlinks``."""
+    would block the reader), and no symbolic link unless ``follow_symlinks`` (nor, with
+    ``below``, in a directory between that root and the file)."""
     try:
-        return open_regular(path, follow_symlinks=follow_symlinks)
+        return open_regular(path, follow_symlinks=follow_symlinks, below=below)
     except NotRegularFileError as exc:
         raise InputError(f"{exc}, expected a memory snapshot") from None
     except OSError as exc:
@@ -527,18 +528,20 @@ def torch_memory_pprof(
     timeout_s: float = CONVERT_TIMEOUT_S,
     *,
     follow_symlinks: bool = False,
+    below: Path | None = None,
 ) -> bytes:
     """Convert a snapshot file in a child process limited in memory and time: raw pprof.
 
     The file is opened here, once (a regular file; a symbolic link only with
     ``follow_symlinks``, as for a path the CLI's user gave), and the child converts that
-    open descriptor: a link swapped in after the check is never read.
+    open descriptor: a link swapped in after the check is never read. ``below`` (the
+    shared directory) refuses a link in any directory between it and the file too.
     InputError (one line) when the file is not a snapshot or needs more than the limits.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
     module = "exporter.profiles.torch_memory"  # this module, run as the child
-    with _open_snapshot(path, follow_symlinks) as handle:
+    with _open_snapshot(path, follow_symlinks, below) as handle:
         fd = handle.fileno()
         command = [sys.executable, "-m", module, "--memory-limit", str(memory_limit),
                    "--fd", str(fd), str(path)]  # fmt: skip
@@ -572,15 +575,17 @@ def torch_memory_pprof(
     raise InputError(_one_line(lines[-1], 500))
 
 
-def load_torch_memory_profile(path: Path, *, follow_symlinks: bool = False) -> FlameGraph:
+def load_torch_memory_profile(
+    path: Path, *, follow_symlinks: bool = False, below: Path | None = None
+) -> FlameGraph:
     """Read a PyTorch memory snapshot file and build its in-use-space flame graph.
 
     A symbolic link is refused unless ``follow_symlinks`` (the CLI, given a path by its
-    user): the sidecar reads snapshots the workload wrote.
+    user): the sidecar reads snapshots the workload wrote, ``below`` its shared directory.
     """
     from exporter.profiles.memory import memory_flamegraph
 
-    pprof = torch_memory_pprof(path, follow_symlinks=follow_symlinks)
+    pprof = torch_memory_pprof(path, follow_symlinks=follow_symlinks, below=below)
     return memory_flamegraph(pprof, str(path))
 
 

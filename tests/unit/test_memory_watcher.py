@@ -245,3 +245,116 @@ def test_the_status_url_says_failed_with_the_reason(tmp_path: Path) -> None:
     body = asyncio.run(get()).json()
     assert body["state"] == "failed"  # it said "converted"
     assert "1211100 frames" in body["errors"]["h-1-1-1.pprof.gz"]
+
+
+def _outside_profiles(outside: Path, count: int) -> list[Path]:
+    """Profiles with identities in a directory outside the shared dir."""
+    outside.mkdir()
+    for i in range(count):
+        (outside / f"h-1-{i}-{i}{schema.MEMORY_META_SUFFIX}").write_text(
+            json.dumps({"run_id": "outside", "request_id": "1700000000-0a1b2c3d"})
+        )
+        (outside / f"h-1-{i}-{i}{schema.MEMORY_PROFILE_SUFFIX}").write_bytes(_pprof(4096))
+    return sorted(outside.iterdir())
+
+
+def test_a_memory_dir_linked_out_of_the_shared_dir_is_not_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # memory/ -> a directory elsewhere: its profiles were converted, pushed to Pyroscope,
+    # and retention deleted the oldest through the link. Now: not listed, one log line.
+    outside = tmp_path / "outside"
+    before = _outside_profiles(outside, 3)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / schema.MEMORY_DIR).symlink_to(outside, target_is_directory=True)
+    published: list[FlameGraph] = []
+    converted: list[Path] = []
+
+    def convert(path: Path, kind: str) -> FlameGraph:
+        converted.append(path)
+        return load_memory_profile(path)
+
+    watcher = MemoryProfileWatcher(
+        shared, lambda g, labels: published.append(g), keep=1, convert=convert
+    )
+    with caplog.at_level("WARNING", logger="exporter.profiles.memory_watcher"):
+        assert watcher.poll() == []
+        assert watcher.poll() == []  # said once, not at every poll
+    assert converted == [] and published == []
+    assert sorted(outside.iterdir()) == before  # nothing deleted
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "symbolic link" in lines[0], lines
+    assert answers_to(shared, "1700000000-0a1b2c3d") == []
+
+
+@pytest.mark.parametrize("kind", ["memory", "torch"])
+def test_a_memory_dir_swapped_for_a_link_before_conversion_is_not_followed(
+    tmp_path: Path, kind: str
+) -> None:
+    # The watcher lists memory/, then the child converts the profile by its path: the
+    # directory swapped for a link in between must not make the child read elsewhere.
+    from tests import torch_snapshots as ts
+
+    suffix = schema.MEMORY_PROFILE_SUFFIX if kind == "memory" else schema.MEMORY_SNAPSHOT_SUFFIX
+    name = f"h-1-1-1{suffix}"
+    shared, outside = tmp_path / "shared", tmp_path / "outside"
+    outside.mkdir()
+    if kind == "memory":
+        _write(shared, "h-1-1-1", _pprof(1))
+        (outside / name).write_bytes(_pprof(4096))
+    else:
+        (shared / schema.MEMORY_DIR).mkdir(parents=True)
+        ts.write(shared / schema.MEMORY_DIR / name, ts.random_snapshot(1, blocks=3))
+        ts.write(outside / name, ts.random_snapshot(2, blocks=30))
+    published: list[FlameGraph] = []
+    watcher = MemoryProfileWatcher(shared, lambda g, labels: published.append(g))
+
+    def swap_then_convert(path: Path, kind: str) -> FlameGraph:
+        (shared / schema.MEMORY_DIR).rename(shared / "memory-listed")
+        (shared / schema.MEMORY_DIR).symlink_to(outside, target_is_directory=True)
+        return watcher._convert_in_child(path, kind)
+
+    watcher.convert = swap_then_convert
+    (result,) = watcher.poll()
+    assert result.graph is None and "symbolic link" in result.error, result.error
+    assert published == []
+    assert (outside / name).exists()
+
+
+def test_a_planted_request_tmp_link_is_not_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # request_memory_profile wrote requests/.<name>.tmp with write_text, following a
+    # link the workload planted there: the victim received the request.
+    from exporter.profiles import memory_watcher
+
+    monkeypatch.setattr(memory_watcher.secrets, "token_hex", lambda n: "0a1b2c3d")
+    monkeypatch.setattr(memory_watcher.time, "time", lambda: 1_700_000_000.0)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    requests = tmp_path / "shared" / schema.REQUESTS_DIR
+    requests.mkdir(parents=True)
+    name = f"{schema.MEMORY_PROFILE_REQUEST_PREFIX}1700000000-0a1b2c3d{schema.REQUEST_SUFFIX}"
+    (requests / f".{name}.tmp").symlink_to(victim)
+    assert request_memory_profile(tmp_path / "shared") == "1700000000-0a1b2c3d"
+    assert victim.read_text() == "precious"
+    assert not (requests / name).is_symlink()
+    assert json.loads((requests / name).read_text())["id"] == "1700000000-0a1b2c3d"
+
+
+def test_a_requests_dir_linked_out_of_the_shared_dir_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / schema.REQUESTS_DIR).symlink_to(outside, target_is_directory=True)
+    with pytest.raises(InputError, match="symbolic link"):
+        request_memory_profile(shared)
+    assert list(outside.iterdir()) == []
+    # Nor are old requests expired through the link.
+    old = outside / f"{schema.MEMORY_PROFILE_REQUEST_PREFIX}x{schema.REQUEST_SUFFIX}"
+    old.write_text("{}")
+    os.utime(old, (1e9, 1e9))
+    MemoryProfileWatcher(shared, None).poll()
+    assert old.exists()
