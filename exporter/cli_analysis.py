@@ -93,6 +93,13 @@ store_option = click.option(
 @click.option(
     "--top", type=click.IntRange(min=1), default=20, show_default=True, help="Entries per list."
 )
+@click.option(
+    "--history",
+    multiple=True,
+    metavar="SPEC",
+    help="An earlier run of the same workload (repeat; 3 or more): their spread of step "
+    "time replaces the backend's measured noise.",
+)
 @store_option
 @click.option("--from", "time_from", help="Pyroscope sides: start (now-1h, Unix s, ISO 8601).")
 @click.option("--until", "time_until", help="Pyroscope sides: end (default now).")
@@ -105,12 +112,14 @@ def compare(
     output: Path | None,
     fail_pct: float | None,
     top: int,
+    history: tuple[str, ...],
     store: str | None,
     time_from: str | None,
     time_until: str | None,
     profile_type: str | None,
 ) -> None:
-    """Compare HEAD against BASE: which frames grew or shrank, and is it beyond noise.
+    """Compare HEAD against BASE: did the step get slower, beyond noise, and which work
+    explains it (time per step).
 
     BASE and HEAD are each an .xplane.pb, a memory or project pprof, a session (its
     directory or id in the store), run:<run_id>, or pyroscope:{label="value",...}.
@@ -124,8 +133,9 @@ def compare(
     # The head is read as the base was: its kind, or the step view when the base has one.
     head_kind = kind or (None if base_side.scope == "step" else base_side.kind)
     head_side = load_side(head, head_kind, context)  # type: ignore[arg-type]
+    medians = [_median_step_ns(spec, head_kind, context) for spec in history] or None
     try:
-        comparison = compare_sides(base_side, head_side)
+        comparison = compare_sides(base_side, head_side, history=medians)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     if fmt == "json":
@@ -148,6 +158,25 @@ def compare(
             f"{fail_pct:g} % of the step; step time {comparison.step_verdict.verdict})",
             err=True,
         )
+
+
+def _median_step_ns(spec: str, kind: str | None, context: Any) -> float:
+    """The median step of an earlier run: its report's, else read from its captures."""
+    from exporter.analysis.sides import load_side
+    from exporter.profiles.convert import resolve_input
+
+    path = resolve_input(spec, context.store) if not spec.startswith("run:") else None
+    report = path / "analysis.json" if path is not None and path.is_dir() else None
+    if report is not None and report.is_file():
+        try:
+            steps = json.loads(report.read_text(encoding="utf-8"))["facts"]["steps"]
+            return float(steps["median_ms"]) * 1e6
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # an old or partial report: read the captures instead
+    side = load_side(spec, kind, context)  # type: ignore[arg-type]
+    if not side.step_ns:
+        raise InputError(f"--history {spec}: no step markers, so no step time")
+    return float(sorted(side.step_ns)[len(side.step_ns) // 2])
 
 
 @click.command()

@@ -48,7 +48,8 @@ import numpy as np
 from exporter.analysis import noise
 from exporter.analysis.diff import AlignedTree, DiffFrame, align
 from exporter.analysis.noise import HOST_PHASE
-from exporter.analysis.sides import HOST_FRAME, Side
+from exporter.analysis.sides import HOST_FRAME, XLA_THREAD, Side
+from exporter.analysis.xla_host import RUNTIME_WAIT_RE
 
 __all__ = [
     "DEFAULT_TOP",
@@ -70,13 +71,9 @@ UNIFORM_UNEXPLAINED: Final = 0.5
 _LIBRARY_FILE = re.compile(r"(site-packages|dist-packages|/lib/python\d|<frozen|^<)")
 # Entries kept per list (the JSON shows ``top`` of them; the CI gate looks at all).
 MAX_ENTRIES: Final = 200
-# Frames whose time is the runtime waiting for work judged elsewhere: XLA's CPU
-# executor waiting for its thunks, a host thread dispatching or awaiting an executable.
-_WAIT = re.compile(
-    r"^(ThunkExecutor( > |::)Execute|CommonPjRtLoadedExecutable|PjitFunction\(|PjRt|TfrtCpu"
-    r"|.*block_until_ready|.*BlockHostUntilReady|.*::Await)"
-)
-# The machine-wide scale (see _scale): frames with this share of the common work vote,
+# Frames whose time is the runtime waiting for work judged elsewhere.
+_WAIT = RUNTIME_WAIT_RE
+# The machine-wide scale (see _scales): frames with this share of the common work vote,
 # and the frames within this factor of their median ratio make it.
 SCALE_MIN_WEIGHT: Final = 0.01
 SCALE_BAND: Final = 1.5
@@ -88,17 +85,30 @@ Normalisation = Literal["per_step", "share"]
 Verdict = Literal["slower", "faster", "unchanged", "unknown"]
 
 
-def is_wait(frame: DiffFrame, step_names: set[str] | frozenset[str] = frozenset()) -> bool:
+def is_wait(
+    frame: DiffFrame, step_names: set[str] | frozenset[str] = frozenset(), host_view: bool = False
+) -> bool:
     """Whether ``frame``'s own time is a runtime wait, not work (see the module doc).
 
-    In the step view's host part, what runs inside a dispatch (XLA ops a small program
-    runs inline on the calling thread) is the device part's time already: a wait too.
+    In the host's own threads, what runs inside a dispatch (XLA ops a small program runs
+    inline on the calling thread) is device work, judged there: a wait here. In the host
+    view, the threads of XLA's pools are too: which pool thread ran an op changes from
+    one process to the next (measured: a thread's total +81 % between two processes of
+    one workload), so their ops are judged in the device view.
     """
     stack = frame.stack()
     if _WAIT.match(frame.name):
         return True
-    if not stack or stack[0].name != HOST_FRAME:
+    if host_view:
+        if stack and XLA_THREAD.search(stack[0].name):
+            return True
+        threads = stack
+    elif stack and stack[0].name == HOST_FRAME:
+        threads = stack[1:]
+    else:
         return False
+    if len(threads) <= 1:  # a thread: its total is its frames', judged one by one
+        return True
     # The host's step annotation: its own time is the thread blocked inside the step.
     return frame.name in step_names or any(_WAIT.match(f.name) for f in stack[:-1])
 
@@ -410,7 +420,7 @@ def _step_verdict(
     view: str,
     history: Sequence[float] | None,
 ) -> StepVerdict:
-    noise_pct, source = noise.STEP_NOISE_PCT[view], f"measured for the {view} view"
+    noise_pct, source = noise.STEP_NOISE_PCT[view], noise.STEP_NOISE_SOURCE[view]
     if history is not None and len(history) >= noise.MIN_HISTORY:
         noise_pct, source = noise.history_step_noise_pct(history), f"{len(history)} earlier runs"
     if not base_ns or not head_ns:
@@ -486,12 +496,18 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
     frames = list(tree.walk())
     step_names = base.step_names | head.step_names
     waits = np.zeros(len(tree.frames), bool)
+    host_view = base.kind == "host"
+    # The scale is measured on all the work, XLA's pool threads included even in the
+    # host view (where their ops are no candidates): a view's few host frames alone
+    # would make the scale their own ratio and hide their change.
+    not_work = np.zeros(len(tree.frames), bool)
     for frame in frames:
-        waits[frame.index] = is_wait(frame, step_names)
+        waits[frame.index] = is_wait(frame, step_names, host_view)
+        not_work[frame.index] = is_wait(frame, step_names) if host_view else waits[frame.index]
     phases = np.zeros(len(tree.frames), bool)
     for frame in frames:
         phases[frame.index] = is_host_phase(frame)
-    work = np.flatnonzero(~waits)
+    work = np.flatnonzero(~not_work)
     work = work[work > 0]
     base_step_ns = float(np.median(base.step_ns)) if per_step and base.step_ns else 0.0
     scale = None
@@ -557,7 +573,8 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
         is_new = bool(new_self[i] if basis == "self" else new_total[i])
         relative = None if before == 0 else float((after - s * before) / (s * before))
         test = tests.get((basis, i))
-        wait = bool(waits[i]) and basis == "self"
+        # A thread's (or a wait's) total is no work of its own: its frames are judged.
+        wait = bool(waits[i]) and (basis == "self" or len(frame.stack()) <= 2)
         step_pct = 100 * excess / expected_step if expected_step > 0 else 0.0
         if per_step:
             significant = bool(verdict_possible and test is not None and test[1] < noise.FDR_ALPHA)
@@ -569,13 +586,15 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
             )
             large = bool(
                 not wait
+                and (sign > 0 or after < before)  # an improvement took less time, not only
                 and sign * step_pct >= floor_pct
                 and (relative is None or sign * relative >= noise.MIN_RELATIVE_CHANGE)
                 and (test is None or sign * test[2] > 0)
             )
         else:
             assert floor is not None
-            significant = large = bool(abs(delta) >= floor)
+            significant = bool(abs(delta) >= floor)
+            large = significant and not wait
             if base.kind == "memory":
                 # Bytes in use compare as they are (no length to normalise away): a share
                 # that fell only because the other side allocated more is no change.
@@ -620,7 +639,17 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
         (lambda e: e.excess_ms) if per_step else (lambda e: e.delta_pts)
     )
     regressions = _ranked(frames, key_self, key_total, entry, rank_by, grow=True)
-    improvements = _ranked(frames, key_self, key_total, entry, rank_by, grow=False)
+    # An improvement is a frame that took less time, not one that grew less than the
+    # machine's scale.
+    shrank_self, shrank_total = np.minimum(hs - bs, 0.0), np.minimum(ht - bt, 0.0)
+    improvements = _ranked(
+        frames,
+        np.where(shrank_self < 0, key_self, 0.0),
+        np.where(shrank_total < 0, key_total, 0.0),
+        entry,
+        rank_by,
+        grow=False,
+    )
     if step is not None:
         step.scale = scale
         explained = sum(e.excess_ms for e in _outermost([e for e in regressions if e.regression]))

@@ -11,9 +11,10 @@ Step time is split per step *cycle* (one step's start to the next step's start):
 * ``xla_pct``: time during which at least one XLA computation ran (on a TPU/GPU, per
   device, averaged over devices; on CPU, on any XLA client thread);
 * ``input_wait_pct``: the rest, time inside a step when no XLA computation runs, split
-  into ``data_phase_pct`` (inside host events named like a data phase: ``data``,
-  ``input``, ``batch``, ``load``, ``prefetch``, ``iterator``, ``dataset``),
-  ``between_steps_pct`` (outside the step annotations) and ``host_other_pct``.
+  into ``data_phase_pct`` (inside host events named like a data phase, see
+  :data:`DATA_PHASE_WORDS`; the names matched are ``data_phase_names``),
+  ``between_steps_pct`` (outside the step annotations), ``compile_pct`` (XLA compiling
+  inside the step) and ``host_other_pct``.
 """
 
 from __future__ import annotations
@@ -36,17 +37,39 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPILE_EVENT_RE",
     "DATA_FORMATTING_RE",
-    "DATA_PHASE_RE",
+    "DATA_PHASE_WORDS",
     "CaptureFacts",
     "gather_facts",
+    "is_data_phase",
 ]
 
-# Host events that are a data phase (the annotation users put around their input
-# pipeline, or tf.data / grain's own TraceMe names).
-DATA_PHASE_RE: Final = re.compile(
-    r"(^|[^a-z])(data|input|batch|load|loading|prefetch|iterator|dataset)([^a-z]|$)",
-    re.IGNORECASE,
-)
+# Host events that are a data phase: the annotation users put around their input
+# pipeline, and the names loaders trace under (PyTorch's DataLoader, tf.data's
+# ``Iterator::...`` and ``IteratorGetNext``, grain's iterators, ``next_batch``). A name
+# is split into words (snake_case, CamelCase, ``::``); one of these words makes it a
+# data phase, unless it is a compilation (``backend_compile_and_load`` loads a program,
+# not data) or an XLA pass.
+DATA_PHASE_WORDS: Final = frozenset(
+    {"data", "input", "batch", "load", "loader", "loading", "prefetch", "iterator",
+     "dataset", "dataloader", "getnext", "grain", "infeed"}
+)  # fmt: skip
+NOT_DATA_WORDS: Final = frozenset(
+    {"compile", "compilation", "compiler", "lowering", "lower", "pass", "hlo", "autotune",
+     "executable", "pjit", "jit",
+     # the PjRt runtime's own events about an executable's inputs and outputs
+     "allocate", "buffer", "buffers", "reuse", "handle", "event", "execute", "donation"}
+)  # fmt: skip
+_WORDS: Final = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+
+
+def is_data_phase(name: str) -> bool:
+    """Whether a host event named ``name`` is a data phase (see DATA_PHASE_WORDS)."""
+    words = {w.lower() for w in _WORDS.findall(name)}
+    if "get" in words and "next" in words:
+        words.add("getnext")
+    return bool(words & DATA_PHASE_WORDS) and not words & NOT_DATA_WORDS
+
+
 # XLA ops that only move or reformat data (XProf's "data formatting" category, and the
 # copy / transpose / convert ops a layout mismatch makes).
 DATA_FORMATTING_RE: Final = re.compile(r"^(copy|transpose|convert|bitcast|reshape)", re.I)
@@ -54,6 +77,11 @@ DATA_FORMATTING_CATEGORY: Final = "data formatting"
 # A compilation: JAX's own TraceMe around it, else the PjRt client's compile call.
 COMPILE_EVENT_RE: Final = re.compile(r"^(backend_compile\w*|\w*Client::Compile)$")
 TOP_OPS: Final = 10
+# A step is an outlier above this modified z-score (Iglewicz & Hoaglin's 3.5, as XProf's
+# straggler signal), with the MAD floored at this share of the median so that a capture
+# of near-identical steps does not call a 2 % slower one an outlier.
+STEP_OUTLIER_Z: Final = 3.5
+STEP_MAD_FLOOR: Final = 0.05
 _PS_PER_NS = 1000
 
 
@@ -72,6 +100,7 @@ class CaptureFacts:
     xprof: dict[str, Any] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
     graphs: dict[str, FlameGraph] = field(default_factory=dict)  # not in the JSON
+    data_phase_names: set[str] = field(default_factory=set)  # host events matched as data
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +108,7 @@ class CaptureFacts:
             "files": self.files,
             "steps": self.steps,
             "breakdown": self.breakdown,
+            "data_phase_names": sorted(self.data_phase_names),
             "top_ops": self.top_ops,
             "compiler": self.compiler,
             "recompilation": self.recompilation,
@@ -97,6 +127,7 @@ class _Host:
     xla_busy: np.ndarray  # per cycle, ns with XLA running (mean over devices)
     data_phase: np.ndarray  # per cycle, ns inside data-phase host events with no XLA
     compile_events: list[tuple[int, int]]
+    compile_phase: np.ndarray  # per cycle, ns compiling (no XLA running, no data phase)
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,8 +224,11 @@ class _DeviceBusy:
         return np.mean(per_device, axis=0)  # type: ignore[no-any-return]
 
 
-def _host_events(capture: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """Data-phase intervals and compile events on the host planes (absolute ns)."""
+def _host_events(
+    capture: Any, names: set[str]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Data-phase intervals and compile events on the host planes (absolute ns); the
+    data-phase event names found go into ``names``."""
     from exporter.proto import xplane_pb2
 
     data: list[tuple[int, int]] = []
@@ -207,8 +241,11 @@ def _host_events(capture: Any) -> tuple[list[tuple[int, int]], list[tuple[int, i
             name = meta.name or meta.display_name
             if name.startswith("$"):  # Python tracer frames: functions, not phases
                 continue
-            if DATA_PHASE_RE.search(name):
+            if COMPILE_EVENT_RE.match(name):
+                pass  # a compilation is never data loading
+            elif is_data_phase(name):
                 is_data[meta_id] = True
+                names.add(name)
             if COMPILE_EVENT_RE.match(name):
                 is_compile[meta_id] = name.startswith("backend_compile")
         if not is_data and not is_compile:
@@ -263,13 +300,23 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
             busy = _covered(xla_starts, xla_ends, cycles)
             if len(events):
                 device = xla_host.graphs(events, None, start)[0]
-        data, compiles = _host_events(capture)
+        data, compiles = _host_events(capture, facts.data_phase_names)
         data_starts, data_ends = _union(
             np.asarray([s for s, _ in data], np.int64), np.asarray([e for _, e in data], np.int64)
         )
         if len(xla_starts):
             data_starts, data_ends = _subtract(data_starts, data_ends, xla_starts, xla_ends)
         data_phase = _covered(data_starts, data_ends, cycles)
+        # Compiling inside a step: host time with no XLA running that is neither input
+        # nor other host work (counted once: not where a data phase already covers it).
+        c_starts, c_ends = _union(
+            np.asarray([s for s, _ in compiles], np.int64),
+            np.asarray([e for _, e in compiles], np.int64),
+        )
+        for starts, ends in ((xla_starts, xla_ends), (data_starts, data_ends)):
+            if len(starts) and len(c_starts):
+                c_starts, c_ends = _subtract(c_starts, c_ends, starts, ends)
+        compile_phase = _covered(c_starts, c_ends, cycles)
         graphs = {"device": device, "host": host_flamegraph(capture)}
         for kind, whole in graphs.items():
             if whole is None:
@@ -283,22 +330,34 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
         facts.files.append(str(path))
         if facts.steps is None and source != "none":
             facts.steps = {"source": source}
-    return _Host(cycles, annotations, np.asarray(busy, float), data_phase.astype(float), compiles)
+    return _Host(
+        cycles,
+        annotations,
+        np.asarray(busy, float),
+        data_phase.astype(float),
+        compiles,
+        compile_phase.astype(float),
+    )
 
 
 def _step_facts(hosts: list[_Host]) -> dict[str, Any] | None:
-    durations = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.annotations]
-    cycles = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.cycles]
-    if not durations:
+    """Step time: one definition, the step *cycle* (a step's start to the next's start,
+    so input between annotations counts), beside the annotated steps and XProf's."""
+    annotated = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.annotations]
+    durations = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.cycles]
+    if not annotated or not durations:
         return None
     mean = statistics.fmean(durations)
     median = statistics.median(durations)
     spread = statistics.pstdev(durations) if len(durations) > 1 else 0.0
     # Modified z-score (Iglewicz & Hoaglin) with a MAD floor, as XProf's straggler signal.
     mad = statistics.median(abs(d - median) for d in durations)
-    mad = max(mad, 0.01 * median)
-    outliers = [d for d in durations if 0.6745 * (d - median) / mad > 3.5]
+    mad = max(mad, STEP_MAD_FLOOR * median)
+    outliers = sorted(d for d in durations if 0.6745 * (d - median) / mad > STEP_OUTLIER_Z)
+    # XProf's step time drops each host's first and last step (often partial).
+    inner = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.cycles[1:-1]]
     return {
+        "definition": "step cycle: one step's start to the next step's start",
         "count": len(durations),
         "mean_ms": round(mean, 3),
         "median_ms": round(median, 3),
@@ -308,7 +367,11 @@ def _step_facts(hosts: list[_Host]) -> dict[str, Any] | None:
         "stdev_ms": round(spread, 3),
         "cv": round(spread / mean, 3) if mean else 0.0,
         "outliers": len(outliers),
-        "cycle_mean_ms": round(statistics.fmean(cycles), 3) if cycles else None,
+        "outlier_ms": [round(d, 3) for d in outliers[-5:]],
+        "outlier_excess_ms": round(sum(d - median for d in outliers), 3),
+        "annotated_median_ms": round(statistics.median(annotated), 3),
+        "xprof_mean_ms": round(statistics.fmean(inner), 3) if inner else None,
+        "cycle_mean_ms": round(mean, 3),
     }
 
 
@@ -328,8 +391,12 @@ def _breakdown(hosts: list[_Host]) -> dict[str, Any] | None:
     idle = max(0.0, total - xla)
     # The gap between step annotations has no XLA work of this step in it (an
     # asynchronous dispatch finishing there is counted as XLA already).
-    between_idle = min(float(between), idle)
-    data = min(data, idle - between_idle) if data else 0.0
+    # The data phase first: a loader annotated between the steps (the demo's
+    # input_pipeline) is the data phase, and the rest of the gap is "between steps".
+    data = min(data, idle)
+    between_idle = min(float(between), idle - data)
+    compiling = float(sum(h.compile_phase.sum() for h in hosts))
+    compiling = min(compiling, idle - between_idle - data)
     pct = 100.0 / total
     return {
         "cycle_total_ms": round(total / 1e6, 3),
@@ -337,16 +404,20 @@ def _breakdown(hosts: list[_Host]) -> dict[str, Any] | None:
         "input_wait_pct": round(idle * pct, 2),
         "data_phase_pct": round(data * pct, 2),
         "between_steps_pct": round(between_idle * pct, 2),
-        "host_other_pct": round(max(0.0, idle - data - between_idle) * pct, 2),
+        "compile_pct": round(compiling * pct, 2),
+        "host_other_pct": round(max(0.0, idle - data - between_idle - compiling) * pct, 2),
     }
 
 
 def _top_ops(graph: FlameGraph | None) -> list[dict[str, Any]]:
     if graph is None or graph.root.total <= 0:
         return []
+    from exporter.analysis.xla_host import RUNTIME_WAIT_RE
+
     leaves: dict[str, int] = {}
     for _, node in graph.paths():
-        if node.self_value:
+        # The executor waiting for its thunks is XLA time, but no op: never the top op.
+        if node.self_value and not RUNTIME_WAIT_RE.match(node.name):
             leaves[node.name] = leaves.get(node.name, 0) + node.self_value
     ranked = sorted(leaves.items(), key=lambda kv: -kv[1])[:TOP_OPS]
     total = graph.root.total
@@ -415,7 +486,7 @@ def _memory(facts: CaptureFacts, memory_samples: Sequence[dict[str, Any]]) -> No
         facts.unavailable["memory"] = (
             "no device memory peak and capacity: XProf's memory_profile found no allocator "
             f"in this {facts.backend.upper()} capture and no memory_stats() samples were given"
-            " (JAX reports none on CPU)"
+            + (" (JAX reports none on CPU)" if facts.backend == "cpu" else "")
         )
         return
     share, peak, capacity, source = best

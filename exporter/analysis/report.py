@@ -85,9 +85,14 @@ def _summary(report: Report) -> str:
     where = f"{len(f.files)} capture{'s' if len(f.files) != 1 else ''} on {f.backend.upper()}"
     if f.steps:
         s = f.steps
+        xprof = (
+            f"; XProf's step time, without the first and last step: {s['xprof_mean_ms']:.1f} ms"
+            if s.get("xprof_mean_ms") is not None
+            else ""
+        )
         sentences.append(
             f"{s['count']} steps from {where}: median {s['median_ms']:.1f} ms, mean "
-            f"{s['mean_ms']:.1f} ms (coefficient of variation {s['cv']:.2f})."
+            f"{s['mean_ms']:.1f} ms, from one step's start to the next's{xprof}."
         )
     else:
         sentences.append(f"No step markers in {where}, so step time and input wait are unknown.")

@@ -49,9 +49,9 @@ INPUT_WAIT_P0_PCT: Final = 50.0
 HOST_WAIT_P2_PCT: Final = 15.0
 HOST_WAIT_P1_PCT: Final = 30.0
 HOST_WAIT_P0_PCT: Final = 50.0
-# Step-time spread: coefficient of variation of step time. Steady training steps vary by
-# a few percent; above 0.25 the mean hides slow steps (stragglers, GC, contention).
-STEP_CV_P2: Final = 0.25
+# Slow steps: outliers by the modified z-score (facts.STEP_OUTLIER_Z); P1 when they cost
+# a tenth of the captured step time, else P2.
+STEP_OUTLIER_P1_SHARE: Final = 0.1
 STEP_SPREAD_MIN_STEPS: Final = 3  # XProf's straggler signal gives no verdict below 3
 # Data formatting (copy / transpose / convert) share of XLA time: layout mismatches the
 # compiler could not fuse away. XProf flags special ops above 10 % of step time
@@ -62,6 +62,8 @@ FORMATTING_P1_PCT: Final = 25.0
 # dtype or static argument changes from step to step. Any compile inside a step is
 # worth a look; at 10 % of the step time it is a large loss.
 RECOMPILE_P1_PCT: Final = 10.0
+# ... and compiling a quarter of the step is the step's first problem (P0).
+RECOMPILE_P0_PCT: Final = 25.0
 # OOM risk from device memory peak against capacity. Above 90 % one larger batch or a
 # fragmentation spike fails the run (XProf's memory viewer warns from the same level);
 # 75 % leaves little headroom.
@@ -118,12 +120,15 @@ class Rule:
 
 def _wait_parts(facts: CaptureFacts) -> tuple[dict[str, Any], float, str]:
     assert facts.breakdown is not None and facts.steps is not None
-    step_ms = facts.steps.get("cycle_mean_ms") or facts.steps["mean_ms"]
+    step_ms = facts.steps["mean_ms"]
     b = facts.breakdown
+    names = sorted(facts.data_phase_names)
+    named = f" ({', '.join(names[:4])})" if names else " (no host event named like one)"
+    compiling = f"{b['compile_pct']:.1f}% compiling, " if b.get("compile_pct") else ""
     detail = (
         f"Over {facts.steps['count']} steps of {step_ms:.1f} ms, XLA computed during "
         f"{b['xla_pct']:.1f}% of the step; of the {b['input_wait_pct']:.1f}% without any, "
-        f"{b['data_phase_pct']:.1f}% was inside the annotated data phase, "
+        f"{b['data_phase_pct']:.1f}% was inside the annotated data phase{named}, {compiling}"
         f"{b['between_steps_pct']:.1f}% between step annotations and "
         f"{b['host_other_pct']:.1f}% other host work."
     )
@@ -149,6 +154,26 @@ def _speedup(share: float, step_ms: float) -> str:
     return (
         f"Removing it would make steps up to {100 / max(1e-9, 100 - share):.2f}x faster "
         f"({step_ms * share / 100:.1f} ms of every {step_ms:.1f} ms step)."
+    )
+
+
+def _input_speedup(share: float, xla_pct: float, step_ms: float) -> str:
+    """The input's cost in two parts: overlap alone, and a faster loader."""
+    load, compute = step_ms * share / 100, step_ms * xla_pct / 100
+    rest = step_ms - load  # the step without the input wait
+    overlapped = max(load, rest)
+    overlap = step_ms / overlapped if overlapped > 0 else 1.0
+    fast = step_ms / rest if rest > 0 else float("inf")
+    limit = (
+        f" Loading ({load:.1f} ms) outlasts the rest of the step ({rest:.1f} ms, {compute:.1f} "
+        "ms of it XLA): overlap hides only the shorter, so the loader itself must get faster."
+        if load > rest
+        else ""
+    )
+    return (
+        f"{load:.1f} ms of every {step_ms:.1f} ms step waits for input. Overlapping loading "
+        f"with compute would make steps {overlap:.2f}x faster; a loader fast enough to leave "
+        f"no wait, {fast:.2f}x.{limit}"
     )
 
 
@@ -190,7 +215,7 @@ class InputWaitRule(Rule):
             "computation runs",
             f"{detail} The input wait is mostly {where}.",
             _wait_evidence(facts, b, step_ms) | {"input_pct": share},
-            _speedup(share, step_ms),
+            _input_speedup(share, float(b["xla_pct"]), step_ms),
             "Overlap input with compute: prefetch the next batches to the device (a "
             "background thread, flax.jax_utils.prefetch_to_device), use more input workers "
             "(tf.data num_parallel_calls, grain worker_count), and cache or pre-process data "
@@ -226,7 +251,7 @@ class HostWaitRule(Rule):
 
 
 class StepTimeSpreadRule(Rule):
-    """Step times vary a lot: slow steps hide behind the mean."""
+    """Some steps are far slower than the rest (outliers by a robust rule)."""
 
     name = "StepTimeSpreadRule"
 
@@ -235,28 +260,34 @@ class StepTimeSpreadRule(Rule):
         return (
             s is not None
             and s.get("count", 0) >= STEP_SPREAD_MIN_STEPS
-            and s.get("cv", 0.0) >= STEP_CV_P2
+            and s.get("outliers", 0) > 0
         )
 
     def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
         assert facts.steps is not None
         s = facts.steps
+        n, excess = s["outliers"], s["outlier_excess_ms"]
+        total = s["mean_ms"] * s["count"]
+        slowest = ", ".join(f"{d:.1f}" for d in reversed(s.get("outlier_ms", [])))
         return Finding(
-            "P2",
+            "P1" if total and excess / total >= STEP_OUTLIER_P1_SHARE else "P2",
             self.name,
-            f"Step time varies: coefficient of variation {s['cv']:.2f}",
+            f"{n} slow step{'s' if n != 1 else ''}: {excess:.1f} ms beyond the median step",
             f"{s['count']} steps: median {s['median_ms']:.1f} ms, p90 {s['p90_ms']:.1f} ms, "
-            f"max {s['max_ms']:.1f} ms; {s['outliers']} steps are outliers (modified "
-            "z-score above 3.5).",
+            f"max {s['max_ms']:.1f} ms; {n} outlier{'s' if n != 1 else ''} (modified z-score "
+            f"above 3.5): {slowest} ms.",
             {
                 "cv": s["cv"],
                 "median_ms": s["median_ms"],
                 "p90_ms": s["p90_ms"],
                 "max_ms": s["max_ms"],
-                "outlier_steps": s["outliers"],
+                "outlier_steps": n,
+                "outlier_excess_ms": excess,
             },
-            f"The mean step ({s['mean_ms']:.1f} ms) is {s['mean_ms'] / s['median_ms']:.2f}x the "
-            "median: the slow steps cost that much on average.",
+            f"The slow steps cost {excess:.1f} ms more than median steps would have "
+            f"({100 * excess / total:.1f}% of the captured step time)."
+            if total
+            else f"The slow steps cost {excess:.1f} ms more than median steps would have.",
             "Look at the slowest steps in the trace (xprof's trace viewer): garbage "
             "collection, checkpointing, data stalls or another process on the host.",
         )
@@ -303,7 +334,7 @@ class RecompilationRule(Rule):
         assert facts.recompilation is not None
         r = facts.recompilation
         return Finding(
-            "P1" if r["in_steps_pct"] >= RECOMPILE_P1_PCT else "P2",
+            _priority(r["in_steps_pct"], 0.0, RECOMPILE_P1_PCT, RECOMPILE_P0_PCT),
             self.name,
             f"XLA recompiled {r['in_steps']} times during the captured steps",
             f"{r['compilations']} compilations in the capture, {r['in_steps']} inside steps, "

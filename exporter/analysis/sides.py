@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KINDS",
     "MAX_STEP_SAMPLES",
+    "XLA_THREAD",
     "Kind",
     "Side",
     "SideContext",
@@ -69,7 +70,7 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 HOST_FRAME = "host"
 # Host threads that run XLA's own work (the CPU client, Eigen and runtime pools): the
 # device part of the step view already holds their time.
-_XLA_THREAD = re.compile(r"^(tf_)?(xla|pjrt|pjrtcpu)|eigen", re.IGNORECASE)
+XLA_THREAD = re.compile(r"^(tf_)?(xla|pjrt|pjrtcpu)|eigen", re.IGNORECASE)
 # pprof sample types -> the kind of flame graph they are.
 _SAMPLE_KINDS: dict[str, Kind] = {
     "device_time": "device",
@@ -251,7 +252,7 @@ def step_view(device: FlameGraph, host: FlameGraph) -> FlameGraph:
     """The step view of one graph pair: device frames, and the host's own threads under
     :data:`HOST_FRAME` (threads of XLA's pools left out: the device part holds them)."""
     out = device.copy()
-    own = [t for t in host.root.children.values() if not _XLA_THREAD.search(t.name)]
+    own = [t for t in host.root.children.values() if not XLA_THREAD.search(t.name)]
     if own:
         top = out.root.child(HOST_FRAME)
         stack = [(top, thread) for thread in own]

@@ -16,16 +16,18 @@ time excludes nested ops, as XProf computes it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Final
 
 import numpy as np
 
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import Capture
 
-__all__ = ["XlaEvents", "graphs", "xla_host_events"]
+__all__ = ["RUNTIME_WAIT_RE", "XlaEvents", "graphs", "xla_host_events"]
 
 HLO_OP_STAT = "hlo_op"
 HLO_MODULE_STAT = "hlo_module"
@@ -33,6 +35,14 @@ RUN_ID_STAT = "run_id"
 # XLA's CPU executor waiting for the program's asynchronous thunks (e.g. a dot on the
 # Eigen pool, whose work carries no hlo_op event): the program is still computing.
 EXECUTOR_WAIT_PREFIX = "ThunkExecutor::Execute"
+# Frames whose time is the runtime waiting for work that other frames hold: the
+# executor waiting for its thunks (``ThunkExecutor::Execute``, ``ThunkExecutor >
+# Execute`` as host nesting names it), a host thread dispatching or awaiting an
+# executable. Never "work that grew", never the "top op".
+RUNTIME_WAIT_RE: Final = re.compile(
+    r"^(ThunkExecutor( > |::)Execute|CommonPjRtLoadedExecutable|PjitFunction\(|PjRt|TfrtCpu"
+    r"|.*block_until_ready|.*BlockHostUntilReady|.*::Await)"
+)
 UNKNOWN_PROGRAM = "<unknown program>"
 _PS_PER_NS = 1000
 _META_ID = attrgetter("metadata_id")

@@ -47,8 +47,8 @@ def update(w: jax.Array, x: jax.Array) -> jax.Array:
 
 @jax.jit
 def heavy_extra(a: jax.Array) -> jax.Array:
-    # Heavier than the update itself: on CPU a frame must move 15 points of share to be
-    # a regression (analysis.noise.MIN_DELTA_PTS["xla_host"]), and this one moves ~40.
+    # Heavier than the update itself: new work, named whatever the machine's load
+    # (analysis.noise.MIN_NEW_STEP_PCT).
     for _ in range(8):
         a = jnp.sin(a @ a)
     return a

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.analysis import noise
+from exporter.analysis import noise, rules
 from exporter.analysis.compare import compare_sides
 from exporter.analysis.render import comparison_html, report_html
 from exporter.analysis.report import analyze
@@ -108,7 +108,7 @@ def test_compute_bound_workload_has_no_input_finding(reports: dict[str, object])
     report = reports["compute"]
     assert not [f for f in report.findings if f.rule == "InputWaitRule"]  # type: ignore[attr-defined]
     breakdown = report.facts.breakdown  # type: ignore[attr-defined]
-    assert breakdown["data_phase_pct"] + breakdown["between_steps_pct"] < 5
+    assert breakdown["data_phase_pct"] + breakdown["between_steps_pct"] < rules.INPUT_WAIT_P2_PCT
 
 
 def test_step_times_agree_with_xprof(reports: dict[str, object]) -> None:
@@ -266,3 +266,45 @@ def test_cpu_device_view_splits_time_across_windows_exactly(
         }
     [whole] = xla_host.graphs(events, None)
     assert whole.root.total == int((events.end - events.start)[events.parent < 0].sum())
+
+
+def test_the_demos_input_slowdown_is_the_first_regression_and_trips_the_gate(
+    analysis_captures: AnalysisCaptures, tmp_path: Path
+) -> None:
+    """The README's `echo ... > demo-input-delay`, compared as a new user would: no --kind."""
+    out = tmp_path / "demo.json"
+    done = mlprof(
+        "compare",
+        str(analysis_captures.demo),
+        str(analysis_captures.demo_slow),
+        "--format",
+        "json",
+        "-o",
+        str(out),
+        "--fail-on-regression",
+        "5",
+    )
+    assert done.returncode == 1, done.stderr
+    assert "input_pipeline" in done.stderr.strip().splitlines()[-1], done.stderr
+    data = json.loads(out.read_text())
+    assert data["view"] == "step"
+    first = data["regressions"][0]
+    assert first["name"] == "input_pipeline" and first["regression"], first
+    assert first["frame"].startswith("host;"), first
+    # It explains most of the step's growth, in ms per step.
+    assert first["excess_ms"] > 10 and first["explains_pct"] > 50, first
+    assert data["step_verdict"]["change_pct"] > 50
+
+
+def test_a_recompiling_capture_leads_with_recompilation(
+    analysis_captures: AnalysisCaptures,
+) -> None:
+    report = analyze(str(analysis_captures.recompiling), xprof=False)
+    lead = report.findings[0]
+    assert lead.rule == "RecompilationRule" and lead.priority == "P0", report.findings
+    # Compiling is not loading data: backend_compile_and_load is no data phase.
+    assert not [f for f in report.findings if f.rule == "InputWaitRule"], report.findings
+    assert report.facts.breakdown["compile_pct"] > 25  # type: ignore[index]
+    assert not any("compile" in n for n in report.facts.data_phase_names)
+    # The top op is an op, never the executor waiting for its thunks.
+    assert not report.facts.top_ops[0]["name"].startswith("ThunkExecutor")

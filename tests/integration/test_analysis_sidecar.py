@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.analysis.worker import ReportSettings, ReportWorker
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
+from exporter.profiles.synthetic import write_tpu_capture
 from tests.analysis_captures import AnalysisCaptures
 from tests.harness import Proc, free_port, wait_http, wait_until
 
@@ -237,10 +238,15 @@ def test_analysis_is_bounded_in_time_and_memory(
 ) -> None:
     store = SessionStore(tmp_path / "store")
     add_session(store, "s1", analysis_captures.compute, 0)
+    # The time bound by construction, not by a race with the machine's speed: a child
+    # given 10 ms cannot even import numpy, let alone read 400,000 events.
+    big = tmp_path / "big" / "tpu-vm-0.xplane.pb"
+    write_tpu_capture(big, devices=4, steps=10, ops_per_step=10_000, distinct_ops=400)
+    add_session(store, "s-big", big, 0)
     events = []
-    slow = ReportWorker(store, ReportSettings(timeout_s=0.2, xprof=False))
+    slow = ReportWorker(store, ReportSettings(timeout_s=0.01, xprof=False))
     slow.on_report.append(events.append)
-    event = slow.process("s1")
+    event = slow.process("s-big")
     assert event is not None and event.status == "error" and "took over" in event.error
     assert events == [event]  # callbacks hear about failures too
     small = ReportWorker(store, ReportSettings(max_memory_mb=64, xprof=False))
