@@ -81,6 +81,17 @@ def _encode(graph: FlameGraph) -> bytes:
     return encode_pprof(graph)
 
 
+# ``session.json`` notes each flame graph handed to the sink (``capture:source``) until
+# the session is marked processed: a sidecar killed between a push and that mark would
+# otherwise push the graph again after its restart (Pyroscope adds it twice).
+PUSHED_KEY: Final = "pushed"
+
+
+def _pushed(record: SessionRecord) -> list[str]:
+    value = (record.model_extra or {}).get(PUSHED_KEY)
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 def _conversion_starts(record: SessionRecord) -> int:
     value = (record.model_extra or {}).get("conversion_starts", 0)
     return value if isinstance(value, int) and value >= 0 else MAX_CONVERSION_STARTS
@@ -203,13 +214,27 @@ class SessionProcessor:
             current.artifacts = [a for a in current.artifacts if a.get("kind") != "flamegraph"]
             current.artifacts.extend(artifacts)
             current.processed = utcnow()
-            if "conversion_starts" in (current.model_extra or {}):
-                delattr(current, "conversion_starts")
+            for note in ("conversion_starts", PUSHED_KEY):
+                if note in (current.model_extra or {}):
+                    delattr(current, note)
 
         record = self.store.update_record(session_id, record_artifacts) or record
         self.processed += 1
         log.info("session %s: %d flame graphs", session_id, len(artifacts))
         return record
+
+    def _note_pushed(self, record: SessionRecord, key: str) -> None:
+        """Remember in ``session.json`` at once that ``key`` went to the sink."""
+        done = [*_pushed(record), key]
+        setattr(record, PUSHED_KEY, done)
+
+        def note(current: SessionRecord) -> None:
+            setattr(current, PUSHED_KEY, sorted({*_pushed(current), key}))
+
+        try:
+            self.store.update_record(record.id, note)
+        except (OSError, ValueError) as exc:  # not fatal: at worst a restart sends it again
+            log.warning("session %s: cannot note the push of %s: %s", record.id, key, exc)
 
     def _convert_one(
         self, record: SessionRecord, host: str, run_id: str | None, name: str
@@ -237,7 +262,16 @@ class SessionProcessor:
                     artifact["file"] = pprof_name
                 except OSError as exc:
                     artifact["file_error"] = str(exc)
-            if self.push is not None:
+            key = f"{name}:{source}"
+            if self.push is not None and key in _pushed(record):
+                # Handed to the sink by a sidecar that stopped before the session was
+                # marked processed: sent again, Pyroscope would count it twice.
+                artifact["push"] = {
+                    "sink": "pyroscope",
+                    "status": "ok",
+                    "message": "pushed before the sidecar restarted; not sent again",
+                }
+            elif self.push is not None:
                 try:
                     labels = self._push_labels(record, source, host, run_id)
                     outcome = self.push(graph, labels)
@@ -250,11 +284,14 @@ class SessionProcessor:
                         "message": f"{type(exc).__name__}: {exc}",
                     }
                 else:
+                    status = getattr(outcome, "status", str(outcome))
                     artifact["push"] = {
                         "sink": "pyroscope",
-                        "status": getattr(outcome, "status", str(outcome)),
+                        "status": status,
                         "message": getattr(outcome, "message", ""),
                     }
+                    if status in ("ok", "spooled"):  # delivered, or the spool delivers it
+                        self._note_pushed(record, key)
             artifacts.append(artifact)
         return artifacts
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from exporter.capture.processing import SessionProcessor
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
@@ -125,3 +127,46 @@ def test_a_session_whose_conversion_never_finished_is_given_up() -> None:
     assert given_up is not None and given_up.processed is not None
     [artifact] = given_up.artifacts
     assert "started 3 times without finishing" in artifact["error"]
+
+
+class _Killed(BaseException):
+    """Stands for kill -9: nothing after it runs (no except Exception catches it)."""
+
+
+def test_a_push_delivered_before_a_kill_is_not_sent_again_after_the_restart() -> None:
+    store = SessionStore(f"memory://pushed-{time.monotonic_ns()}")
+    _session(store, "s1", b"capture")
+
+    def two_graphs(path: Path) -> dict[str, FlameGraph]:
+        return {
+            "xprof_host": FlameGraph.from_folded("main;step 10\n"),
+            "xprof_device": FlameGraph.from_folded("jit_step;dot 7\n"),
+        }
+
+    delivered: list[int] = []
+
+    def push_then_die(graph: FlameGraph, labels: dict[str, str]) -> str:
+        delivered.append(graph.root.total)
+        if len(delivered) == 2:
+            raise _Killed  # the sidecar dies with the second push in flight
+        return "ok"
+
+    first = SessionProcessor(store, two_graphs, push_then_die)
+    with pytest.raises(_Killed):
+        first.process("s1")
+    stored = store.read_record("s1")
+    assert stored is not None and stored.processed is None  # the restart processes it again
+    assert delivered == [10, 7]
+
+    again: list[FlameGraph] = []
+    restarted = SessionProcessor(
+        store, two_graphs, lambda graph, labels: again.append(graph) or "ok"
+    )
+    processed = restarted.process("s1")
+    assert processed is not None and processed.processed is not None
+    # Before: both graphs pushed again, the first one delivered twice.
+    assert [g.root.total for g in again] == [7]  # only the one whose push never finished
+    pushes = {a["profile_source"]: a["push"] for a in processed.artifacts}
+    assert pushes["xprof_host"]["message"] == "pushed before the sidecar restarted; not sent again"
+    assert pushes["xprof_device"]["status"] == "ok"
+    assert "pushed" not in (processed.model_extra or {})  # the note goes once processed
