@@ -330,3 +330,16 @@ def test_an_embedded_flame_graph_is_as_tall_as_its_depth(tmp_path: Path) -> None
     # 18 px a row: 3 rows no longer sit in 520 px (80 % empty), 40 rows are not cut off.
     assert 3 * 18 < heights[3] < 260
     assert heights[40] > 40 * 18
+
+
+def test_the_host_page_says_its_total_sums_concurrent_threads(tmp_path: Path) -> None:
+    from exporter.profiles.html import render_html
+
+    graph = FlameGraph(sample_type="wall", unit="nanoseconds")
+    graph.add(["python", "train_step"], 2_000_000_000)
+    graph.add(["tf_XLAEigen", "dot"], 1_443_000_000)  # 3.443 s in a 2 s capture
+    page = tmp_path / "host.html"
+    page.write_text(render_html(graph))
+    status = re.search(r'<span id="status"[^>]*>([^<]*)</span>', _chromium_dom(page))
+    assert status is not None
+    assert status.group(1).startswith("total 3.443 s (summed over 2 concurrent threads) · ")
