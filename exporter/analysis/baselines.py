@@ -39,6 +39,11 @@ def check_name(value: str, what: str = "workload") -> str:
         ) from None
 
 
+# Earlier runs a session's step time is judged against (their reports' median step).
+HISTORY_RUNS = 10
+REPORT = "analysis.json"
+
+
 @dataclass(frozen=True)
 class Baseline:
     """The session a capture is compared against, and why that one."""
@@ -146,3 +151,40 @@ class BaselineStore:
         return Baseline(
             newest.id, f"newest earlier session of workload {workload} not started by an alert"
         )
+
+    def history(self, record: SessionRecord, limit: int = HISTORY_RUNS) -> list[float]:
+        """Median step times (ns) of the workload's earlier runs, from their reports.
+
+        The newest ``limit`` earlier finished sessions of ``record``'s workload that an
+        alert did not start and whose report gives a median step: the spread a
+        comparison judges the step time against (``compare_sides(history=...)``). Read
+        from each ``analysis.json``, never by decoding a capture again.
+        """
+        workload = self.workload_of(record)
+        if not workload:
+            return []
+        earlier = sorted(
+            (
+                r
+                for r in self.store.records()
+                if r.id != record.id
+                and r.finished_ok
+                and r.trigger != "alert"
+                and r.created < record.created
+                and self.workload_of(r) == workload
+            ),
+            key=lambda r: (r.created, r.id),
+            reverse=True,
+        )
+        medians: list[float] = []
+        for r in earlier:
+            if len(medians) >= limit:
+                break
+            try:
+                raw = self.store.fs.cat_file(posixpath.join(self.store.session_dir(r.id), REPORT))
+                median = json.loads(raw)["facts"]["steps"]["median_ms"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # no report yet, or one without steps
+            if isinstance(median, int | float) and median > 0:
+                medians.append(float(median) * 1e6)
+        return medians

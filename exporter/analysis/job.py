@@ -246,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline")
     parser.add_argument("--baseline-session")
     parser.add_argument("--baseline-reason", default="given")
+    parser.add_argument("--history-ns", help="JSON list: earlier runs' median step (ns)")
     parser.add_argument("--memory-samples")
     parser.add_argument("--links")
     parser.add_argument("--title")
@@ -283,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 baseline_reason=ns.baseline_reason,
                 xprof=not ns.no_xprof,
                 memory_samples=samples,
+                history=json.loads(ns.history_ns) if ns.history_ns else None,
             )
             report.links = json.loads(ns.links) if ns.links else {}
             _write(out, REPORT_JSON, json.dumps(report.to_json(), indent=2) + "\n")

@@ -215,8 +215,12 @@ def analyze(
     baseline_reason: str = "given",
     xprof: bool = True,
     memory_samples: Sequence[dict[str, Any]] = (),
+    history: Sequence[float] | None = None,
 ) -> Report:
-    """Analyse what ``spec`` names; compare against ``baseline`` when one is given."""
+    """Analyse what ``spec`` names; compare against ``baseline`` when one is given.
+
+    ``history``: earlier runs' median step (ns); their spread judges the step time.
+    """
     context = context or SideContext()
     paths, described = capture_paths(spec, context)
     started = time.perf_counter()
@@ -244,7 +248,7 @@ def analyze(
         for kind, (base_side, head) in pairs.items():
             begun = time.perf_counter()
             try:
-                comparisons[kind] = compare_sides(base_side, head)
+                comparisons[kind] = compare_sides(base_side, head, history=history)
             except ValueError as exc:
                 facts.unavailable[f"baseline_{kind}"] = str(exc)
             timings[f"compare_{kind}_s"] = round(time.perf_counter() - begun, 3)

@@ -228,6 +228,9 @@ class ReportWorker:
                     "--baseline-reason",
                     baseline.reason,
                 ]
+                history = self.baselines.history(record)
+                if history:
+                    args += ["--history-ns", json.dumps(history)]
             samples = self._memory_samples(record)
             if samples:
                 args += ["--memory-samples", json.dumps(samples)]

@@ -84,3 +84,17 @@ def test_marking_an_unknown_session_is_refused(marks: BaselineStore) -> None:
         marks.set("trainer", "nope")
     with pytest.raises(ValueError):
         marks.set("trainer", "../../etc")
+
+
+def test_history_is_the_earlier_runs_median_steps_from_their_reports(
+    marks: BaselineStore,
+) -> None:
+    import json
+
+    for session_id, median in (("good-1", 10.0), ("good-2", 12.0), ("alert-1", 99.0)):
+        report = {"facts": {"steps": {"median_ms": median}}}
+        marks.store.write_file(session_id, "analysis.json", json.dumps(report).encode())
+    # Alert-started runs, failed ones, other workloads and later ones are not history.
+    history = marks.history(marks.store.read_record("alert-2"))  # type: ignore[arg-type]
+    assert history == [12.0e6, 10.0e6]
+    assert marks.history(marks.store.read_record("good-1")) == []  # type: ignore[arg-type]
