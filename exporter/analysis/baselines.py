@@ -134,17 +134,7 @@ class BaselineStore:
                 kind = "run" if run else "workload"
                 return Baseline(mark["session_id"], f"marked as the baseline of {kind} {name}")  # type: ignore[index]
         workload = self.workload_of(record)
-        if not workload:
-            return None
-        earlier = [
-            r
-            for r in self.store.records()
-            if r.id != record.id
-            and r.finished_ok
-            and r.trigger != "alert"
-            and r.created < record.created
-            and self.workload_of(r) == workload
-        ]
+        earlier = self._earlier(record)
         if not earlier:
             return None
         newest = max(earlier, key=lambda r: (r.created, r.id))
@@ -160,22 +150,7 @@ class BaselineStore:
         comparison judges the step time against (``compare_sides(history=...)``). Read
         from each ``analysis.json``, never by decoding a capture again.
         """
-        workload = self.workload_of(record)
-        if not workload:
-            return []
-        earlier = sorted(
-            (
-                r
-                for r in self.store.records()
-                if r.id != record.id
-                and r.finished_ok
-                and r.trigger != "alert"
-                and r.created < record.created
-                and self.workload_of(r) == workload
-            ),
-            key=lambda r: (r.created, r.id),
-            reverse=True,
-        )
+        earlier = sorted(self._earlier(record), key=lambda r: (r.created, r.id), reverse=True)
         medians: list[float] = []
         for r in earlier:
             if len(medians) >= limit:
@@ -188,3 +163,18 @@ class BaselineStore:
             if isinstance(median, int | float) and median > 0:
                 medians.append(float(median) * 1e6)
         return medians
+
+    def _earlier(self, record: SessionRecord) -> list[SessionRecord]:
+        """Finished sessions of ``record``'s workload before it, not started by an alert."""
+        workload = self.workload_of(record)
+        if not workload:
+            return []
+        return [
+            r
+            for r in self.store.records()
+            if r.id != record.id
+            and r.finished_ok
+            and r.trigger != "alert"
+            and r.created < record.created
+            and self.workload_of(r) == workload
+        ]

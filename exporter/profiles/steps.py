@@ -31,9 +31,9 @@ the names it codes against:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -125,8 +125,9 @@ def _device_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]
     return spans
 
 
-def _host_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
-    spans: dict[object, tuple[int, int, int | None]] = {}
+def _host_step_events(capture: Capture) -> Iterator[tuple[Any, int, int, Any, Any]]:
+    """(plane, line index, line start ns, event, its step_num stat) of every host step
+    annotation."""
     for ref in capture.host_planes:
         plane = capture.plane(ref)
         step_ids = {m.id for m in plane.stat_metadata.values() if m.name == "step_num"}
@@ -137,35 +138,29 @@ def _host_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
             for event in read_line(capture, plane, header.index).events:
                 if not event.stats or event.duration_ps <= 0:
                     continue
-                for stat in event.stats:
-                    if stat.metadata_id in step_ids:
-                        step = _number(getattr(stat, stat.WhichOneof("value") or "int64_value"))
-                        start, end = _span_ns(base, event.offset_ps, event.duration_ps)
-                        key: object = step if step is not None else (header.index, start)
-                        old = spans.get(key)
-                        spans[key] = (
-                            (min(old[0], start), max(old[1], end), step)
-                            if old
-                            else (start, end, step)
-                        )
-                        break
+                stat = next((st for st in event.stats if st.metadata_id in step_ids), None)
+                if stat is not None:
+                    yield plane, header.index, base, event, stat
+
+
+def _host_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
+    spans: dict[object, tuple[int, int, int | None]] = {}
+    for _, line, base, event, stat in _host_step_events(capture):
+        step = _number(getattr(stat, stat.WhichOneof("value") or "int64_value"))
+        start, end = _span_ns(base, event.offset_ps, event.duration_ps)
+        key: object = step if step is not None else (line, start)
+        old = spans.get(key)
+        spans[key] = (min(old[0], start), max(old[1], end), step) if old else (start, end, step)
     return spans
 
 
 def host_step_names(capture: Capture) -> set[str]:
     """Names of the host events that mark steps (``StepTraceAnnotation``'s ``train``)."""
     names: set[str] = set()
-    for ref in capture.host_planes:
-        plane = capture.plane(ref)
-        step_ids = {m.id for m in plane.stat_metadata.values() if m.name == "step_num"}
-        if not step_ids:
-            continue
-        for header in line_headers(capture, plane):
-            for event in read_line(capture, plane, header.index).events:
-                if event.stats and any(st.metadata_id in step_ids for st in event.stats):
-                    meta = plane.event_metadata.get(event.metadata_id)
-                    if meta is not None:
-                        names.add(meta.name)
+    for plane, _, _, event, _ in _host_step_events(capture):
+        meta = plane.event_metadata.get(event.metadata_id)
+        if meta is not None:
+            names.add(meta.name)
     return names
 
 
