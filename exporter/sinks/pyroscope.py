@@ -288,6 +288,17 @@ class PyroscopeSink:
                 description="Bytes of profiles waiting in the spool to be pushed.",
             )
 
+        if spool is not None and spool.in_doubt:
+            # Killed with these pushes in flight: Pyroscope may have them; resent, it
+            # would count them twice. Dropped and counted instead (at most once).
+            log.warning(
+                "%d spooled profiles were being pushed when the sidecar stopped; not sent "
+                "again (Pyroscope may have them and would count them twice): %s",
+                len(spool.in_doubt), ", ".join(i.name for i in spool.in_doubt),
+            )  # fmt: skip
+            self._count("dropped", len(spool.in_doubt))
+            spool.in_doubt = []
+
     # -- metrics ---------------------------------------------------------------------
     def _observe_spool(self, options: CallbackOptions) -> Iterable[Observation]:
         size = self.spool.size_bytes if self.spool is not None else 0
@@ -473,9 +484,11 @@ class PyroscopeSink:
             self.spool.remove(item)
             self._count("dropped")
             return True
+        self.spool.sending(item)
         try:
             self._send(body)
         except _TransientError as exc:
+            self.spool.not_sent(item)
             log.info("Pyroscope still unavailable (%s); %d profiles spooled", exc, len(self.spool))
             return False
         except _PermanentError as exc:

@@ -1,7 +1,8 @@
 """A bounded on-disk spool of payloads that could not be sent yet.
 
 One file per payload, written atomically (temp file + rename) and named by time and
-sequence so that a restart finds them in order. When a new payload would exceed
+sequence so that a restart finds them in order; a push in flight is marked, and a
+restart sets such a payload aside rather than send it twice. When a new payload would exceed
 ``max_bytes`` the oldest ones are evicted and reported to the caller, never dropped
 silently; eviction happens only once the new payload is on disk, so a failed write
 (disk full, I/O error) leaves the spool as it was.
@@ -26,6 +27,9 @@ from pathlib import Path
 __all__ = ["Spool", "SpoolItem", "SpoolPut"]
 
 SUFFIX = ".spool"
+# Beside a payload while its push is in flight (``.sending-<name>.mark``).
+SENDING_PREFIX = ".sending-"
+SENDING_SUFFIX = ".mark"
 
 
 @dataclass(frozen=True, order=True)
@@ -64,6 +68,17 @@ class Spool:
                 self._items[path.name] = SpoolItem(path.name, path.stat().st_size)
             except FileNotFoundError:
                 continue
+        # A payload whose push was in flight when the process was killed: the server may
+        # have it already, and sent again it would count twice (Pyroscope adds profiles).
+        # It is set aside, not resent: the caller reports these (at most once).
+        self.in_doubt: list[SpoolItem] = []
+        for marker in directory.glob(f"{SENDING_PREFIX}*{SENDING_SUFFIX}"):
+            name = marker.name.removeprefix(SENDING_PREFIX).removesuffix(SENDING_SUFFIX)
+            item = self._items.pop(name, None)
+            if item is not None:
+                (directory / name).unlink(missing_ok=True)
+                self.in_doubt.append(item)
+            marker.unlink(missing_ok=True)
 
     @property
     def size_bytes(self) -> int:
@@ -123,4 +138,16 @@ class Spool:
         """Forget ``item`` (sent, or rejected for good)."""
         with self._lock:
             (self.directory / item.name).unlink(missing_ok=True)
+            self._marker(item).unlink(missing_ok=True)
             self._items.pop(item.name, None)
+
+    def sending(self, item: SpoolItem) -> None:
+        """Note that ``item``'s push is in flight (a restart then sets it aside)."""
+        self._marker(item).touch()
+
+    def not_sent(self, item: SpoolItem) -> None:
+        """The push of ``item`` failed before the server took it: it is sent again later."""
+        self._marker(item).unlink(missing_ok=True)
+
+    def _marker(self, item: SpoolItem) -> Path:
+        return self.directory / f"{SENDING_PREFIX}{item.name}{SENDING_SUFFIX}"

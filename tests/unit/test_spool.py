@@ -82,3 +82,55 @@ def test_failed_write_evicts_nothing(tmp_path: Path) -> None:
     assert sorted(p.name.startswith(".tmp-") for p in tmp_path.iterdir()) == [False, False]
     again = Spool(tmp_path, max_bytes=250)  # and on disk, after a restart
     assert [again.read(i) for i in again.items()] == [b"a" * 100, b"b" * 100]
+
+
+class _Killed(BaseException):
+    """Stands for kill -9 (nothing after it runs)."""
+
+
+def test_a_push_in_flight_at_a_kill_is_not_delivered_twice(tmp_path: Path) -> None:
+    import httpx
+
+    from exporter.profiles.flamegraph import FlameGraph
+    from exporter.sinks.pyroscope import PyroscopeSink
+
+    received: list[bytes] = []
+    answers = iter(["503", "kill"])
+
+    def server(request: httpx.Request) -> httpx.Response:
+        answer = next(answers, "ok")
+        if answer == "503":
+            return httpx.Response(503, text="ingester down")
+        received.append(request.content)  # Pyroscope has it...
+        if answer == "kill":
+            raise _Killed  # ...and the sidecar dies before the spool forgets it
+        return httpx.Response(200, json={})
+
+    def sink(directory: Path) -> PyroscopeSink:
+        return PyroscopeSink(
+            "http://pyroscope:4040", spool=Spool(directory, 1 << 20), attempts=1,
+            transport=httpx.MockTransport(server), sleep=lambda s: None,
+        )  # fmt: skip
+
+    first = sink(tmp_path)
+    assert first.push(FlameGraph.from_folded("main;step 10\n"), {"service_name": "t"}).status == (
+        "spooled"
+    )  # 503: spooled
+    with pytest.raises(_Killed):
+        first.drain()
+    assert len(received) == 1
+
+    restarted = sink(tmp_path)  # Before: the spool resent it, and Pyroscope counted it twice.
+    assert restarted.drain() == 0
+    assert len(received) == 1
+    assert len(restarted.spool) == 0  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())  # payload and marker gone
+
+
+def test_a_push_that_failed_in_flight_is_sent_again(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, max_bytes=1000)
+    spool.put(b"payload")
+    [item] = spool.items()
+    spool.sending(item)
+    spool.not_sent(item)  # e.g. Pyroscope answered 503: it does not have it
+    assert [Spool(tmp_path, 1000).read(i) for i in Spool(tmp_path, 1000).items()] == [b"payload"]
