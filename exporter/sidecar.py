@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import schema
+from exporter.analysis.baselines import BaselineStore
 from exporter.analysis.worker import ReportEvent, report_worker_from_settings
 from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
 from exporter.capture.client import ProfilerClient
@@ -228,6 +229,8 @@ class Sidecar:
         # Reports: analysis.json + summary.html per finished session, in child processes.
         self.reports = report_worker_from_settings(settings, self.captures.store, meter)
         self.capture.hooks.add(self.reports)
+        # A marked baseline's session is never retention's to delete.
+        self.captures.retention_keep = BaselineStore(self.captures.store).pinned
         # Alertmanager webhook policy: dedup, per-run cooldown, global limit, targets.
         self.alerts = AlertPolicy(
             self.targets, self.captures, AlertPolicyConfig.from_settings(settings), meter=meter

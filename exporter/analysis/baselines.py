@@ -119,6 +119,24 @@ class BaselineStore:
                     found.append(mark)
         return found
 
+    def pinned(self) -> set[str]:
+        """Every session a mark names (of a workload or of a run): retention keeps them."""
+        found = {m["session_id"] for m in self.marks()}
+        try:
+            runs = self.store.fs.ls(posixpath.join(self.root, RUNS_SUBDIR), detail=False)
+        except (FileNotFoundError, OSError):
+            runs = []
+        for entry in runs:
+            name = posixpath.basename(str(entry))
+            if name.endswith(".json"):
+                try:
+                    mark = self.get(name[: -len(".json")], run=True)
+                except ValueError:
+                    continue
+                if mark is not None:
+                    found.add(mark["session_id"])
+        return found
+
     def choose(self, record: SessionRecord) -> Baseline | None:
         """The baseline of ``record``: the run's mark, the workload's, else the newest
         earlier finished session of the same workload not started by an alert."""

@@ -25,7 +25,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +174,8 @@ class CaptureEngine:
         self.snapshots: SnapshotSource | None = None
         self.on_complete: list[Callable[[SessionRecord], object]] = []
         self.on_submit: list[Callable[[SessionRecord], object]] = []  # e.g. an event
+        # Sessions retention must keep (the sidecar hands in the baseline marks').
+        self.retention_keep: Callable[[], Collection[str]] = tuple
         self._pool = ThreadPoolExecutor(self.limits.concurrency, thread_name_prefix="capture")
         self._lock = threading.Lock()
         self._busy: dict[str, str] = {}  # address -> session id holding it
@@ -649,8 +651,10 @@ class CaptureEngine:
             except Exception:  # a hook never fails the capture
                 log.exception("on_complete hook %r failed for %s", hook, final.id)
         try:
-            self.store.enforce_retention(self.limits.retention_count, self.limits.retention_bytes)
-        except OSError as exc:
+            self.store.enforce_retention(
+                self.limits.retention_count, self.limits.retention_bytes, self.retention_keep()
+            )
+        except (OSError, ValueError) as exc:
             log.warning("retention on %s failed: %s", self.store.url, exc)
 
     def _leave_for_retry(self, final: SessionRecord, staging: Path) -> None:

@@ -22,7 +22,7 @@ import posixpath
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
@@ -223,11 +223,15 @@ class SessionStore:
             self.fs.rm(directory, recursive=True)
 
     # -- retention ---------------------------------------------------------------
-    def enforce_retention(self, max_count: int, max_bytes: int) -> list[str]:
-        """Delete the oldest finished sessions beyond ``max_count``/``max_bytes`` (0 = no limit).
+    def enforce_retention(
+        self, max_count: int, max_bytes: int, keep: Collection[str] = ()
+    ) -> list[str]:
+        """Delete finished sessions beyond ``max_count``/``max_bytes`` (0 = no limit).
 
-        Running sessions, finished ones not yet processed (converted and pushed), and the
-        newest session are never deleted. Returns the deleted ids.
+        Sessions that failed go first (a burst of refused requests must not push out
+        the history), then the oldest. Never deleted: running sessions, finished ones
+        not yet processed (converted and pushed), the newest session, and ``keep`` (the
+        sessions a baseline mark names). Returns the deleted ids.
         """
         if not max_count and not max_bytes:
             return []
@@ -235,12 +239,13 @@ class SessionStore:
         sizes = {r.id: sum(self.files(r.id).values()) for r in records}
         count, total = len(records), sum(sizes.values())
         deleted = []
-        for record in records[:-1]:  # oldest first; the newest session always stays
+        candidates = sorted(records[:-1], key=lambda r: r.finished_ok)  # stable: oldest first
+        for record in candidates:
             over_count = max_count and count > max_count
             over_bytes = max_bytes and total > max_bytes
             if not (over_count or over_bytes):
                 break
-            if record.status == "running":
+            if record.status == "running" or record.id in keep:
                 continue
             if record.finished_ok and record.processed is None:
                 continue  # its flame graphs are not made yet (conversion is queued)

@@ -98,3 +98,28 @@ def test_history_is_the_earlier_runs_median_steps_from_their_reports(
     history = marks.history(marks.store.read_record("alert-2"))  # type: ignore[arg-type]
     assert history == [12.0e6, 10.0e6]
     assert marks.history(marks.store.read_record("good-1")) == []  # type: ignore[arg-type]
+
+
+def test_a_burst_of_failed_sessions_erases_neither_history_nor_baselines(
+    marks: BaselineStore,
+) -> None:
+    """Attack round 3, item 8: 2,000 refused capture requests each made a failed session;
+    retention (count 200) then deleted the earlier sessions and a marked baseline's."""
+    marks.set("trainer", "good-1")
+    marks.set("r1", "alert-1", run=True)
+    store = marks.store
+    for i in range(30):  # the burst: newer than every good session, each failed
+        store.write_record(record(f"refused-{i:02d}", 100 + i, status="failed"))
+    for r in store.records():
+        if r.finished_ok:
+            store.update_record(r.id, lambda rec: setattr(rec, "processed", T0))
+    assert marks.pinned() == {"good-1", "alert-1"}
+    deleted = store.enforce_retention(10, 0, keep=marks.pinned())
+    left = {r.id for r in store.records()}
+    # Failed sessions go first; the marked sessions and the newest stay.
+    assert {"good-1", "good-2", "alert-1", "alert-2", "later", "other-workload"} <= left
+    assert all(d.startswith(("refused-", "failed")) for d in deleted), deleted
+    assert "refused-29" in left and len(left) == 10
+    # Past the failed ones the oldest go, never a marked baseline.
+    store.enforce_retention(3, 0, keep=marks.pinned())
+    assert {"good-1", "alert-1", "refused-29"} <= {r.id for r in store.records()}
