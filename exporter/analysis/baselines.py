@@ -119,7 +119,7 @@ class BaselineStore:
                     found.append(mark)
         return found
 
-    def pinned(self) -> set[str]:
+    def pinned(self) -> frozenset[str]:
         """Every session a mark names (of a workload or of a run): retention keeps them."""
         found = {m["session_id"] for m in self.marks()}
         try:
@@ -135,7 +135,7 @@ class BaselineStore:
                     continue
                 if mark is not None:
                     found.add(mark["session_id"])
-        return found
+        return frozenset(found)
 
     def choose(self, record: SessionRecord) -> Baseline | None:
         """The baseline of ``record``: the run's mark, the workload's, else the newest

@@ -30,6 +30,7 @@ from schemathesis.checks import not_a_server_error
 
 from exporter.api.app import create_app
 from exporter.sidecar import Sidecar
+from tests.harness import free_port
 from tests.sidecar_app import FileWritingProfilerClient, settings_in
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -49,8 +50,14 @@ TEST_HOST = "testserver"
 
 def _build_app() -> tuple[FastAPI, tempfile.TemporaryDirectory[str]]:
     tmp = tempfile.TemporaryDirectory(prefix="mlprof-fuzz-")
+    # A Pyroscope URL (a closed loopback port: pushes wait in the spool) so that the
+    # ingest routes parse what the fuzzer sends; without one they answer 503 unread.
     sidecar = Sidecar(
-        settings_in(Path(tmp.name), allowed_hosts=TEST_HOST),
+        settings_in(
+            Path(tmp.name),
+            allowed_hosts=TEST_HOST,
+            pyroscope_url=f"http://127.0.0.1:{free_port()}",
+        ),
         profiler_client=FileWritingProfilerClient(),
     )
     return create_app(sidecar), tmp
