@@ -44,6 +44,7 @@ __all__ = [
     "INGEST_FILE",
     "KIND_END",
     "KIND_MEMORY",
+    "KIND_MFU_BASIS",
     "KIND_RECORD",
     "KIND_STEP",
     "MEMORY_DIR",
@@ -89,6 +90,10 @@ KIND_END: Final = "end"  # time: the run ended cleanly
 # time, devices: [{chip, platform, bytes_in_use, bytes_limit, peak_bytes_in_use}],
 # sampled from jax.Device.memory_stats() at most once per second.
 KIND_MEMORY: Final = "memory"
+# time, flops_per_step, flops_source ("user" | "xla_cost_analysis"), peak_flops,
+# peak_source ("user" | "table"), peak_name, device_kind, note: what the SDK's MFU
+# (the ``mfu`` records) is computed from; written when it changes, nulls when unknown.
+KIND_MFU_BASIS: Final = "mfu_basis"
 
 # Device-memory profiles (jax.profiler.device_memory_profile()) and requests for them.
 MEMORY_DIR: Final = "memory"

@@ -226,6 +226,13 @@ class TrainingMetrics:
         # Every field is checked before anything changes: a malformed line must not
         # leave a (phantom) run behind.
         step = self._parse_step(record) if kind == schema.KIND_STEP else None
+        if kind == schema.KIND_MFU_BASIS:
+            # What the SDK's mfu records are computed from: said once in the log, no series.
+            note = record.get("note")
+            if not isinstance(note, str):
+                raise MalformedRecord("field 'note': expected a string")
+            log.info("run %r (%s, %s): %s", key[0], key[2], source, note[:300])
+            return
         if kind not in (schema.KIND_STEP, schema.KIND_RECORD, schema.KIND_END, schema.KIND_MEMORY):
             raise MalformedRecord(f"field 'kind': unknown kind {kind!r}")
         if self._beyond_cap(key, source):

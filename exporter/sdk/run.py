@@ -15,6 +15,7 @@ import re
 import secrets
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from exporter import schema
 from exporter.sdk.host_profile import HostProfiler, HostProfiling, check_phase, options_from_env
 from exporter.sdk.memory import MemoryProfiler, interval_from_env
 from exporter.sdk.memory_stats import MemoryStatsSampler, jax_local_devices
+from exporter.sdk.mfu import MfuBasis, chip_peak, xla_step_flops
 from exporter.sdk.profile import Profile
 from exporter.sdk.steplog import StepLogWriter
 from exporter.sdk.torch_memory import DEFAULT_MAX_ENTRIES, record_history, stop_history
@@ -103,6 +105,13 @@ def _port_taken(port: int) -> bool:
     return False
 
 
+def _positive(name: str, value: float) -> float:
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{name} {value!r}: expected a positive finite number")
+    return number
+
+
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -135,10 +144,17 @@ class _Step:
         wait = self._start - run._last_end if run._last_end else 0.0
         run._last_end = end
         run.step_number += 1
+        duration = end - self._start
         run._writer.append(
             f'{run._step_prefix}"step":{run.step_number},"start":{self._wall:.6f},'
-            f'"duration":{end - self._start:.9f},"wait":{wait:.9f},"tokens":{self._tokens}}}\n'
+            f'"duration":{duration:.9f},"wait":{wait:.9f},"tokens":{self._tokens}}}\n'
         )
+        scale = run._mfu_scale  # FLOPs per step / peak FLOP/s, once both are known
+        if scale is not None and duration > 0:
+            run._writer.append(
+                f'{run._record_prefix}"name":"mfu","value":{scale / duration!r},'
+                f'"step":{run.step_number},"time":{self._wall + duration:.6f}}}\n'
+            )
 
 
 class _TaggedStep(_Step):
@@ -198,6 +214,8 @@ class Run:
         run_id: str | None,
         host: str | None,
         host_profiling: HostProfiling | None = None,
+        flops_per_step: float | None = None,
+        peak_flops: float | None = None,
     ) -> None:
         self.name = name
         self.shared_dir = shared_dir
@@ -219,6 +237,16 @@ class Run:
         self.host_profiling = host_profiling
         self.host_profiler: HostProfiler | None = None
         self._phases: dict[str, _Phase] = {}
+        self._mfu = MfuBasis()
+        if flops_per_step is not None:
+            self._mfu.flops_per_step = _positive("flops_per_step", flops_per_step)
+            self._mfu.flops_source = "user"
+        if peak_flops is not None:
+            self._mfu.peak_flops = _positive("peak_flops", peak_flops)
+            self._mfu.peak_source = "user"
+        self._mfu_scale: float | None = None
+        self._mfu_line: str | None = None  # the last basis written (rewritten on change)
+        self._mfu_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> Run:
@@ -248,6 +276,7 @@ class Run:
         self._step_prefix = '{"kind":"step",' + self._writer.prefix[1:]
         self._record_prefix = '{"kind":"record",' + self._writer.prefix[1:]
         self._end_prefix = '{"kind":"end",' + self._writer.prefix[1:]
+        self._mfu_prefix = '{"kind":"mfu_basis",' + self._writer.prefix[1:]
         self._memory = MemoryProfiler(self.shared_dir, identity, interval_from_env())
         self._writer.on_tick.append(self._memory.tick)
         self._writer.on_tick.append(
@@ -261,6 +290,7 @@ class Run:
             self._step_obj = _TaggedStep(self, profiler)
         self._info = self.info()
         self._write_run_files()
+        self._resolve_mfu()
         if "backend" not in self._info["system"] and "jax" in sys.modules:
             # JAX's backends start later (after jax.distributed.initialize()): record the
             # devices from the flusher thread once they exist.
@@ -283,7 +313,37 @@ class Run:
         if "backend" in system:
             self._info["system"] = system
             self._write_run_files()
-            self._writer.on_tick.remove(self._complete_system_info)
+            with contextlib.suppress(ValueError):  # step_function() may have got here first
+                self._writer.on_tick.remove(self._complete_system_info)
+            self._resolve_mfu()  # the device kind is known now: its peak may be too
+
+    def _resolve_mfu(self) -> None:
+        """Fill the peak from the chip table, and write the basis line if it changed."""
+        with self._mfu_lock:  # the flusher thread may call this too
+            self._resolve_mfu_locked()
+
+    def _resolve_mfu_locked(self) -> None:
+        basis = self._mfu
+        basis.device_kind = self._info.get("system", {}).get("device_kind")
+        if basis.peak_source != "user":
+            peak = chip_peak(basis.device_kind) if basis.device_kind else None
+            basis.peak_flops = peak.flops_per_s if peak else None
+            basis.peak_source = "table" if peak else None
+            basis.peak_name = peak.name if peak else None
+        fields = {
+            "flops_per_step": basis.flops_per_step,
+            "flops_source": basis.flops_source,
+            "peak_flops": basis.peak_flops,
+            "peak_source": basis.peak_source,
+            "peak_name": basis.peak_name,
+            "device_kind": basis.device_kind,
+            "note": basis.note(),
+        }
+        line = json.dumps(fields, separators=(",", ":"))[1:]
+        if line != self._mfu_line:
+            self._mfu_line = line
+            self._writer.append(f'{self._mfu_prefix}"time":{time.time():.6f},{line}\n')
+        self._mfu_scale = basis.scale()
 
     def close(self) -> None:
         """Flush the step log, mark the run ended and stop the profiler server."""
@@ -346,6 +406,27 @@ class Run:
                 )
             found = self._phases[name] = _Phase(check_phase(name), self.host_profiler)
         return found
+
+    def step_function(self, function: Any, *example_args: Any, **example_kwargs: Any) -> float:
+        """Take FLOPs per step from XLA's cost analysis of the compiled step function.
+
+        ``function`` is what one ``run.step()`` runs: a ``jax.jit``-ed function with
+        example arguments (arrays or ``jax.ShapeDtypeStruct``), a ``Lowered`` or a
+        ``Compiled``; lowering may compile it once more. With a peak known (the chip
+        table, or ``peak_flops``) each step then records ``mfu``. A ``flops_per_step``
+        given to :func:`run` wins. Returns the FLOPs per step used.
+        """
+        if self._closed:
+            raise RuntimeError("run not started: use sdk.run(...) to start it")
+        basis = self._mfu
+        if basis.flops_source != "user":
+            basis.flops_per_step = xla_step_flops(function, *example_args, **example_kwargs)
+            basis.flops_source = "xla_cost_analysis"
+        if "backend" not in self._info["system"]:
+            self._complete_system_info()  # compiling started JAX's backends
+        self._resolve_mfu()
+        assert basis.flops_per_step is not None
+        return basis.flops_per_step
 
     def record(self, name: str, value: float, step: int | None = None) -> None:
         """Record a user gauge such as ``loss`` or ``mfu`` (published as ``train_<name>``)."""
@@ -440,6 +521,8 @@ def run(
     run_id: str | None = None,
     host: str | None = None,
     host_profiling: bool | HostProfiling | None = None,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
 ) -> Run:
     """Start a run: writes ``run.json`` and opens the step log; use as a context manager.
 
@@ -448,9 +531,14 @@ def run(
     multi-host job) or a generated id. ``host_profiling`` (default
     ``$MLPROF_HOST_PROFILING``) samples the process's Python threads with pyroscope-io
     and pushes the host CPU profile under the run's labels (``HostProfiling`` options).
+    ``flops_per_step`` (FLOPs one device executes per step) and ``peak_flops`` (one
+    device's peak FLOP/s) override what :meth:`Run.step_function` and the chip table
+    give; with both known each step records ``mfu`` (``train_mfu``).
     """
     if not name or not isinstance(name, str):
         raise ValueError("run name: expected a non-empty string")
     directory = Path(shared_dir or os.environ.get("MLPROF_SHARED_DIR") or DEFAULT_SHARED_DIR)
     options = options_from_env(host_profiling)
-    return Run(name, directory, configs, profiler_port, run_id, host, options).start()
+    return Run(
+        name, directory, configs, profiler_port, run_id, host, options, flops_per_step, peak_flops
+    ).start()
