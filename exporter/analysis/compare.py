@@ -86,7 +86,10 @@ Verdict = Literal["slower", "faster", "unchanged", "unknown"]
 
 
 def is_wait(
-    frame: DiffFrame, step_names: set[str] | frozenset[str] = frozenset(), host_view: bool = False
+    frame: DiffFrame,
+    step_names: set[str] | frozenset[str] = frozenset(),
+    host_view: bool = False,
+    pool_threads: bool = True,
 ) -> bool:
     """Whether ``frame``'s own time is a runtime wait, not work (see the module doc).
 
@@ -94,13 +97,14 @@ def is_wait(
     inline on the calling thread) is device work, judged there: a wait here. In the host
     view, the threads of XLA's pools are too: which pool thread ran an op changes from
     one process to the next (measured: a thread's total +81 % between two processes of
-    one workload), so their ops are judged in the device view.
+    one workload), so their ops are judged in the device view (``pool_threads=False``:
+    they are work all the same, as the machine-wide scale needs).
     """
     stack = frame.stack()
     if _WAIT.match(frame.name):
         return True
     if host_view:
-        if stack and XLA_THREAD.search(stack[0].name):
+        if pool_threads and stack and XLA_THREAD.search(stack[0].name):
             return True
         threads = stack
     elif stack and stack[0].name == HOST_FRAME:
@@ -496,14 +500,20 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
     frames = list(tree.walk())
     step_names = base.step_names | head.step_names
     waits = np.zeros(len(tree.frames), bool)
-    host_view = base.kind == "host"
+    # The host view of a capture (threads at the top); a pprof or Pyroscope side's top
+    # frames are functions, not threads.
+    host_view = base.kind == "host" and per_step
     # The scale is measured on all the work, XLA's pool threads included even in the
     # host view (where their ops are no candidates): a view's few host frames alone
     # would make the scale their own ratio and hide their change.
     not_work = np.zeros(len(tree.frames), bool)
     for frame in frames:
         waits[frame.index] = is_wait(frame, step_names, host_view)
-        not_work[frame.index] = is_wait(frame, step_names) if host_view else waits[frame.index]
+        not_work[frame.index] = (
+            is_wait(frame, step_names, host_view, pool_threads=False)
+            if host_view
+            else waits[frame.index]
+        )
     phases = np.zeros(len(tree.frames), bool)
     for frame in frames:
         phases[frame.index] = is_host_phase(frame)

@@ -453,15 +453,8 @@ def _merge_pprofs(paths: Sequence[Path], kind: Kind | None, spec: str, source: s
     return merged
 
 
-def _store_root(context: SideContext) -> Path | None:
-    store = context.store
-    if store is None or ("://" in store and not store.startswith("file://")):
-        return None
-    return Path(store.removeprefix("file://"))
-
-
 def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -> Side:
-    if not _RUN_ID.match(run_id):
+    if not _RUN_ID.fullmatch(run_id):
         raise ConfigError(f"{spec}: expected run:<run_id> (letters, digits, . _ : -)")
     if kind == "memory":
         return _read_run_memory(run_id, context, spec)
@@ -486,8 +479,11 @@ def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -
                 if not name.endswith(CAPTURE_SUFFIX):
                     continue
                 try:
-                    with store.local_file(record.id, name) as path:
-                        side = _read_capture(path, kind, side)
+                    # A remote session is copied once (the side's files stay readable).
+                    path = store.local_copy_file(record.id, name)
+                    if path is None:
+                        raise InputError(f"{record.id}: no longer in the store")
+                    side = _read_capture(path, kind, side)
                 except (InputError, ValueError, OSError) as exc:
                     # One unreadable capture must not hide the rest of the run.
                     skipped.append(f"{record.id}/{name} ({str(exc)[:120]})")

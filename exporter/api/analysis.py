@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from exporter.api.admission import AdmissionPool
 from exporter.api.auth import check_bearer
+from exporter.api.json_body import parse_json_object
 from exporter.capture.session import check_session_id
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def _side(sidecar: Sidecar, value: str, name: str) -> str:
         if not sidecar.settings.pyroscope_url:
             raise HTTPException(422, f"{name}: Pyroscope sides need MLPROF_PYROSCOPE_URL")
         return value
-    if _RUN_SIDE.match(value):
+    if _RUN_SIDE.fullmatch(value):
         return value
     try:
         check_session_id(value)
@@ -193,11 +194,10 @@ async def _body(request: Request) -> dict[str, Any]:
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
             raise HTTPException(413, f"request body over {MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise HTTPException(400, f"request body is not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("session_id"), str):
+    # The shared parser: 400 for bad or too deeply nested JSON (never a RecursionError
+    # as a 500), 422 for another JSON type.
+    data = parse_json_object(raw or b"{}")
+    if not isinstance(data.get("session_id"), str):
         raise HTTPException(422, 'expected {"session_id": "<a session id in the store>"}')
     return data
 

@@ -116,11 +116,6 @@ def test_a_report_the_full_store_cannot_take_is_an_error_not_pending_forever(
     assert "cannot write the report into the store" in answer.json()["detail"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22 (9): exporter/api/analysis.py's _body parses with json.loads (its "
-    "owner swaps in json_body.parse_json_object, then removes this mark)",
-)
 def test_a_deeply_nested_baseline_body_is_a_400_not_a_500(tmp_path: Path) -> None:
     sidecar = Sidecar(settings_in(tmp_path))
     client = TestClient(
