@@ -30,6 +30,8 @@ import yaml
 from alerts.render import load_thresholds, write_or_check
 
 __all__ = [
+    "COLLECTIVE_QUANTILE",
+    "COLLECTIVE_QUANTILES",
     "DUTY_CYCLE",
     "GROUP",
     "MEMORY_USED",
@@ -61,6 +63,14 @@ STEP_TIME_QUANTILE = "workload_quantile:train_step_duration_seconds:histogram_qu
 # Per workload: steps and tokens per second over all hosts.
 STEPS_RATE = f"workload:train_steps:rate{WINDOW}"
 TOKENS_RATE = f"workload:train_tokens:rate{WINDOW}"
+# Per run (a slice: all its hosts) and buffer size: collective latency quantiles from
+# libtpu's histograms. Percentile gauges cannot be combined across hosts; buckets can.
+COLLECTIVE_QUANTILE = (
+    "run_buffer_size_quantile:accelerator_collective_latency_distribution_seconds:"
+    "histogram_quantile"
+)
+# The median and the tail one slow host drags every step to.
+COLLECTIVE_QUANTILES = ("0.5", "0.99")
 # Per run and host: mean duty cycle over chips (hardware source, else the SDK estimate).
 DUTY_CYCLE = "run_host:accelerator_duty_cycle:avg"
 # Per run and host: the fullest chip's device memory in use over its limit.
@@ -95,6 +105,18 @@ def build_recording_rules(workload_matchers: str | None = None) -> dict[str, Any
             "labels": {"quantile": q},
         }
         for q in QUANTILES
+    ]
+    collective = sel("accelerator_collective_latency_distribution_seconds_bucket")
+    rules += [
+        {
+            "record": COLLECTIVE_QUANTILE,
+            "expr": (
+                f"histogram_quantile({q}, sum by (workload, run_id, buffer_size, le) "
+                f"(rate({collective}[{WINDOW}])))"
+            ),
+            "labels": {"quantile": q},
+        }
+        for q in COLLECTIVE_QUANTILES
     ]
     rules += [
         {

@@ -20,6 +20,7 @@ from grafana_foundation_sdk.models.dashboard import (
     ValueMappingResult,
 )
 
+from alerts.recording import COLLECTIVE_QUANTILE
 from dashboards.common import (
     ALERT_THROTTLE_REASONS,
     PROMETHEUS,
@@ -351,6 +352,21 @@ def tpu_runtime() -> RowSpec:
                 _mean("accelerator_collective", "host, buffer_size"),
                 "{{host}} {{buffer_size}} mean",
                 ref="B",
+            )
+        ),
+        default_timeseries(
+            "Collective latency, slice",
+            "Median and p99 of collective latency over every host of the run (the slice), "
+            "by buffer size: histogram_quantile over libtpu's summed histogram buckets "
+            "(recording rule), which per-host percentiles cannot give. A p99 far above the "
+            "median while one host's percentiles stand out is a straggler.",
+            "s",
+        )
+        .min(0)
+        .with_target(
+            prom(
+                f'{COLLECTIVE_QUANTILE}{{workload=~"$workload", run_id=~"$run_id"}}',
+                "{{run_id}} {{buffer_size}} q{{quantile}}",
             )
         ),
         default_timeseries(

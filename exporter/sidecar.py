@@ -245,7 +245,7 @@ class Sidecar:
         ]  # fmt: skip
         self.statuses: dict[str, ComponentStatus] = {}
         # Accelerator sources: each collects in a worker thread; scrapes read last values.
-        self.accelerators = AcceleratorSources(settings, meter)
+        self.accelerators = AcceleratorSources(settings, meter, registry=self.telemetry.registry)
         self.training.memory = self.accelerators.jax_memory
         for source in self.accelerators.runs:
             status = ComponentStatus(

@@ -28,6 +28,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from exporter import schema
 from exporter.metrics.catalog import METRICS
+from exporter.metrics.distribution import Buckets
 from exporter.regular_files import read_regular
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "AcceleratorGauges",
     "DeviceSample",
     "DeviceSeries",
+    "HistogramReading",
     "Reading",
     "RunIdentity",
     "accelerator_gauges",
@@ -58,6 +60,18 @@ class Reading(NamedTuple):
 
     metric: str
     value: float
+    attrs: Mapping[str, str | None] = NO_ATTRIBUTES
+
+
+class HistogramReading(NamedTuple):
+    """One cumulative distribution (libtpu's), published as a Prometheus histogram.
+
+    ``total`` is the sum of the samples, kept monotonic (see ``MonotonicTotals``).
+    """
+
+    metric: str  # the catalogue instrument of the distribution's percentile gauge
+    buckets: Buckets
+    total: float
     attrs: Mapping[str, str | None] = NO_ATTRIBUTES
 
 
@@ -130,10 +144,12 @@ class DeviceSample:
     memory_usage: float | None = None
     memory_limit: float | None = None
     accelerator: str | None = None  # overrides the store's default (JAX reports its platform)
-    readings: tuple[Reading, ...] = ()  # every other catalogue instrument
+    readings: tuple[Reading | HistogramReading, ...] = ()  # every other catalogue instrument
 
 
 _Observations = dict[str, list[Observation]]
+# (metric, attributes, cumulative buckets, sum) of one chip's distributions.
+_Histograms = list[tuple[str, dict[str, str], Buckets, float]]
 
 
 class DeviceSeries:
@@ -161,6 +177,7 @@ class DeviceSeries:
         self._lock = threading.Lock()
         # (group, chip) -> (last seen, {instrument: [Observation, ...]})
         self._chips: dict[tuple[str, str], tuple[float, _Observations]] = {}
+        self._histograms: dict[tuple[str, str], _Histograms] = {}  # same keys as _chips
 
     def update(
         self, samples: Iterable[DeviceSample], identity: Mapping[str, str], group: str = ""
@@ -172,6 +189,7 @@ class DeviceSeries:
         """
         now = self._clock()
         fresh: dict[tuple[str, str], tuple[float, _Observations]] = {}
+        fresh_histograms: dict[tuple[str, str], _Histograms] = {}
         for sample in samples:
             attrs = {
                 **identity,
@@ -181,6 +199,7 @@ class DeviceSeries:
             if sample.chip:
                 attrs["chip"] = sample.chip
             observations: _Observations = {}
+            histograms: _Histograms = []
             for field_name, name in FIELDS.items():
                 value = getattr(sample, field_name)
                 if value is not None:
@@ -191,19 +210,25 @@ class DeviceSeries:
                     merged = {**attrs, **reading.attrs}  # type: ignore[dict-item]
                     if None in reading.attrs.values():  # None removes an attribute (rare)
                         merged = {k: v for k, v in merged.items() if v is not None}
+                if isinstance(reading, HistogramReading):
+                    histograms.append((reading.metric, merged, reading.buckets, reading.total))
+                    continue
                 found = observations.get(reading.metric)
                 if found is None:
                     found = observations[reading.metric] = []
                 found.append(Observation(reading.value, merged))
             fresh[(group, sample.chip)] = (now, observations)
+            fresh_histograms[(group, sample.chip)] = histograms
         with self._lock:
             self._chips.update(fresh)
+            self._histograms.update(fresh_histograms)
             self._expire(now)
 
     def forget(self, group: str) -> None:
         """Drop every chip of ``group`` now (its run ended)."""
         with self._lock:
             self._chips = {key: v for key, v in self._chips.items() if key[0] != group}
+            self._histograms = {k: v for k, v in self._histograms.items() if k[0] != group}
 
     def observe(self, name: str) -> list[Observation]:
         """This instrument's observations of every chip seen recently."""
@@ -219,6 +244,14 @@ class DeviceSeries:
                     out.extend(found)
             return out
 
+    def histograms(self) -> _Histograms:
+        """Every recently seen chip's distributions: (metric, attributes, buckets, sum)."""
+        now = self._clock()
+        with self._lock:
+            if any(now - seen > self.stale_after_s for seen, _ in self._chips.values()):
+                self._expire(now)
+            return [h for found in self._histograms.values() for h in found]
+
     def callback(self, name: str) -> Callback:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             return self.observe(name)
@@ -229,6 +262,7 @@ class DeviceSeries:
         stale = [k for k, (seen, _) in self._chips.items() if now - seen > self.stale_after_s]
         for key in stale:
             del self._chips[key]
+            self._histograms.pop(key, None)
 
 
 class RunIdentity:

@@ -14,7 +14,9 @@ Attribute names follow the OTel hardware conventions where one fits (``direction
 Distributions (libtpu's latency histograms) cannot be OpenTelemetry histograms: the
 Python SDK has neither an asynchronous histogram nor a metric producer (1.45), and
 re-recording every libtpu sample into a synchronous one would cost one call per sample.
-Each becomes a gauge per percentile (attribute ``percentile``: ``p50`` ``p90`` ``p95``
+On Prometheus they are histograms built outside OpenTelemetry
+(:mod:`exporter.metrics.histograms`, not in this table). Here, for OTLP too, each
+becomes a gauge per percentile (attribute ``percentile``: ``p50`` ``p90`` ``p95``
 ``p999``, the ones libtpu's tools print; promtool refuses a ``quantile`` label outside a
 summary) plus, for latencies, two counters (``*.count``, ``*.time``) that Prometheus can
 rate and sum across hosts: ``rate(time) / rate(count)`` is the mean over any window.

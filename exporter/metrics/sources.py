@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.metrics import Meter
+from prometheus_client import CollectorRegistry
 
 from exporter.config import Settings
 from exporter.metrics.accelerator import DeviceSeries, RunIdentity, accelerator_gauges
+from exporter.metrics.histograms import DistributionHistograms
 from exporter.metrics.jax_memory import JaxMemoryMetrics
 from exporter.metrics.nvml import NvmlSource, load_nvml
 from exporter.metrics.run_pids import RunPids
@@ -70,8 +72,12 @@ class AcceleratorSources:
         meter: Meter,
         nvml: Any = None,
         tpu_present: Callable[[], bool] | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.settings = settings
+        # libtpu's distributions as Prometheus histograms go straight onto this registry
+        # (OpenTelemetry has no asynchronous histogram); None: percentile gauges only.
+        self.registry = registry
         names = settings.sources
         self.auto = names == ["auto"]
         wanted = {"tpu", "nvml", "jax"} if self.auto else set(names)
@@ -115,6 +121,8 @@ class AcceleratorSources:
     def _tpu(self, stale: float, present: Callable[[], bool] | None) -> SourceRun:
         series = DeviceSeries("libtpu", "tpu", stale)
         self._gauges.add_series(series)
+        if self.registry is not None:
+            self.registry.register(DistributionHistograms(series))
         source = TpuSource(
             TpuRuntimeClient(self.settings.tpu_metrics_addr),
             series,

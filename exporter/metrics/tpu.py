@@ -34,6 +34,7 @@ from exporter.metrics.accelerator import (
     NO_ATTRIBUTES,
     DeviceSample,
     DeviceSeries,
+    HistogramReading,
     Reading,
     RunIdentity,
 )
@@ -357,7 +358,7 @@ class _Chip:
 
     def __init__(self) -> None:
         self.fields: dict[str, float] = {}
-        self.readings: list[Reading] = []
+        self.readings: list[Reading | HistogramReading] = []
 
 
 _FIELD_OF: Final = {
@@ -395,7 +396,8 @@ class TpuSource:
         self._last_state = ""
         self._totals: dict[str, float] = {}
         self._totals_at = float("-inf")
-        self._distributions: dict[str, list[Reading]] = {}  # chip ("" host) -> last readings
+        # chip ("" host) -> last readings
+        self._distributions: dict[str, list[Reading | HistogramReading]] = {}
         self._distributions_at = float("-inf")
         self._absent: set[str] = set()  # libtpu names this runtime does not offer
         self._window = DistributionWindow(PERCENTILE_WINDOW_S, self.clock)
@@ -475,10 +477,10 @@ class TpuSource:
 
     def _assemble(
         self, metrics: Mapping[str, list[Any]], wanted: Mapping[str, RuntimeMetric], now: float
-    ) -> tuple[dict[str, _Chip], list[Reading]]:
+    ) -> tuple[dict[str, _Chip], list[Reading | HistogramReading]]:
         chips: dict[str, _Chip] = {}
-        host: list[Reading] = []
-        distributions: dict[str, list[Reading]] = {}
+        host: list[Reading | HistogramReading] = []
+        distributions: dict[str, list[Reading | HistogramReading]] = {}
         for name, samples in metrics.items():
             entry = wanted[name]
             if entry.per_chip:
@@ -514,7 +516,7 @@ class TpuSource:
         entry: RuntimeMetric,
         samples: list[Any],
         chips: dict[str, _Chip],
-        distributions: dict[str, list[Reading]],
+        distributions: dict[str, list[Reading | HistogramReading]],
     ) -> None:
         for metric in samples:
             chip, core_type = _device_of(metric.attribute)
@@ -541,14 +543,14 @@ class TpuSource:
 
     def _host_distribution(
         self, name: str, entry: RuntimeMetric, samples: list[Any]
-    ) -> list[Reading]:
+    ) -> list[Reading | HistogramReading]:
         """Readings of a megascale distribution: samples of one buffer size are summed."""
         groups: dict[str | None, list[Any]] = {}
         for metric in samples:
             if metric.WhichOneof("measure") == "distribution":
                 size = _inner_string(metric.attribute, BUFFER_SIZE_KEY)
                 groups.setdefault(size, []).append(metric.distribution)
-        out: list[Reading] = []
+        out: list[Reading | HistogramReading] = []
         for size, dists in groups.items():
             attrs = dict(entry.attrs)
             if size is not None:
@@ -562,8 +564,8 @@ class TpuSource:
         entry: RuntimeMetric,
         distributions: list[Any],
         attrs: Mapping[str, str | None],
-    ) -> list[Reading]:
-        """Percentile gauges (and counters) of one distribution, or the sum of several."""
+    ) -> list[Reading | HistogramReading]:
+        """Histogram, percentile gauges (and counters) of one distribution, or several summed."""
         total: Buckets | None = None
         for distribution in distributions:
             part = buckets_of(distribution, entry.scale, entry.divisor)
@@ -572,7 +574,9 @@ class TpuSource:
             total = part if total is None else total.plus(part)
         if total is None:
             return []
-        out: list[Reading] = []
+        time_s = self._totals_of.total(key, total.count, total.total)
+        histogram = HistogramReading(entry.metric, total, time_s, attrs)
+        out: list[Reading | HistogramReading] = [histogram]
         recent = self._window.recent(key, total)
         values = recent.percentiles([q for _, q in PERCENTILES])
         for (label, _q), value in zip(PERCENTILES, values, strict=True):
@@ -580,9 +584,7 @@ class TpuSource:
                 out.append(Reading(entry.metric, value, {**attrs, "percentile": label}))
         if entry.counters:
             base = entry.metric.rsplit(".", 1)[0]
-            count = total.count
-            time_s = self._totals_of.total(key, count, total.total)
-            out.append(Reading(f"{base}.count", float(count), attrs))
+            out.append(Reading(f"{base}.count", float(total.count), attrs))
             out.append(Reading(f"{base}.time", time_s, attrs))
         return out
 

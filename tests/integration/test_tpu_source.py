@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from exporter.faketpu import (
 )
 from exporter.metrics.accelerator import DeviceSeries, RunIdentity, accelerator_gauges
 from exporter.metrics.catalog import METRICS, PERCENTILES, prometheus_name
+from exporter.metrics.histograms import histogram_name
 from exporter.metrics.sources import AcceleratorSources
 from exporter.metrics.telemetry import Telemetry, build_telemetry
 from exporter.metrics.tpu import HBM_USAGE_METRIC, RUNTIME_METRICS, TpuRuntimeClient, TpuSource
@@ -172,7 +174,7 @@ def test_golden_exposition_passes_promtool(tmp_path: Path) -> None:
     with FakeTpuRuntime(default_script(4), "127.0.0.1:0", clock=lambda: 1000.0) as fake:
         settings = Settings(sources=["tpu"], tpu_metrics_addr=fake.addr, shared_dir=tmp_path)
         t = telemetry()
-        sources = AcceleratorSources(settings, t.meter)
+        sources = AcceleratorSources(settings, t.meter, registry=t.registry)
         collect = sources.runs[0].collect
         assert collect is not None
         assert collect()[0] == "ok"
@@ -186,6 +188,13 @@ def test_golden_exposition_passes_promtool(tmp_path: Path) -> None:
         for m in RUNTIME_METRICS
         if m.counters
         for suffix in (".count", ".time")
+    }
+    # ... and each distribution as a histogram (_bucket, _sum, _count).
+    expected |= {
+        histogram_name(m.metric) + suffix
+        for m in RUNTIME_METRICS
+        if m.distribution
+        for suffix in ("_bucket", "_sum", "_count")
     }
     assert expected <= emitted, sorted(expected - emitted)
     if os.environ.get("REGENERATE_GOLDEN"):
@@ -443,3 +452,51 @@ def test_percentiles_follow_a_dcn_regression_that_cumulative_ones_hide(tmp_path:
         t2 = telemetry()
         tpu_source(reference.addr, t2, tmp_path, Clock()).collect()
     assert t2.registry.get_sample_value("tpu_dcn_transfer_latency_seconds", labels) < 1.5 * before
+
+
+def test_distributions_are_histograms_with_libtpus_bounds_in_seconds(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from exporter.faketpu_latencies import BUCKET_GROWTH, BUCKET_SCALE, FINITE_BUCKETS
+
+    with FakeTpuRuntime(default_script(4), "127.0.0.1:0") as fake:
+        settings = Settings(sources=["tpu"], tpu_metrics_addr=fake.addr, shared_dir=tmp_path)
+        t = telemetry()
+        sources = AcceleratorSources(settings, t.meter, registry=t.registry)
+        collect = sources.runs[0].collect
+        assert collect is not None and collect()[0] == "ok"
+    text = generate_latest(t.registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    histogram = families["accelerator_collective_latency_distribution_seconds"]
+    assert histogram.type == "histogram"
+    by_series: dict[str, dict[str, float]] = {}
+    series_labels: dict[str, dict[str, str]] = {}
+    for s in histogram.samples:
+        series_labels[s.labels["buffer_size"]] = {k: v for k, v in s.labels.items() if k != "le"}
+        size = s.labels["buffer_size"]
+        key = s.name.rsplit("_", 1)[1] + s.labels.get("le", "")
+        by_series.setdefault(size, {})[key] = s.value
+    assert set(by_series) == {"1MB+", "4MB+", "8MB+"}
+    libtpu_bounds = [BUCKET_SCALE * BUCKET_GROWTH**i / 1e6 for i in range(FINITE_BUCKETS + 1)]
+    for size, values in by_series.items():
+        labels = series_labels[size]
+        les = [float(k[len("bucket") :]) for k in values if k.startswith("bucket")]
+        assert les[:-1] == pytest.approx(libtpu_bounds) and les[-1] == math.inf
+        cumulative = [values[k] for k in values if k.startswith("bucket")]
+        assert cumulative == sorted(cumulative) and cumulative[-1] == values["count"] > 0
+        # _count and _sum are the count and total-time counters OTLP also gets.
+        assert values["count"] == t.registry.get_sample_value(
+            "accelerator_collective_count_total", labels
+        )
+        assert values["sum"] == t.registry.get_sample_value(
+            "accelerator_collective_time_seconds_total", labels
+        )
+        # The p50 gauge lies in the bucket where the cumulative count passes half.
+        p50 = t.registry.get_sample_value(
+            "accelerator_collective_latency_seconds", labels | {"percentile": "p50"}
+        )
+        i = next(i for i, c in enumerate(cumulative) if c >= values["count"] / 2)
+        assert p50 is not None and (les[i - 1] if i else 0) <= p50 <= les[i]
+    # Per-chip distributions carry the chip.
+    hlo = families["accelerator_hlo_execution_latency_distribution_seconds"]
+    assert {s.labels["chip"] for s in hlo.samples} == {"0", "1", "2", "3"}

@@ -24,6 +24,8 @@ from dashboards import common, generate, run
 from dashboards.generate import CONFIGMAP, DASHBOARDS_DIR, FILES, render
 from dashboards.profiles import PROFILES
 from exporter.metrics.catalog import METRICS, prometheus_name
+from exporter.metrics.histograms import histogram_name
+from exporter.metrics.tpu import RUNTIME_METRICS
 from tests.grafana_queries import (
     ALL,
     INFINITY,
@@ -82,6 +84,15 @@ NOT_ON_A_PANEL = {
     "accelerator_host_transfer_time_seconds_total": "the transfer latency percentiles are shown",
     "tpu_host_compute_count_total": "the host-compute latency percentiles are shown",
     "tpu_host_compute_time_seconds_total": "the host-compute latency percentiles are shown",
+    # libtpu's histograms: panels show the per-host percentile gauges; the collective
+    # buckets reach the Run dashboard through recording.COLLECTIVE_QUANTILE (slice-wide).
+    **{
+        histogram_name(m.metric) + suffix: "per-host percentiles are shown; PromQL over the "
+        "buckets (histogram_quantile) aggregates hosts"
+        for m in RUNTIME_METRICS
+        if m.distribution
+        for suffix in ("_bucket", "_sum", "_count")
+    },
 }
 PROMETHEUS_OWN = {"ALERTS", "up", "scrape_duration_seconds", "scrape_samples_scraped"}
 # Names other branches emit (contracts in the brief); the e2e test lists their panels as
@@ -98,7 +109,10 @@ RECORDED = {
     recording.TOKENS_RATE,
     recording.DUTY_CYCLE,
     recording.MEMORY_USED,
+    recording.COLLECTIVE_QUANTILE,
 }
+# Recorded per run over every host (a slice): Run dashboard panels read them by run only.
+SLICE_RECORDED = (recording.COLLECTIVE_QUANTILE,)
 PROMQL_WORDS = {
     "avg", "sum", "max", "min", "count", "by", "on", "and", "or", "unless", "rate", "increase",
     "histogram_quantile", "avg_over_time", "sort", "bottomk", "le", "__name__", "group",
@@ -273,7 +287,9 @@ def test_run_queries_follow_the_run_and_host_variables() -> None:
     for name in ("mlprof-run.json", "mlprof-profiles.json"):
         for query in queries(ALL_DASHBOARDS[name]):
             text = query.target.get("expr") or query.target.get("labelSelector", "")
-            if re.search(r"\b(accelerator|train)_", text):
+            if text.startswith(SLICE_RECORDED):  # all hosts of the run, by design
+                assert 'run_id=~"$run_id"' in text and "host" not in text, query.where
+            elif re.search(r"\b(accelerator|train)_", text):
                 assert 'run_id=~"$run_id"' in text and 'host=~"$host"' in text, query.where
             if query.datasource == PYROSCOPE:
                 assert re.search(r'run_id="\$(baseline_)?run_id"', text), query.where
@@ -348,7 +364,7 @@ def test_fleet_reads_recorded_series_not_every_bucket() -> None:
     fleet = [q.target["expr"] for q in queries(ALL_DASHBOARDS["mlprof-fleet.json"])]
     assert not any("train_step_duration_seconds_bucket" in e for e in fleet)
     assert not any(re.search(r"\baccelerator_duty_cycle\{", e) for e in fleet)
-    for name in RECORDED:
+    for name in RECORDED - set(SLICE_RECORDED):
         assert any(name in e for e in fleet), f"the Fleet dashboard does not read {name}"
     rendered = yaml.safe_load(recording.render_recording_rules())
     assert {r["record"] for g in rendered["groups"] for r in g["rules"]} == RECORDED

@@ -49,7 +49,7 @@ def test_check_command_reports_a_stale_file(tmp_path: Path) -> None:
 def test_promtool_accepts_the_rules() -> None:
     result = run(promtool(), "check", "rules", RECORDING_FILE)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 8 rules found" in result.stdout
 
 
 @pytest.mark.parametrize("path", RULE_TESTS, ids=lambda p: p.name)
@@ -81,5 +81,22 @@ def test_recorded_series_keep_the_labels_the_fleet_filters_on() -> None:
     for rule in groups[0]["rules"]:
         level = rule["record"].split(":")[0]
         by = {"workload": "(workload", "workload_quantile": "(workload, le)",
-              "run_host": "(workload, run_id, host)"}[level]  # fmt: skip
+              "run_host": "(workload, run_id, host)",
+              "run_buffer_size_quantile": "(workload, run_id, buffer_size, le)"}[level]  # fmt: skip
         assert by in rule["expr"], rule["record"]
+
+
+def test_collective_quantiles_fail_when_computed_per_host(tmp_path: Path) -> None:
+    """A quantile per host (what the percentile gauges give) is not the slice's."""
+    wrong = render_recording_rules().replace(
+        "sum by (workload, run_id, buffer_size, le)",
+        "sum by (workload, run_id, host, buffer_size, le)",
+    )
+    assert wrong != render_recording_rules()
+    (tmp_path / "mlprof-recording-rules.yaml").write_text(wrong, encoding="utf-8")
+    (tmp_path / "tests" / "recording").mkdir(parents=True)
+    test = ROOT / "alerts" / "tests" / "recording" / "collective.yaml"
+    shutil.copy(test, tmp_path / "tests" / "recording")
+    result = run(promtool(), "test", "rules", tmp_path / "tests" / "recording" / test.name)
+    assert result.returncode != 0
+    assert recording.COLLECTIVE_QUANTILE in result.stdout + result.stderr
