@@ -205,7 +205,8 @@ def comparison_html(comparison: Comparison, title: str | None = None) -> str:
     """The differential flame graph page of ``comparison``."""
     template = resources.files("exporter.analysis").joinpath("diff.html").read_text("utf-8")
     data = comparison.to_json(top=0)
-    title = title or f"{data['kind']} diff: {comparison.base.spec} → {comparison.head.spec}"
+    view = "step view" if data["view"] == "step" else data["kind"]
+    title = title or f"{view} diff: {comparison.base.spec} → {comparison.head.spec}"
     per = "mean per step" if comparison.normalisation == "per_step" else "whole capture"
     step = data["step_time"]
     meta = (
