@@ -138,16 +138,26 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
         run_id = spec[len(RUN_PREFIX) :]
         if context.store is None:
             raise InputError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
-        root = Path(SessionStore(context.store).profile_root)
         store = SessionStore(context.store)
-        paths = [
-            root / r.id / name
-            for r in store.records()
-            if r.finished_ok and (r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
-            for t in r.targets
-            for name in t.files
-            if name.endswith(CAPTURE_SUFFIX)
-        ]
+        paths: list[Path] = []
+        for r in store.records():
+            if not (
+                r.finished_ok and (r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
+            ):
+                continue
+            names = [n for t in r.targets for n in t.files if n.endswith(CAPTURE_SUFFIX)]
+            for name in names:
+                try:
+                    # A remote store's session is read from a local copy, as a local one.
+                    path = store.local_copy_file(r.id, name)
+                except ValueError:
+                    continue  # not a plain file name: session.json is the workload's too
+                except OSError as exc:
+                    raise InputError(
+                        f"{spec}: cannot read session {r.id} from {store.url} ({exc})"
+                    ) from None
+                if path is not None:
+                    paths.append(path)
         if not paths:
             raise InputError(f"{spec}: no captures of run {run_id!r} in {store.url}")
         return paths, {"spec": spec, "kind": "run", "run_id": run_id}

@@ -6,7 +6,10 @@ Layout (``xprof --logdir <store>`` opens it as is)::
     plugins/profile/<session_id>/session.json              the SessionRecord
 
 ``file://`` (or a plain path) is the default, ``memory://`` serves tests, ``gs://`` and
-``s3://`` work through the ``gcp``/``aws`` extras (gcsfs, s3fs).
+``s3://`` work through the ``gcp``/``aws`` extras (gcsfs, s3fs). Credentials and
+endpoints come from each library's standard variables: ``GOOGLE_APPLICATION_CREDENTIALS``
+(or the metadata server) and ``STORAGE_EMULATOR_HOST`` for gcsfs; ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` and ``AWS_ENDPOINT_URL`` for s3fs.
 
 >>> store = SessionStore("memory://doc")
 >>> store.session_dir("s1")
@@ -15,7 +18,9 @@ Layout (``xprof --logdir <store>`` opens it as is)::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import logging
 import os
 import posixpath
@@ -55,9 +60,12 @@ class SessionStore:
                 "mlprof-exporter[gcp], s3:// needs mlprof-exporter[aws]"
             ) from None
         self.url = text
-        self.fs: Any = fs
         self.is_local = isinstance(fs, LocalFileSystem)
         self.root = os.path.realpath(root) if self.is_local else str(root).rstrip("/")
+        if not self.is_local:
+            _settle_bucket_type(fs, self.root)
+            fs = _FailuresAsOSError(fs)
+        self.fs: Any = fs
         self.profile_root = posixpath.join(self.root, PROFILE_DIR)
         # Re-entrant: update_record holds it around read, change and write_record.
         self._lock = threading.RLock()
@@ -79,6 +87,45 @@ class SessionStore:
     def local_dir(self, session_id: str) -> Path | None:
         """The session directory as a local path, when the store is local."""
         return Path(self.session_dir(session_id)) if self.is_local else None
+
+    def local_copy(self, session_id: str) -> Path | None:
+        """The session as a local directory: itself on a local store, else a copy.
+
+        A remote session is downloaded once per process into a temporary directory that
+        is removed at exit: the CLI and the analysis jobs are one command each, and what
+        they read (captures, ``analysis.json``) is then read exactly as from a local
+        store. None when the store has no such session; OSError when the bucket fails.
+        """
+        local = self.local_dir(session_id)
+        if local is not None:
+            return local if local.is_dir() else None
+        key = (self.url, session_id)
+        with _COPIES_LOCK:
+            known = _COPIES.get(key)
+            if known is not None:
+                return known
+            names = [n for n in self.files(session_id) if _is_plain_name(n)]
+            if not names:
+                return None
+            # Named as the session (reports and messages show the directory's name).
+            parent = tempfile.mkdtemp(dir=_copies_root())
+            target = Path(parent) / session_id
+            target.mkdir()
+            directory = self.session_dir(session_id)
+            try:
+                for name in names:
+                    self.fs.get_file(posixpath.join(directory, name), str(target / name))
+            except BaseException:
+                shutil.rmtree(parent, ignore_errors=True)  # never half a session kept
+                raise
+            _COPIES[key] = target
+            return target
+
+    def local_copy_file(self, session_id: str, name: str) -> Path | None:
+        """A file of :meth:`local_copy`; ValueError for a name that is not plain."""
+        _check_file_name(name)  # names come from session.json, which a workload may write
+        directory = self.local_copy(session_id)
+        return None if directory is None else directory / name
 
     # -- records -----------------------------------------------------------------
     def write_record(self, record: SessionRecord) -> None:
@@ -256,6 +303,100 @@ class SessionStore:
         if deleted:
             log.info("retention: deleted sessions %s", ", ".join(deleted))
         return deleted
+
+
+class _FailuresAsOSError:
+    """A remote filesystem whose calls fail with OSError, whatever the client raised.
+
+    gcsfs raises OSError subclasses (aiohttp's connection errors) or its HttpError, s3fs
+    botocore's EndpointConnectionError (not an OSError): the store and its callers catch
+    OSError for "the bucket failed" (kept for a retry, counted, reported in one line), so
+    every client's failure reads the same. Errors of the call itself (ValueError,
+    TypeError, ...) and attributes pass through as they are.
+    """
+
+    _PASSED: Final = (OSError, ValueError, TypeError, KeyError, NotImplementedError)
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._fs, name)
+        if name.startswith("_") or not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except self._PASSED:
+                raise
+            except Exception as exc:
+                raise OSError(f"{type(exc).__name__}: {exc}") from exc
+
+        return call
+
+    def __repr__(self) -> str:
+        return repr(self._fs)
+
+
+_COPIES: dict[tuple[str, str], Path] = {}
+_COPIES_LOCK = threading.Lock()
+_COPIES_DIR: list[str] = []
+
+
+def _copies_root() -> str:
+    if not _COPIES_DIR:
+        root = tempfile.mkdtemp(prefix="mlprof-sessions-")
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        _COPIES_DIR.append(root)
+    return _COPIES_DIR[0]
+
+
+def _settle_bucket_type(fs: Any, root: str) -> None:
+    """Look a GCS bucket's type up once, so gcsfs does not retry (and warn) on every call.
+
+    gcsfs's ExtendedGcsFileSystem (the default since 2026.x) asks the Storage Control API
+    for the bucket's layout before each open and listing, and caches only an answer it
+    could read: where it cannot (no permission for that API, or an emulator, which has
+    none) it logs ``Could not determine bucket type ... falling back`` each time, about
+    once a second in the sidecar. Here the lookup is made once; an unreadable layout is
+    pinned as the plain layout gcsfs falls back to anyway, so its warning appears at most
+    once per process. An emulator (``STORAGE_EMULATOR_HOST``) is plain without asking.
+    Attributes of gcsfs's own (``_storage_layout_cache``, ``_sync_lookup_bucket_type``):
+    other filesystems and other gcsfs versions are left as they are.
+    """
+    cache = getattr(fs, "_storage_layout_cache", None)
+    lookup = getattr(fs, "_sync_lookup_bucket_type", None)
+    if not isinstance(cache, dict) or lookup is None:
+        return
+    try:
+        from gcsfs.extended_gcsfs import BucketType  # type: ignore[import-untyped]
+    except ImportError:
+        return
+    bucket = root.split("/", 1)[0]
+    if not bucket or bucket in cache:
+        return
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        cache[bucket] = BucketType.NON_HIERARCHICAL
+        return
+    try:
+        found = lookup(bucket)
+    except Exception as exc:  # the store's own calls report an unreachable bucket
+        log.debug("gs://%s: bucket type not read (%s)", bucket, exc)
+        found = BucketType.UNKNOWN
+    if found == BucketType.UNKNOWN:
+        log.info("gs://%s: bucket layout unknown; used as a plain (flat) bucket", bucket)
+        found = BucketType.NON_HIERARCHICAL
+    cache[bucket] = found
+
+
+def _is_plain_name(name: str) -> bool:
+    try:
+        _check_file_name(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _replace_local(directory: str, name: str, data: bytes | BinaryIO) -> None:
