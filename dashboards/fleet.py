@@ -90,11 +90,12 @@ def at_a_glance() -> RowSpec:
         ),
         default_stat(
             "Hung runs", f"Hosts alive but without a completed step for {STALL_WINDOW}.",
-            f"count({HUNG})", "none", decimals=0,
-        ).no_value("0"),
+            f"count({HUNG}) or vector(0)", "none", decimals=0,
+        ),
         default_stat(
-            "Firing alerts", "mlprof alerts firing now.", f"count({ALERTS})", "none", decimals=0,
-        ).no_value("0"),
+            "Firing alerts", "mlprof alerts firing now.", f"count({ALERTS}) or vector(0)", "none",
+            decimals=0,
+        ),
     ]  # fmt: skip
 
 
@@ -226,6 +227,7 @@ def attention() -> RowSpec:
             [("Hung", HUNG), ("Silent", SILENT)],
         )
         .override_by_name("run_id", [field_links(url_link("Open this run", RUN_LINK))])
+        .no_value("0 stalled runs")
         .span(12)
     )
     firing = (
@@ -238,6 +240,7 @@ def attention() -> RowSpec:
             )
         )
         .override_by_name("run_id", [field_links(url_link("Open this run", RUN_LINK))])
+        .no_value("0 firing alerts")
         .span(12)
     )
     return "Needs attention", [stalled, firing]

@@ -53,7 +53,7 @@ def scrapes() -> RowSpec:
         ).span(6),
         default_stat(
             "Spool", "Profile bytes waiting to be pushed, over all sidecars.",
-            f"sum(mlprof_spool_size_bytes{{{SIDECAR}}})", "bytes", decimals=0,
+            f"sum(mlprof_spool_size_bytes{{{SIDECAR}}}) or vector(0)", "bytes", decimals=0,
         ).span(6),
         default_timeseries(
             "Scrape duration", "How long each scrape of /metrics took.", "s"
@@ -118,6 +118,7 @@ def profiles() -> RowSpec:
             "ops",
         )
         .min(0)
+        .no_value("0")  # no push yet (or no sink): the counters appear with the first one
         .with_target(
             prom(
                 f"sum by (sink, status) (rate(mlprof_profile_pushes_total{{{SIDECAR}}}[{RATE}]))",
@@ -126,6 +127,7 @@ def profiles() -> RowSpec:
         ),
         default_timeseries("Spool", "Bytes of profiles waiting to be pushed.", "bytes")
         .min(0)
+        .no_value("0")  # no sink configured: nothing can wait
         .with_target(
             prom(f"sum by (instance, sink) (mlprof_spool_size_bytes{{{SIDECAR}}})", "{{instance}}")
         ),
@@ -143,6 +145,7 @@ def captures() -> RowSpec:
         )
         .span(8)
         .min(0)
+        .no_value("0")  # no alert has reached the webhook yet
         .with_target(
             prom(
                 "sum by (outcome) "

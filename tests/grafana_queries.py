@@ -58,6 +58,7 @@ class Query:
     ref: str
     datasource: str  # plugin type
     target: dict[str, Any]
+    no_value: str | None = None  # what the panel shows when its queries return nothing
 
     @property
     def where(self) -> str:
@@ -100,8 +101,15 @@ def queries(dashboard: Mapping[str, Any]) -> list[Query]:
     found = []
     for panel in _panels(dashboard):
         for target in panel.get("targets", []):
+            no_value = panel.get("fieldConfig", {}).get("defaults", {}).get("noValue")
             found.append(
-                Query(panel["title"], target.get("refId", ""), _source_type(target, panel), target)
+                Query(
+                    panel["title"],
+                    target.get("refId", ""),
+                    _source_type(target, panel),
+                    target,
+                    no_value,
+                )
             )
     for annotation in dashboard.get("annotations", {}).get("list", []):
         if annotation.get("expr"):

@@ -109,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--profiler-port", type=int, default=9999, help="0 = no profiler server")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=None,
+        help="one device's peak FLOP/s for MFU (default: the SDK's chip table; CPU has none)",
+    )
     args = parser.parse_args(argv)
 
     stop = False
@@ -134,8 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         shared_dir=shared,
         configs=configs,
         profiler_port=args.profiler_port or None,
+        peak_flops=args.peak_flops,
     ) as run:
         print(f"demo: run {run.run_id} on {run.host}, step log in {shared}", flush=True)
+        # FLOPs per step from XLA's cost analysis of the compiled step: MFU needs no count.
+        x, y = pipeline.next()
+        run.step_function(update, params, x, y)
         step = 0
         while not stop and (args.steps == 0 or step < args.steps):
             # A named phase, as tf.data and grain trace theirs: captures show the input

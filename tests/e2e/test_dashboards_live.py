@@ -40,7 +40,7 @@ from tests.grafana_queries import (
 )
 from tests.harness import wait_until
 from tests.pyroscope_receiver import ReceivedSeries
-from tests.unit.test_dashboards import EMITTED
+from tests.unit.test_dashboards import EMITTED, metric_names
 
 pytestmark = pytest.mark.e2e
 
@@ -51,27 +51,21 @@ FLEET, RUN, PROFILES, HEALTH = FILES  # file names, in BUILDERS order
 # scenario. "lands with <branch>": the series or profile comes from a feature another
 # branch builds; the lead removes the entry when merging it (the test fails on an entry
 # that has data, so none outlives its reason).
-EXPECTED_EMPTY: dict[tuple[str, str, str], str] = {
-    # Nothing is stalled: the workload keeps stepping and its heartbeat is fresh.
-    (FLEET, "Hung runs", "A"): "no run is hung",
-    (FLEET, "Stalled runs", "A"): "no run is hung",
-    (FLEET, "Stalled runs", "B"): "no heartbeat is lost",
-    # The demo workload records its loss only; MFU comes from run.record("mfu", ...).
-    (RUN, "MFU", "A"): "the demo records no MFU",
-    # The GPU host is the NVML double: healthy boards, fixed in time. Injecting an XID
-    # or an ECC error would fire MLAcceleratorXidErrors / EccUncorrectable into the
-    # alert test's Alertmanager; GPU 0 is held down only by its power cap, which is not
-    # one of MLAcceleratorThrottled's reasons.
-    (FLEET, "Hosts with accelerator faults", "A"): "no uncorrectable ECC error",
-    (FLEET, "Hosts with accelerator faults", "B"): "no XID error",
-    (FLEET, "Hosts with accelerator faults", "C"): "no thermal or power throttling",
-    # Health's "Events dropped" has data: the sink's counter is exported at 0 from the
-    # start (exporter/sinks/events.py); the log sink drops only when stderr fails.
-}
+#
+# Count and "bad thing" panels read 0 on a healthy system instead of "No data": a stat
+# asks `... or vector(0)` (Hung runs, Firing alerts, Spool), and a table or a graph by
+# label whose series appear with the first bad thing sets a panel noValue ("0 stalled
+# runs", "No accelerator faults", Profile pushes, Webhook outcomes). An empty query of a
+# panel with a noValue passes only if every metric it reads has series here, so a
+# misspelt or vanished metric still fails. Here that covers: nothing stalled (Stalled
+# runs), healthy NVML-double boards (Hosts with accelerator faults: no ECC or XID error,
+# GPU 0's power cap is not one of MLAcceleratorThrottled's reasons). MFU has data: the
+# demo declares its step function (XLA's FLOPs) and a nominal CPU peak.
+EXPECTED_EMPTY: dict[tuple[str, str, str], str] = {}
 # Session-table columns whose field the sidecar does not write yet.
 EXPECTED_MISSING_COLUMNS: dict[str, str] = {}
 # Names of the exporter that this scenario cannot show (the unit test's EMITTED list).
-NOT_IN_SCENARIO = {"train_mfu"}  # the demo records no MFU
+NOT_IN_SCENARIO: set[str] = set()
 
 
 def dashboard(name: str) -> dict[str, Any]:
@@ -144,6 +138,12 @@ def resolve_variables(stack: Stack, board: dict[str, Any]) -> tuple[Templating, 
         values, range_s=time.time() - stack.started, scrape_interval_s=SCRAPE_INTERVAL_S
     )
     return templating, empty
+
+
+def series_exist(stack: Stack, metric: str) -> bool:
+    """Whether Prometheus holds any series of ``metric`` (recorded ones included)."""
+    query = f'group({{__name__="{metric}"}})'
+    return bool(prom_get(stack, "/api/v1/query", query=query)["result"])
 
 
 def prometheus_has_data(stack: Stack, query: Query, expr: str, templating: Templating) -> bool:
@@ -246,6 +246,7 @@ def test_every_panel_and_variable_shows_live_data(stack: Stack, alert_loop: dict
         what="recorded series, the alert's capture and profile pushes in Prometheus",
     )
     problems: list[str] = []
+    shows_no_value: list[str] = []
     checked = {PROMETHEUS: 0, PYROSCOPE: 0, INFINITY: 0, "variables": 0}
     for name in FILES:
         board = dashboard(name)
@@ -266,6 +267,15 @@ def test_every_panel_and_variable_shows_live_data(stack: Stack, alert_loop: dict
                 expr = f"{query.target['profileTypeId']}{query.target['labelSelector']}"
                 has_data = pyroscope_has_data(stack, query, templating)
             checked[query.datasource] += 1
+            if not has_data and query.no_value is not None and key not in EXPECTED_EMPTY:
+                # The panel reads its noValue; the query must still read real series.
+                # ALERTS exists only while an alert fires: empty is its healthy state.
+                names = metric_names(expr) - {"ALERTS"}
+                absent = sorted(n for n in names if not series_exist(stack, n))
+                if absent:
+                    problems.append(f"{name}: {query.where} reads no series of {absent}: {expr}")
+                shows_no_value.append(f"{query.where} ({query.no_value!r})")
+                continue
             if has_data and key in EXPECTED_EMPTY:
                 problems.append(
                     f"{name}: {query.where} has data now: remove it from EXPECTED_EMPTY "
@@ -293,6 +303,7 @@ def test_every_panel_and_variable_shows_live_data(stack: Stack, alert_loop: dict
     print(
         f"\ndashboards live: {checked[PROMETHEUS]} PromQL queries, {checked[PYROSCOPE]} "
         f"flame graphs, {checked[INFINITY]} session tables, {checked['variables']} variables "
-        f"checked in {time.monotonic() - started:.1f}s; {len(EXPECTED_EMPTY)} listed empty"
+        f"checked in {time.monotonic() - started:.1f}s; {len(EXPECTED_EMPTY)} listed empty; "
+        f"{len(shows_no_value)} read their noValue: {', '.join(shows_no_value)}"
     )
     assert not problems, "\n".join(problems)

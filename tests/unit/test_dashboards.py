@@ -116,6 +116,7 @@ SLICE_RECORDED = (recording.COLLECTIVE_QUANTILE,)
 PROMQL_WORDS = {
     "avg", "sum", "max", "min", "count", "by", "on", "and", "or", "unless", "rate", "increase",
     "histogram_quantile", "avg_over_time", "sort", "bottomk", "le", "__name__", "group",
+    "vector",
 }  # fmt: skip
 # Labels in by (...) and on (...) clauses.
 BY_LABELS = {
@@ -497,3 +498,29 @@ def test_templating_formats_variables_as_grafanas_prometheus_data_source() -> No
     assert t.promql("rate(x[$__rate_interval]) $__interval $__range") == "rate(x[60s]) 15s 3600s"
     assert t.replace("${host:csv} ${run_id:percentencode} [[run_id]]") == "a.b,c r.1 r.1"
     assert t.replace("${host:queryparam}") == "var-host=a.b&var-host=c"
+
+
+# Count and "bad thing" panels: on a healthy system they read 0, never "No data".
+READS_ZERO = {
+    ("mlprof-fleet.json", "Hung runs"),
+    ("mlprof-fleet.json", "Firing alerts"),
+    ("mlprof-fleet.json", "Stalled runs"),
+    ("mlprof-fleet.json", "Hosts with accelerator faults"),
+    ("mlprof-exporter-health.json", "Spool"),
+    ("mlprof-exporter-health.json", "Profile pushes"),
+    ("mlprof-exporter-health.json", "Webhook outcomes"),
+}
+
+
+def test_count_and_bad_thing_panels_read_zero_when_nothing_is_wrong() -> None:
+    seen = set()
+    for name, board in ALL_DASHBOARDS.items():
+        for query in queries(board):
+            if (name, query.panel) not in READS_ZERO:
+                continue
+            seen.add((name, query.panel))
+            expr = query.target["expr"]
+            # A stat asks for 0 itself; a table or a graph by label says it in noValue.
+            zero_query = expr.rstrip().endswith("or vector(0)")
+            assert zero_query or (query.no_value or "").startswith(("0", "No ")), query.where
+    assert seen == READS_ZERO
