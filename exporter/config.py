@@ -535,12 +535,17 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(text.split())
 
 
+# Settings the CLI takes as flags (``mlprof serve --listen ...``); any other override is
+# programmatic (tests, library use) and is named by its environment variable.
+CLI_FLAGS = frozenset({"listen", "shared_dir", "store"})
+
+
 def option_source(
     field: str, config_file: Path | None = None, overrides: dict[str, Any] | None = None
 ) -> str:
     """Where the value of ``field`` was typed: ``--listen``, ``MLPROF_LISTEN`` or
     ``listen in FILE`` (the same precedence as :func:`load_settings`)."""
-    if overrides and overrides.get(field) is not None:
+    if overrides and overrides.get(field) is not None and field in CLI_FLAGS:
         return f"--{field.replace('_', '-')}"
     env_name = f"{ENV_PREFIX}{field.upper()}"
     if any(key.upper() == env_name for key in os.environ):
