@@ -14,7 +14,13 @@ Step time is split per step *cycle* (one step's start to the next step's start):
   into ``data_phase_pct`` (inside host events named like a data phase, see
   :data:`DATA_PHASE_WORDS`; the names matched are ``data_phase_names``),
   ``between_steps_pct`` (outside the step annotations), ``compile_pct`` (XLA compiling
-  inside the step) and ``host_other_pct``.
+  inside the step) and ``host_other_pct``;
+* ``communication_pct``: the part of ``xla_pct`` a collective op runs
+  (:mod:`collectives`), ``compute_pct`` the rest of it; ``communication_overlap``, how
+  much of the asynchronous collectives' windows other ops hide.
+
+``hosts`` has one entry per capture file, with a straggler score over hosts
+(:mod:`hosts`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -32,7 +38,7 @@ import numpy as np
 from exporter.profiles.flamegraph import FlameGraph
 
 if TYPE_CHECKING:
-    from exporter.profiles.xplane import PlaneRef
+    from exporter.profiles.xplane import OpLine, PlaneRef
 
 __all__ = [
     "COMPILE_EVENT_RE",
@@ -92,6 +98,7 @@ class CaptureFacts:
     backend: str = "unknown"
     files: list[str] = field(default_factory=list)
     steps: dict[str, Any] | None = None
+    hosts: list[dict[str, Any]] = field(default_factory=list)  # one per capture file
     breakdown: dict[str, Any] | None = None
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     compiler: dict[str, Any] | None = None
@@ -107,6 +114,7 @@ class CaptureFacts:
             "backend": self.backend,
             "files": self.files,
             "steps": self.steps,
+            "hosts": self.hosts,
             "breakdown": self.breakdown,
             "data_phase_names": sorted(self.data_phase_names),
             "top_ops": self.top_ops,
@@ -128,6 +136,11 @@ class _Host:
     data_phase: np.ndarray  # per cycle, ns inside data-phase host events with no XLA
     compile_events: list[tuple[int, int]]
     compile_phase: np.ndarray  # per cycle, ns compiling (no XLA running, no data phase)
+    path: Path | None = None
+    steps: list[int | None] = field(default_factory=list)  # each cycle's step number
+    communication: np.ndarray | None = None  # per cycle, ns in collectives (mean/device)
+    kinds: dict[str, float] = field(default_factory=dict)  # communication ns per op kind
+    overlap: dict[str, Any] | None = None  # async collectives' windows (collectives.py)
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -197,16 +210,17 @@ class _DeviceBusy:
     so what is kept is small.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, also: Callable[[OpLine], None] | None = None) -> None:
         self.planes: dict[PlaneRef, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.also = also  # another reader of the same lines (communication)
 
-    def __call__(
-        self, ref: PlaneRef, base_ns: int, starts_ps: np.ndarray, ends_ps: np.ndarray
-    ) -> None:
-        start = base_ns + starts_ps // _PS_PER_NS
-        self.planes.setdefault(ref, []).append(
-            _union(start, start + (ends_ps - starts_ps) // _PS_PER_NS)
+    def __call__(self, line: OpLine) -> None:
+        start = line.base_ns + line.starts_ps // _PS_PER_NS
+        self.planes.setdefault(line.ref, []).append(
+            _union(start, start + (line.ends_ps - line.starts_ps) // _PS_PER_NS)
         )
+        if self.also is not None:
+            self.also(line)
 
     def per_cycle(self, cycles: Sequence[tuple[int, int]]) -> np.ndarray:
         """Per cycle, XLA-busy ns averaged over the device planes."""
@@ -270,15 +284,38 @@ def _host_events(
     return data, compiles
 
 
+def _host_communication(
+    events: Any, cycles: Sequence[tuple[int, int]]
+) -> tuple[np.ndarray, dict[str, float]]:
+    """On CPU: per cycle, ns the XLA client threads run a collective op (by its name)."""
+    from exporter.analysis.collectives import is_communication
+
+    if not len(events):
+        return np.zeros(len(cycles), float), {}
+    comm_paths = [i for i, path in enumerate(events.paths) if path and is_communication(path[-1])]
+    if not comm_paths:
+        return np.zeros(len(cycles), float), {}
+    mask = np.isin(events.path_index, comm_paths)
+    starts, ends = _union(events.start[mask], events.end[mask])
+    kinds: dict[str, float] = {}
+    for i, ns in zip(events.path_index[mask].tolist(), (events.end - events.start)[mask].tolist(),
+                     strict=True):  # fmt: skip
+        kind = events.paths[i][-1].split(".")[0]
+        kinds[kind] = kinds.get(kind, 0.0) + ns
+    return _covered(starts, ends, cycles).astype(float), kinds
+
+
 def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
     from exporter.analysis import xla_host
+    from exporter.analysis.collectives import CommunicationRecorder, overlap_facts
     from exporter.analysis.sides import step_cycles
     from exporter.profiles.steps import step_windows
     from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
 
     with load_capture(path) as capture:
         windows, source = step_windows(capture)
-        cycles = [(w.start_ns, w.end_ns) for w in step_cycles(windows)]
+        step_list = step_cycles(windows)
+        cycles = [(w.start_ns, w.end_ns) for w in step_list]
         annotations = sorted((w.start_ns, w.end_ns) for w in windows if w.end_ns > w.start_ns)
         start, duration = capture.time_range()
         device: FlameGraph | None = None
@@ -286,18 +323,24 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
             facts.backend = next(
                 (p.name.split(":")[1].lower() for p in capture.device_planes), "unknown"
             )
-            capture.on_op_line = device_busy = _DeviceBusy()
+            recorder = CommunicationRecorder(capture)
+            capture.on_op_line = device_busy = _DeviceBusy(recorder)
             try:
                 device = device_flamegraph(capture)
             finally:
                 capture.on_op_line = None
             busy = device_busy.per_cycle(cycles)
+            communication = recorder.per_cycle(cycles)
+            kinds = recorder.kinds()
+            overlap = overlap_facts(recorder, len(cycles))
             xla_starts = xla_ends = np.zeros(0, np.int64)
         else:
             facts.backend = "cpu"
             events = xla_host.xla_host_events(capture)
             xla_starts, xla_ends = _union(events.start, events.end)
             busy = _covered(xla_starts, xla_ends, cycles)
+            communication, kinds = _host_communication(events, cycles)
+            overlap = None
             if len(events):
                 device = xla_host.graphs(events, None, start)[0]
         data, compiles = _host_events(capture, facts.data_phase_names)
@@ -337,6 +380,11 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
         data_phase.astype(float),
         compiles,
         compile_phase.astype(float),
+        path,
+        [w.step for w in step_list],
+        np.asarray(communication, float),
+        kinds,
+        overlap,
     )
 
 
@@ -350,10 +398,20 @@ def _step_facts(hosts: list[_Host]) -> dict[str, Any] | None:
     mean = statistics.fmean(durations)
     median = statistics.median(durations)
     spread = statistics.pstdev(durations) if len(durations) > 1 else 0.0
-    # Modified z-score (Iglewicz & Hoaglin) with a MAD floor, as XProf's straggler signal.
-    mad = statistics.median(abs(d - median) for d in durations)
-    mad = max(mad, STEP_MAD_FLOOR * median)
-    outliers = sorted(d for d in durations if 0.6745 * (d - median) / mad > STEP_OUTLIER_Z)
+    # Modified z-score (Iglewicz & Hoaglin) with a MAD floor, as XProf's straggler signal,
+    # within each host: a host slower in every step is a straggler (hosts), not slow steps.
+    outliers = []
+    for h in hosts:
+        own = [(hi - lo) / 1e6 for lo, hi in h.cycles]
+        if not own:
+            continue
+        center = statistics.median(own)
+        mad = statistics.median(abs(d - center) for d in own)
+        mad = max(mad, STEP_MAD_FLOOR * center)
+        outliers += [
+            (d, d - center) for d in own if mad > 0 and 0.6745 * (d - center) / mad > STEP_OUTLIER_Z
+        ]
+    outliers.sort()
     # XProf's step time drops each host's first and last step (often partial).
     inner = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.cycles[1:-1]]
     return {
@@ -367,8 +425,8 @@ def _step_facts(hosts: list[_Host]) -> dict[str, Any] | None:
         "stdev_ms": round(spread, 3),
         "cv": round(spread / mean, 3) if mean else 0.0,
         "outliers": len(outliers),
-        "outlier_ms": [round(d, 3) for d in outliers[-5:]],
-        "outlier_excess_ms": round(sum(d - median for d in outliers), 3),
+        "outlier_ms": [round(d, 3) for d, _ in outliers[-5:]],
+        "outlier_excess_ms": round(sum(excess for _, excess in outliers), 3),
         "annotated_median_ms": round(statistics.median(annotated), 3),
         "xprof_mean_ms": round(statistics.fmean(inner), 3) if inner else None,
         "cycle_mean_ms": round(mean, 3),
@@ -398,14 +456,48 @@ def _breakdown(hosts: list[_Host]) -> dict[str, Any] | None:
     compiling = float(sum(h.compile_phase.sum() for h in hosts))
     compiling = min(compiling, idle - between_idle - data)
     pct = 100.0 / total
+    comm = float(sum(h.communication.sum() for h in hosts if h.communication is not None))
+    comm = min(comm, xla)
+    cycles = sum(len(h.cycles) for h in hosts)
+    kinds: dict[str, float] = {}
+    for h in hosts:
+        for kind, ns in h.kinds.items():
+            kinds[kind] = kinds.get(kind, 0.0) + ns
+    overlaps = [h.overlap for h in hosts if h.overlap]
     return {
         "cycle_total_ms": round(total / 1e6, 3),
         "xla_pct": round(xla * pct, 2),
+        "compute_pct": round((xla - comm) * pct, 2),
+        "communication_pct": round(comm * pct, 2),
+        "communication_ms_per_step": round(comm / cycles / 1e6, 4) if cycles else 0.0,
+        "communication_by_kind_ms": {  # per step, the largest kinds
+            k: round(v / cycles / 1e6, 4)
+            for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:6]
+            if cycles
+        },
+        "communication_overlap": _overlap(overlaps),
         "input_wait_pct": round(idle * pct, 2),
         "data_phase_pct": round(data * pct, 2),
         "between_steps_pct": round(between_idle * pct, 2),
         "compile_pct": round(compiling * pct, 2),
         "host_other_pct": round(max(0.0, idle - data - between_idle - compiling) * pct, 2),
+    }
+
+
+def _overlap(found: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The hosts' async-collective overlap, pooled (weighted by their windows' time)."""
+    if not found:
+        return None
+    if len(found) == 1:
+        return found[0]
+    span = sum(o["async_ms_per_step"] for o in found)
+    exposed = sum(o["exposed_ms_per_step"] for o in found)
+    return {
+        "async_ops": sum(o["async_ops"] for o in found),
+        "source": " and ".join(sorted({o["source"] for o in found})),
+        "async_ms_per_step": round(span / len(found), 4),
+        "hidden_pct": round(100 * (1 - exposed / span), 2) if span else 0.0,
+        "exposed_ms_per_step": round(exposed / len(found), 4),
     }
 
 
@@ -520,6 +612,7 @@ def gather_facts(
     else:
         facts.steps = (facts.steps or {}) | steps
         facts.breakdown = _breakdown(hosts)
+    _hosts(facts, hosts)
     device = facts.graphs.get("device")
     if device is None:
         facts.unavailable["device"] = "no XLA computations in this capture (no device plane, "
@@ -532,6 +625,24 @@ def gather_facts(
     facts.xprof["seconds"] = round(time.perf_counter() - started, 3)
     _memory(facts, memory_samples)
     return facts
+
+
+def _hosts(facts: CaptureFacts, hosts: list[_Host]) -> None:
+    """``facts.hosts``; with 2 hosts the straggler verdict is said to be unknown."""
+    from exporter.analysis.hosts import STRAGGLER_MIN_HOSTS, host_entries
+
+    facts.hosts = host_entries(
+        [
+            (h.path or Path("?"), h.cycles, h.steps or [None] * len(h.cycles), h.xla_busy,
+             h.communication if h.communication is not None else np.zeros(len(h.cycles)))
+            for h in hosts
+        ]
+    )  # fmt: skip
+    if 1 < len(facts.hosts) < STRAGGLER_MIN_HOSTS:
+        facts.unavailable["stragglers"] = (
+            f"{len(facts.hosts)} hosts: telling a straggler from the rest needs at least "
+            f"{STRAGGLER_MIN_HOSTS} (XProf's rule), so none is named"
+        )
 
 
 def run_tools(paths: Sequence[Path]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ is P0 or P1.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -22,6 +23,7 @@ from exporter.analysis.facts import CaptureFacts
 __all__ = [
     "RULES",
     "BaselineRegressionRule",
+    "CommunicationBoundRule",
     "CompilerInefficiencyRule",
     "Finding",
     "HostWaitRule",
@@ -30,6 +32,7 @@ __all__ = [
     "RecompilationRule",
     "Rule",
     "StepTimeSpreadRule",
+    "StragglerRule",
     "apply_rules",
 ]
 
@@ -53,6 +56,19 @@ HOST_WAIT_P0_PCT: Final = 50.0
 # a tenth of the captured step time, else P2.
 STEP_OUTLIER_P1_SHARE: Final = 0.1
 STEP_SPREAD_MIN_STEPS: Final = 3  # XProf's straggler signal gives no verdict below 3
+# Communication-bound steps: share of step time a collective op runs on the device (not
+# hidden under compute). XProf's input-pipeline analysis calls a program "highly"
+# device-collectives bound from 15 % (kHighlyDeviceCollectivesBoundThresholdInPercent;
+# "moderately" from 3 %, which every data-parallel step reaches) and its smart suggestion
+# fires from 30 % (kCollectiveBoundThresholdInPercent); above half the step the chips
+# communicate more than they compute.
+COMMUNICATION_P2_PCT: Final = 15.0
+COMMUNICATION_P1_PCT: Final = 30.0
+COMMUNICATION_P0_PCT: Final = 50.0
+# A straggler host (hosts.STRAGGLER_Z over 3+ hosts) is a large loss (P1): every
+# synchronous step waits for the slowest host. At twice the median host's step the
+# session runs at half its speed or worse, the run losing most of its time (P0).
+STRAGGLER_P0_SLOWDOWN: Final = 2.0
 # Data formatting (copy / transpose / convert) share of XLA time: layout mismatches the
 # compiler could not fuse away. XProf flags special ops above 10 % of step time
 # (kSpecialOpBoundThresholdInPercent); a quarter of device time is a large loss.
@@ -293,6 +309,142 @@ class StepTimeSpreadRule(Rule):
         )
 
 
+class CommunicationBoundRule(Rule):
+    """Steps spend a large share of their time in collectives the device waits for."""
+
+    name = "CommunicationBoundRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        b = facts.breakdown
+        return (
+            facts.steps is not None
+            and b is not None
+            and b.get("communication_pct") is not None
+            and b["communication_pct"] >= COMMUNICATION_P2_PCT
+        )
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        assert facts.breakdown is not None and facts.steps is not None
+        b = facts.breakdown
+        share = round(float(b["communication_pct"]), 1)
+        step_ms = facts.steps["mean_ms"]
+        per_step = float(b["communication_ms_per_step"])
+        kinds = b.get("communication_by_kind_ms") or {}
+        named = ", ".join(f"{k} {v:.2f} ms" for k, v in list(kinds.items())[:3])
+        evidence: dict[str, float | int] = {
+            "communication_pct": share,
+            "communication_ms_per_step": per_step,
+            "compute_pct": b["compute_pct"],
+            "xla_pct": b["xla_pct"],
+            "step_time_ms": step_ms,
+            "steps": facts.steps["count"],
+        }
+        overlap = b.get("communication_overlap")
+        hidden = ""
+        if overlap:
+            hidden = (
+                f" Of the asynchronous collectives' {overlap['async_ms_per_step']:.2f} ms per "
+                f"step ({overlap['async_ops']} windows, from the {overlap['source']}), "
+                f"{overlap['hidden_pct']:.1f}% ran under other ops and "
+                f"{overlap['exposed_ms_per_step']:.2f} ms per step did not."
+            )
+            evidence["async_hidden_pct"] = overlap["hidden_pct"]
+            evidence["async_exposed_ms_per_step"] = overlap["exposed_ms_per_step"]
+        return Finding(
+            _priority(share, COMMUNICATION_P2_PCT, COMMUNICATION_P1_PCT, COMMUNICATION_P0_PCT),
+            self.name,
+            f"Steps are communication-bound: collectives run during {share:.1f}% of step time "
+            f"({per_step:.2f} ms per step)",
+            f"Over {facts.steps['count']} steps of {step_ms:.1f} ms the device ran XLA during "
+            f"{b['xla_pct']:.1f}% of the step: {b['compute_pct']:.1f}% compute and {share:.1f}% "
+            f"collective ops{f' ({named} per step)' if named else ''}.{hidden}",
+            evidence,
+            f"Hiding the communication under compute would make steps up to "
+            f"{100 / max(1e-9, 100 - share):.2f}x faster ({per_step:.2f} ms of every "
+            f"{step_ms:.1f} ms step).",
+            "Overlap collectives with compute (XLA's latency-hiding scheduler and async "
+            "collectives: --xla_tpu_enable_async_collective_fusion, --xla_gpu_enable_"
+            "latency_hiding_scheduler), send fewer bytes (bf16 gradients, reduce-scatter "
+            "with sharded optimizer state instead of all-reduce), and check for a straggler "
+            "host: the others wait for it inside their collectives.",
+        )
+
+
+class StragglerRule(Rule):
+    """One host's steps are far slower than the other hosts' (3+ hosts)."""
+
+    name = "StragglerRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        return any(h.get("straggler") for h in facts.hosts)
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        hosts = facts.hosts
+        stragglers = sorted(
+            (h for h in hosts if h.get("straggler")), key=lambda h: -float(h["straggler_z"])
+        )
+        host = stragglers[0]
+
+        def typical(key: str) -> float:
+            return float(statistics.median(float(h[key] or 0.0) for h in hosts))
+
+        ref_median = typical("step_median_ms")
+        slowdown = float(host["step_median_ms"]) / ref_median if ref_median else float("inf")
+        waiting = "waiting with no XLA running (input, the host or other hosts)"
+        parts = {
+            key: float(host[field] or 0.0) - typical(field)
+            for key, field in (
+                ("computing", "compute_ms_per_step"),
+                ("in collectives", "communication_ms_per_step"),
+                (waiting, "idle_ms_per_step"),
+            )
+        }
+        excess = float(host["step_mean_ms"]) - typical("step_mean_ms")
+        where = max(parts, key=lambda k: parts[k])
+        slowest = ", ".join(
+            f"step {s['step'] if s['step'] is not None else '?'} {s['ms']:.1f} ms"
+            for s in host["slowest_steps"]
+        )
+        others = [h["name"] for h in stragglers[1:]]
+        also = f" Also slower: {', '.join(others)}." if others else ""
+        return Finding(
+            "P0" if slowdown >= STRAGGLER_P0_SLOWDOWN else "P1",
+            self.name,
+            f"Host {host['name']} is a straggler: its steps take {slowdown:.1f}x the median "
+            f"host's ({host['step_median_ms']:.1f} ms vs {ref_median:.1f} ms), mostly {where}",
+            f"{len(hosts)} hosts; {host['name']} ({host['file']}): median step "
+            f"{host['step_median_ms']:.1f} ms, p90 {host['step_p90_ms']:.1f} ms, modified "
+            f"z-score {host['straggler_z']:.1f} (above 3.5). Per step it spends "
+            f"{parts['computing']:+.1f} ms computing, {parts['in collectives']:+.1f} ms in "
+            f"collectives and {parts[waiting]:+.1f} ms "
+            f"waiting against the median host. Its slowest steps: {slowest}.{also}",
+            {
+                "slowdown_x": round(slowdown, 2),
+                "step_median_ms": host["step_median_ms"],
+                "hosts_median_step_ms": round(ref_median, 3),
+                "straggler_z": host["straggler_z"],
+                "excess_ms_per_step": round(excess, 3),
+                "excess_compute_ms_per_step": round(parts["computing"], 3),
+                "excess_communication_ms_per_step": round(parts["in collectives"], 3),
+                "excess_idle_ms_per_step": round(parts[waiting], 3),
+                "hosts": len(hosts),
+                "stragglers": len(stragglers),
+            },
+            f"Synchronous steps wait for the slowest host: the session could run up to "
+            f"{slowdown:.1f}x faster ({excess:.1f} ms of every step) if {host['name']} "
+            "kept pace.",
+            "Compare the straggler with a healthy host: its chips and their clocks or "
+            "throttling, other processes on it, its input shard (a larger or slower shard "
+            "shows as waiting), and its network path (waiting in collectives); replace or "
+            "drain the host if the hardware is at fault.",
+            {
+                "host": host["name"],
+                "slowest_steps": host["slowest_steps"],
+                "stragglers": [h["name"] for h in stragglers],
+            },
+        )
+
+
 class CompilerInefficiencyRule(Rule):
     """XLA spends time only moving or reformatting data."""
 
@@ -494,6 +646,8 @@ RULES: Sequence[Rule] = (
     RecompilationRule(),
     CompilerInefficiencyRule(),
     StepTimeSpreadRule(),
+    StragglerRule(),
+    CommunicationBoundRule(),
 )
 
 

@@ -12,6 +12,14 @@ a ``Task Environment`` plane with the profile start and stop times.
 With ``while_every=k``, every k-th op of a step is a ``while`` whose body (the next
 ``while_body`` ops) runs inside it on the ``XLA Ops`` line, as XLA control flow does.
 
+With ``collectives=True`` the op mix adds the collectives XProf's TPU step trace counts
+as communication (``all-to-all``, ``send`` / ``recv`` and their ``-done`` ops, beside
+the default mix's ``all-reduce``), and every :data:`ASYNC_EVERY`-th op starts an
+asynchronous collective (``all-gather-start.N`` ... ``all-gather-done.N``, also
+``reduce-scatter`` and ``collective-permute``) whose transfer runs under the next
+:data:`ASYNC_SPAN` ops: an ``Async XLA Ops`` line holds each transfer's window, as real
+TPU captures do, and a transfer that outlasts the ops it overlaps makes its done op wait.
+
 Every duration is a whole number of nanoseconds, so the expected flame-graph values
 (:attr:`SyntheticCapture.expected_device_ns`, per leaf path, and
 :attr:`SyntheticCapture.expected_self_ns`, per op) are exact.
@@ -26,7 +34,7 @@ from pathlib import Path
 
 from exporter.proto import xplane_pb2
 
-__all__ = ["SyntheticCapture", "tpu_capture", "write_tpu_capture"]
+__all__ = ["ASYNC_EVERY", "ASYNC_SPAN", "SyntheticCapture", "tpu_capture", "write_tpu_capture"]
 
 _PS_PER_NS = 1000
 # (hlo_category, op-name stem, framework op): the mix a transformer step shows on TPU.
@@ -40,6 +48,26 @@ _OP_KINDS = (
     ("non-fusion elementwise", "multiply", "mul"),
     ("custom-call", "custom-call", "flash_attention"),
 )
+# With collectives=True: the collectives XProf's step trace counts as communication
+# (pod_viewer: all-reduce and all-to-all as collectives, send/recv and their done ops
+# as device to device), mixed in with the ops above.
+_COLLECTIVE_KINDS = (
+    ("all-to-all", "all-to-all", "all_to_all"),
+    ("send", "send", "ppermute"),
+    ("recv-done", "recv-done", "ppermute"),
+)
+# ... each at this share of the duration drawn for it, so that communication is about a
+# fifth of the step: a data-parallel step's share, not the whole step.
+_COLLECTIVE_SCALE = 0.5
+# Asynchronous collectives: one starts every ASYNC_EVERY-th op of a step, its transfer
+# runs under the next ASYNC_SPAN ops and lasts ASYNC_TRANSFER (a range of fractions of
+# those ops' time): mostly hidden, sometimes a little longer, so its done op waits.
+ASYNC_EVERY = 10
+ASYNC_SPAN = 4
+_ASYNC_FAMILIES = ("all-gather", "reduce-scatter", "collective-permute")
+_ASYNC_START_NS = 300
+_ASYNC_DONE_NS = 200
+_ASYNC_TRANSFER = (0.5, 1.1)
 _SCOPES = (
     "embed",
     "transformer/layer_{i}/attention",
@@ -62,6 +90,11 @@ class SyntheticCapture:
     expected_device_ns: dict[tuple[str, ...], int] = field(default_factory=dict)
     expected_self_ns: dict[str, int] = field(default_factory=dict)  # op name -> self ns
     expected_host_frames: tuple[str, ...] = ()
+    # With collectives=True: per device plane name, ns of communication ops (collective
+    # categories and async start/done ops) on its XLA Ops line, and the async windows
+    # (start of the start op to end of the done op, ns) with the ns other ops cover.
+    expected_communication_ns: dict[str, int] = field(default_factory=dict)
+    expected_async_windows: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class _Stats:
@@ -124,6 +157,7 @@ def _device_plane(
     capture: SyntheticCapture,
     while_every: int,
     while_body: int,
+    collectives: bool = False,
 ) -> int:
     plane = space.planes.add()
     plane.id = index + 1
@@ -140,7 +174,16 @@ def _device_plane(
     first_op_id = 1000
     loop = _Op("while.loop", "control flow", "jit(train_step)/jit(main)/while")
     loop_id = first_op_id + len(ops)
-    for j, op in enumerate([*ops, loop]):
+    async_ops: list[_Op] = []  # pair p: start 2p, done 2p + 1
+    if collectives:
+        for p in range(ops_per_step // ASYNC_EVERY + 1):
+            family = _ASYNC_FAMILIES[p % len(_ASYNC_FAMILIES)]
+            scope = f"jit(train_step)/jit(main)/{family.replace('-', '_')}"
+            async_ops += [_Op(f"{family}-start.{p}", family, scope),
+                          _Op(f"{family}-done.{p}", family, scope)]  # fmt: skip
+    async_id = loop_id + 1
+    comm_categories = {c for c, _, _ in (*_COLLECTIVE_KINDS, ("all-reduce", "", ""))}
+    for j, op in enumerate([*ops, loop, *async_ops]):
         meta = plane.event_metadata[first_op_id + j]
         meta.id = first_op_id + j
         meta.name = op.name
@@ -163,6 +206,12 @@ def _device_plane(
     ops_line = plane.lines.add()
     ops_line.id, ops_line.name, ops_line.timestamp_ns = 3, "XLA Ops", start_ns
     add_op = ops_line.events.add
+    if collectives:
+        async_line = plane.lines.add()
+        async_line.id, async_line.name, async_line.timestamp_ns = 4, "Async XLA Ops", start_ns
+    comm_ns = 0
+    windows: list[tuple[int, int]] = []
+    async_self: dict[int, int] = {}  # async op index -> self ns
     step_id, group_id = stat("step_num"), stat("group_id")
     n_ops = len(ops)
     cursor_ps = 0
@@ -188,6 +237,8 @@ def _device_plane(
                     events.append((first_op_id + j, cursor_ps, durations_ns[j]))
                     cursor_ps += durations_ns[j] * _PS_PER_NS
                     nested_ns[j] = nested_ns.get(j, 0) + durations_ns[j]
+                    if collectives and ops[j].category in comm_categories:
+                        comm_ns += durations_ns[j]
                     body_ns += durations_ns[j]
                 cursor_ps += 100 * _PS_PER_NS
                 loop_ns = (cursor_ps - loop_start) // _PS_PER_NS
@@ -199,12 +250,46 @@ def _device_plane(
                 count += while_body + 1
                 k += while_body
                 continue
+            if collectives and k % ASYNC_EVERY == 0 and k + ASYNC_SPAN < ops_per_step:
+                # An async collective: start, ASYNC_SPAN ops under its transfer, done.
+                p = k // ASYNC_EVERY
+                window_start = cursor_ps
+                add_op(metadata_id=async_id + 2 * p, offset_ps=cursor_ps,
+                       duration_ps=_ASYNC_START_NS * _PS_PER_NS)  # fmt: skip
+                cursor_ps += (_ASYNC_START_NS + 50) * _PS_PER_NS
+                under = 0
+                for b in range(ASYNC_SPAN):
+                    j = (base + (k + b) * 7) % n_ops
+                    dur_ns = durations_ns[j]
+                    add_op(metadata_id=first_op_id + j, offset_ps=cursor_ps,
+                           duration_ps=dur_ns * _PS_PER_NS)  # fmt: skip
+                    self_ns[j] += dur_ns
+                    comm_ns += dur_ns if ops[j].category in comm_categories else 0
+                    cursor_ps += (dur_ns + 50) * _PS_PER_NS
+                    under += dur_ns + 50
+                transfer = round(under * rng.uniform(*_ASYNC_TRANSFER))
+                done_ns = _ASYNC_DONE_NS + max(0, transfer - under)  # waits for the rest
+                add_op(metadata_id=async_id + 2 * p + 1, offset_ps=cursor_ps,
+                       duration_ps=done_ns * _PS_PER_NS)  # fmt: skip
+                cursor_ps += done_ns * _PS_PER_NS
+                async_line.events.add(metadata_id=async_id + 2 * p, offset_ps=window_start,
+                                      duration_ps=cursor_ps - window_start)  # fmt: skip
+                windows.append((window_start // _PS_PER_NS, cursor_ps // _PS_PER_NS))
+                async_self[2 * p] = async_self.get(2 * p, 0) + _ASYNC_START_NS
+                async_self[2 * p + 1] = async_self.get(2 * p + 1, 0) + done_ns
+                comm_ns += _ASYNC_START_NS + done_ns
+                cursor_ps += 50 * _PS_PER_NS
+                count += ASYNC_SPAN + 3
+                k += ASYNC_SPAN
+                continue
             j = (base + k * 7) % n_ops
             dur_ns = durations_ns[j]
             add_op(
                 metadata_id=first_op_id + j, offset_ps=cursor_ps, duration_ps=dur_ns * _PS_PER_NS
             )
             self_ns[j] += dur_ns
+            if collectives and ops[j].category in comm_categories:
+                comm_ns += dur_ns
             cursor_ps += (dur_ns + 50) * _PS_PER_NS  # ops leave small gaps
             count += 1
             k += 1
@@ -234,6 +319,13 @@ def _device_plane(
         path = _op_path(program, loop, None)
         expected[path] = expected.get(path, 0) + loop_self
         by_op[loop.name] = by_op.get(loop.name, 0) + loop_self
+    for a, ns in async_self.items():
+        path = _op_path(program, async_ops[a], None)
+        expected[path] = expected.get(path, 0) + ns
+        by_op[async_ops[a].name] = by_op.get(async_ops[a].name, 0) + ns
+    if collectives:
+        capture.expected_communication_ns[plane.name] = comm_ns
+        capture.expected_async_windows[plane.name] = windows
     return count
 
 
@@ -293,6 +385,8 @@ def tpu_capture(
     while_every: int = 0,
     while_body: int = 4,
     slowdown: float = 1.0,
+    collectives: bool = False,
+    hostname: str = "tpu-vm-0",
 ) -> SyntheticCapture:
     """Build a TPU-shaped XSpace with ``devices * steps * ops_per_step`` op events.
 
@@ -301,16 +395,27 @@ def tpu_capture(
 
     ``while_every=k`` makes every k-th op of a step a ``while`` holding the next
     ``while_body`` ops (those ops count towards ``ops_per_step``; the while adds one).
+
+    ``collectives=True`` adds all-to-all and send/recv ops to the mix and asynchronous
+    collectives with an ``Async XLA Ops`` line (see the module docstring); the start and
+    done ops add to the ops of a step. ``hostname`` is the XSpace's host name.
     """
     rng = random.Random(seed)
     ops: list[_Op] = []
+    kinds = (*_OP_KINDS, *_COLLECTIVE_KINDS) if collectives else _OP_KINDS
     for j in range(distinct_ops):
-        category, stem, fw_op = _OP_KINDS[j % len(_OP_KINDS)]
-        scope = _SCOPES[(j // len(_OP_KINDS)) % len(_SCOPES)].format(i=j % layers)
+        category, stem, fw_op = kinds[j % len(kinds)]
+        scope = _SCOPES[(j // len(kinds)) % len(_SCOPES)].format(i=j % layers)
         ops.append(_Op(f"{stem}.{j}", category, f"jit(train_step)/jit(main)/{scope}/{fw_op}"))
     durations_ns = [round(rng.randrange(200, 40_000) * slowdown) for _ in ops]
+    if collectives:
+        comm = {c for c, _, _ in _COLLECTIVE_KINDS} | {"all-reduce"}
+        durations_ns = [
+            max(1, round(d * _COLLECTIVE_SCALE)) if op.category in comm else d
+            for d, op in zip(durations_ns, ops, strict=True)
+        ]
     space = xplane_pb2.XSpace()
-    space.hostnames.append("tpu-vm-0")
+    space.hostnames.append(hostname)
     start_ns = time.time_ns() - 60_000_000_000
     capture = SyntheticCapture(space=space, program=program)
     if host:
@@ -332,6 +437,7 @@ def tpu_capture(
             capture,
             while_every,
             while_body,
+            collectives,
         )
     env = space.planes.add()
     env.id, env.name = devices + 1, "Task Environment"

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from google.protobuf.internal import wire_format
@@ -59,6 +59,7 @@ __all__ = [
     "HOST_PLANE",
     "MAX_EVENT_DEPTH",
     "Capture",
+    "OpLine",
     "PlaneRef",
     "device_flamegraph",
     "device_graphs",
@@ -141,6 +142,20 @@ def _scan(read: Reader, start: int, end: int, source: str) -> list[tuple[int, in
     return fields
 
 
+@dataclass(frozen=True, slots=True)
+class OpLine:
+    """One device op line as a conversion reads it (what ``Capture.on_op_line`` gets):
+    the plane, the line's start (ns), its lasting events' metadata ids, starts and ends
+    (ps after the line's start)."""
+
+    ref: PlaneRef
+    plane: Any
+    base_ns: int
+    ids: np.ndarray
+    starts_ps: np.ndarray
+    ends_ps: np.ndarray
+
+
 @dataclass
 class Capture:
     """An XProf capture opened for conversion; planes are parsed when needed.
@@ -157,10 +172,10 @@ class Capture:
     events_read: int = 0
     steps: int = 0  # events on a device plane's Steps line (set by device_flamegraph)
     handle: BinaryIO | None = None  # the open file planes are read from, if any
-    # Called with each device op line the conversion reads: (plane, the line's start in
-    # ns, its lasting events' starts and ends in ps). The analysis takes device busy
-    # time from it rather than reading every op event a second time.
-    on_op_line: Callable[[PlaneRef, int, np.ndarray, np.ndarray], None] | None = None
+    # Called with each device op line the conversion reads (an OpLine). The analysis
+    # takes device busy and communication time from it rather than reading every op
+    # event a second time.
+    on_op_line: Callable[[OpLine], None] | None = None
     _start_ns: int | None = None  # profile_start_time, read when first needed
 
     def close(self) -> None:
@@ -778,10 +793,11 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
             line = read_line(capture, plane, line_index)
             kernel_ids = _gpu_tuple_ids(plane, line, frames, gpu_stats)
-            _, starts, ends = _columns(line.events)
+            metas_of, starts, ends = _columns(line.events)
             del line
             if capture.on_op_line is not None:
-                capture.on_op_line(ref, base_ns, starts, ends)
+                capture.on_op_line(OpLine(ref, plane, base_ns, metas_of, starts, ends))
+            del metas_of
             nested = nest(starts, ends, kernel_ids, "contain")
             tuple_ids = nested.label.copy()
             inner = np.flatnonzero(nested.parent >= 0)  # a kernel inside a kernel: itself
@@ -791,7 +807,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             continue
         ids, starts, ends = _line_columns(capture, plane, line_index)
         if capture.on_op_line is not None:
-            capture.on_op_line(ref, base_ns, starts, ends)
+            capture.on_op_line(OpLine(ref, plane, base_ns, ids, starts, ends))
         if not len(ids):
             continue
         metas, meta_index = dense_index(ids)

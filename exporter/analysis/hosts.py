@@ -1,0 +1,134 @@
+"""Per-host facts of a session, and the straggler score over hosts.
+
+One entry per capture file: a host, named as XProf's CLI names it (``get_hosts``: the
+file name without ``.xplane.pb``, its last dot-separated part; ``10.0.0.7_8466`` is
+``7_8466``), its step cycles (median, p90), and where each step's time went: XLA
+computing (split into compute and communication) or idle (waiting for input, the host,
+or other hosts).
+
+Stragglers, as XProf's ``GetHostStragglers`` (smart_suggestion/signal_provider.h): the
+modified z-score ``0.6745 * (x - median) / MAD`` of each host's median step over the
+hosts, above :data:`STRAGGLER_Z`, and no verdict under :data:`STRAGGLER_MIN_HOSTS` hosts.
+XProf floors the MAD at 0.1 (percentage points of a time share); on step times in ms the
+floor is a share of the median (:data:`STRAGGLER_MAD_FLOOR`), so that hosts with
+near-identical steps (MAD about 0) do not make a 2 % slower one a straggler. Only a slower
+host is a straggler: a faster one holds nobody up.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+__all__ = [
+    "STRAGGLER_MAD_FLOOR",
+    "STRAGGLER_MIN_HOSTS",
+    "STRAGGLER_Z",
+    "host_entries",
+    "host_name",
+]
+
+STRAGGLER_Z: Final = 3.5  # Iglewicz & Hoaglin's outlier cut, XProf's straggler_threshold
+STRAGGLER_MIN_HOSTS: Final = 3  # XProf: "3 hosts is the minimum required"
+STRAGGLER_MAD_FLOOR: Final = 0.05  # of the median host's median step (facts.STEP_MAD_FLOOR)
+SLOWEST_STEPS: Final = 3
+_TRACE_SUFFIXES: Final = (".xplane.pb", ".xspace.pb")
+
+
+def host_name(path: Path | str) -> str:
+    """The host XProf's ``get_hosts`` names for a capture file."""
+    name = Path(path).name
+    for suffix in _TRACE_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return name.split(".")[-1]
+
+
+def _round(value: float, digits: int = 3) -> float:
+    return round(float(value), digits)
+
+
+def _entry(
+    path: Path,
+    cycles: Sequence[tuple[int, int]],
+    steps: Sequence[int | None],
+    busy: np.ndarray,
+    communication: np.ndarray,
+) -> dict[str, Any]:
+    durations = np.asarray([hi - lo for lo, hi in cycles], float)
+    n = len(durations)
+    total = float(durations.sum())
+    busy_ns = float(busy.sum())
+    comm_ns = float(communication.sum())
+    idle = durations - busy
+    slowest = np.argsort(-durations, kind="stable")[:SLOWEST_STEPS]
+    pct = 100.0 / total if total else 0.0
+    return {
+        "name": host_name(path),
+        "file": str(path),
+        "steps": n,
+        "step_median_ms": _round(np.median(durations) / 1e6) if n else None,
+        "step_p90_ms": _round(np.percentile(durations, 90) / 1e6) if n else None,
+        "step_mean_ms": _round(durations.mean() / 1e6) if n else None,
+        "device_busy_pct": _round(busy_ns * pct, 2),
+        "compute_pct": _round((busy_ns - comm_ns) * pct, 2),
+        "communication_pct": _round(comm_ns * pct, 2),
+        "idle_pct": _round(max(0.0, total - busy_ns) * pct, 2),
+        "compute_ms_per_step": _round((busy_ns - comm_ns) / n / 1e6) if n else None,
+        "communication_ms_per_step": _round(comm_ns / n / 1e6) if n else None,
+        "idle_ms_per_step": _round(max(0.0, total - busy_ns) / n / 1e6) if n else None,
+        "slowest_steps": [
+            {
+                "step": steps[i],
+                "ms": _round(durations[i] / 1e6),
+                "busy_ms": _round(busy[i] / 1e6),
+                "idle_ms": _round(idle[i] / 1e6),
+            }
+            for i in slowest.tolist()
+        ],
+        "straggler_z": None,
+        "straggler": None,
+    }
+
+
+def _unique_names(entries: list[dict[str, Any]]) -> None:
+    """Two files XProf names alike keep their file stems (then their paths) apart."""
+    for key in ("stem", "file"):
+        names = [e["name"] for e in entries]
+        clash = {n for n in names if names.count(n) > 1}
+        if not clash:
+            return
+        for e in entries:
+            if e["name"] in clash:
+                e["name"] = (
+                    Path(e["file"]).name.split(".xplane.pb")[0] if key == "stem" else e["file"]
+                )
+
+
+def host_entries(
+    hosts: Sequence[tuple[Path, Sequence[tuple[int, int]], Sequence[int | None], Any, Any]],
+) -> list[dict[str, Any]]:
+    """``facts.hosts``: one entry per (path, cycles, step numbers, busy, communication),
+    with the straggler score when there are enough hosts (see the module docstring)."""
+    entries = [
+        _entry(path, cycles, steps, np.asarray(busy, float), np.asarray(comm, float))
+        for path, cycles, steps, busy, comm in hosts
+        if len(cycles)
+    ]
+    _unique_names(entries)
+    if len(entries) < STRAGGLER_MIN_HOSTS:
+        return entries
+    medians = [float(e["step_median_ms"]) for e in entries]
+    center = statistics.median(medians)
+    mad = statistics.median(abs(m - center) for m in medians)
+    mad = max(mad, STRAGGLER_MAD_FLOOR * center)
+    for entry, value in zip(entries, medians, strict=True):
+        z = 0.6745 * (value - center) / mad if mad > 0 else 0.0
+        entry["straggler_z"] = round(z, 2)
+        entry["straggler"] = z > STRAGGLER_Z
+    return entries

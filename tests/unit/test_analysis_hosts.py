@@ -1,0 +1,160 @@
+"""Per-host facts, the straggler score and rule, communication and its rule: each
+threshold from both sides, and the synthetic TPU capture's collectives found exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from exporter.analysis import rules
+from exporter.analysis.collectives import async_role, is_communication
+from exporter.analysis.facts import CaptureFacts, gather_facts
+from exporter.analysis.hosts import host_entries, host_name
+from exporter.profiles.synthetic import tpu_capture, write_tpu_capture
+
+MS = 1_000_000
+
+
+Host = tuple[Path, list[tuple[int, int]], list[int | None], Any, Any]
+
+
+def host(
+    name: str, step_ms: float, busy_share: float = 0.9, comm_share: float = 0.1, steps: int = 10
+) -> Host:
+    """One host's input to host_entries: ``steps`` equal cycles of ``step_ms``."""
+    step = round(step_ms * MS)
+    cycles = [(i * step, (i + 1) * step) for i in range(steps)]
+    busy = np.full(steps, busy_share * step)
+    return Path(f"/s/{name}.xplane.pb"), cycles, list(range(steps)), busy, comm_share * busy
+
+
+def test_host_names_follow_xprofs_get_hosts() -> None:
+    assert host_name("/x/host-a.xplane.pb") == "host-a"
+    assert host_name("10.0.0.7_8466.xplane.pb") == "7_8466"  # the last dot-separated part
+    assert host_name("w.xspace.pb") == "w"
+
+
+def test_a_straggler_needs_three_hosts_and_a_modified_z_score_above_3_5() -> None:
+    two = host_entries([host("a", 10), host("b", 120)])
+    assert [h["straggler"] for h in two] == [None, None]
+    # MAD 0 -> floored at 5 % of the 10 ms median: z = 0.6745 * excess / 0.5
+    below = host_entries([host("a", 10), host("b", 10), host("c", 12.5)])  # z 3.37
+    above = host_entries([host("a", 10), host("b", 10), host("c", 12.7)])  # z 3.64
+    assert [h["straggler"] for h in below] == [False, False, False]
+    assert [h["straggler"] for h in above] == [False, False, True]
+    assert above[2]["straggler_z"] == pytest.approx(3.64, abs=0.01)
+    faster = host_entries([host("a", 10), host("b", 10), host("c", 5)])
+    assert not any(h["straggler"] for h in faster)  # a faster host holds nobody up
+
+
+def test_host_entries_split_each_step_and_name_the_slowest_steps() -> None:
+    path, cycles, steps, busy, comm = host("a", 10, busy_share=0.5, comm_share=0.2)
+    busy[3] = 0.5 * 10 * MS
+    cycles[3] = (cycles[3][0], cycles[3][0] + 30 * MS)  # step 3 lasts 30 ms, 25 of them idle
+    (entry,) = host_entries([(path, cycles, steps, busy, comm)])
+    assert entry["name"] == "a" and entry["steps"] == 10
+    assert entry["step_median_ms"] == 10.0 and entry["step_p90_ms"] == 12.0
+    assert entry["slowest_steps"][0] == {"step": 3, "ms": 30.0, "busy_ms": 5.0, "idle_ms": 25.0}
+    assert entry["device_busy_pct"] == pytest.approx(100 * 50 / 120, abs=0.01)
+    assert entry["communication_ms_per_step"] == 1.0 and entry["compute_ms_per_step"] == 4.0
+
+
+def facts_with(
+    hosts: list[dict[str, Any]] | None = None, comm: float | None = None
+) -> CaptureFacts:
+    breakdown: dict[str, Any] = {
+        "xla_pct": 95.0,
+        "input_wait_pct": 5.0,
+        "data_phase_pct": 0.0,
+        "between_steps_pct": 0.0,
+        "host_other_pct": 5.0,
+        "cycle_total_ms": 1000.0,
+    }
+    if comm is not None:
+        breakdown |= {
+            "communication_pct": comm,
+            "compute_pct": 95.0 - comm,
+            "communication_ms_per_step": comm / 10,
+            "communication_by_kind_ms": {"all-reduce": comm / 10},
+            "communication_overlap": None,
+        }
+    return CaptureFacts(
+        backend="tpu",
+        steps={"count": 10, "mean_ms": 10.0, "median_ms": 10.0},
+        breakdown=breakdown,
+        hosts=hosts or [],
+    )
+
+
+@pytest.mark.parametrize(
+    ("straggler_ms", "priority"), [(19.8, "P1"), (20.2, "P0")]
+)  # 2x the median host's step: P0
+def test_straggler_rule_names_the_host_its_slowdown_and_where(
+    straggler_ms: float, priority: str
+) -> None:
+    entries = host_entries([host("a", 10), host("b", 10.1), host("c", straggler_ms)])
+    finding = rules.StragglerRule().apply(facts_with(entries))
+    assert finding is not None and finding.priority == priority
+    assert finding.extra["host"] == "c" and "Host c is a straggler" in finding.title
+    assert "mostly computing" in finding.title  # its busy time grew with its steps
+    assert finding.evidence["slowdown_x"] == pytest.approx(straggler_ms / 10.1, abs=0.01)
+    assert finding.extra["slowest_steps"][0]["ms"] == straggler_ms
+    assert rules.StragglerRule().apply(facts_with(entries[:2])) is None
+
+
+def test_a_straggler_that_waits_is_said_to_wait() -> None:
+    entries = host_entries(
+        [host("a", 10), host("b", 10), host("c", 40, busy_share=9 / 40, comm_share=0.1)]
+    )
+    finding = rules.StragglerRule().apply(facts_with(entries))
+    assert finding is not None and "mostly waiting" in finding.title
+    assert finding.evidence["excess_idle_ms_per_step"] == pytest.approx(30.0, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("share", "priority"),
+    [(14.9, None), (15.0, "P2"), (29.9, "P2"), (30.0, "P1"), (49.9, "P1"), (50.0, "P0")],
+)
+def test_communication_rule_on_either_side_of_each_threshold(
+    share: float, priority: str | None
+) -> None:
+    finding = rules.CommunicationBoundRule().apply(facts_with(comm=share))
+    assert (finding.priority if finding else None) == priority
+    if finding is not None:
+        assert finding.evidence["communication_pct"] == round(share, 1)
+        assert "all-reduce" in finding.detail
+    assert rules.CommunicationBoundRule().apply(facts_with()) is None  # unknown: silent
+
+
+def test_collectives_by_category_or_name() -> None:
+    assert is_communication("fusion.3", "all-reduce fusion")
+    assert is_communication("all-gather-start.2", "async-start")
+    assert is_communication("%send-done.1 = (f32[8]) send-done(...)")
+    assert is_communication("ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    assert not is_communication("copy-start.1", "async-start")  # an async copy: memory
+    assert not is_communication("fusion.7", "megacore fusion")
+    assert not is_communication("sendfile", "")
+    assert async_role("all-gather-done.3") == ("all-gather.3", "done")
+    assert async_role("send.1") == ("send.1", "start") and async_role("fusion.1") is None
+
+
+def test_the_synthetic_collectives_are_found_exactly(tmp_path: Path) -> None:
+    assert tpu_capture(devices=1, steps=2, ops_per_step=20).expected_communication_ns == {}
+    capture = write_tpu_capture(
+        tmp_path / "h.xplane.pb", devices=2, steps=4, ops_per_step=120, distinct_ops=44,
+        collectives=True,
+    )  # fmt: skip
+    facts = gather_facts([tmp_path / "h.xplane.pb"], xprof=False)
+    b = facts.breakdown
+    assert b is not None
+    expected_ms = np.mean(list(capture.expected_communication_ns.values())) / 4 / 1e6
+    assert b["communication_ms_per_step"] == pytest.approx(expected_ms, abs=1e-4)
+    assert b["compute_pct"] + b["communication_pct"] == pytest.approx(b["xla_pct"], abs=0.02)
+    overlap = b["communication_overlap"]
+    windows = [w for ws in capture.expected_async_windows.values() for w in ws]
+    assert overlap["async_ops"] == len(windows) and overlap["source"] == "Async XLA Ops line"
+    assert 50 < overlap["hidden_pct"] < 100
+    assert facts.hosts[0]["name"] == "h" and facts.hosts[0]["straggler"] is None
