@@ -461,7 +461,11 @@ def training() -> RowSpec:
             prom(f"train_loss{{{RUN}}}", "{{host}}")
         ),
         default_timeseries(
-            "MFU", "Model FLOPs utilisation, as recorded by the workload.", "percentunit"
+            "MFU",
+            "Model FLOPs utilisation of each host's last step: XLA's FLOPs per step "
+            "(run.step_function) or the workload's, over step time x the chip's peak; the "
+            "step log's mfu_basis line says which. Empty without a known peak (CPU).",
+            "percentunit",
         )
         .min(0)
         .with_target(prom(f"train_mfu{{{RUN}}}", "{{host}}")),

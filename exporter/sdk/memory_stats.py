@@ -25,7 +25,10 @@ _KEYS = ("bytes_in_use", "bytes_limit", "peak_bytes_in_use")
 def jax_local_devices() -> Sequence[Any]:
     """This process's JAX devices, or none when JAX is not imported or not initialised."""
     jax = sys.modules.get("jax")
-    if jax is None:
+    if jax is None or getattr(getattr(jax, "__spec__", None), "_initializing", False):
+        # Absent, or being imported by the workload right now (sys.modules holds it from
+        # the start of its import): importing JAX's internals from this thread then would
+        # hand one of the two threads a partially initialised module.
         return ()
     try:
         from jax._src import xla_bridge

@@ -152,8 +152,8 @@ class _Step:
         scale = run._mfu_scale  # FLOPs per step / peak FLOP/s, once both are known
         if scale is not None and duration > 0:
             run._writer.append(
-                f'{run._record_prefix}"name":"mfu","value":{scale / duration!r},'
-                f'"step":{run.step_number},"time":{self._wall + duration:.6f}}}\n'
+                f'{run._mfu_record_prefix}{scale / duration:.6g},"step":{run.step_number},'
+                f'"time":{self._wall + duration:.6f}}}\n'
             )
 
 
@@ -277,6 +277,7 @@ class Run:
         self._record_prefix = '{"kind":"record",' + self._writer.prefix[1:]
         self._end_prefix = '{"kind":"end",' + self._writer.prefix[1:]
         self._mfu_prefix = '{"kind":"mfu_basis",' + self._writer.prefix[1:]
+        self._mfu_record_prefix = self._record_prefix + '"name":"mfu","value":'
         self._memory = MemoryProfiler(self.shared_dir, identity, interval_from_env())
         self._writer.on_tick.append(self._memory.tick)
         self._writer.on_tick.append(

@@ -68,7 +68,9 @@ def test_mfu_from_xla_cost_analysis_with_a_user_peak(tmp_path: Path) -> None:
     mfus = [x for x in lines if x["kind"] == "record" and x["name"] == "mfu"]
     assert [x["step"] for x in mfus] == [x["step"] for x in steps] == [1, 2, 3]
     for step, mfu in zip(steps, mfus, strict=True):
-        assert math.isclose(mfu["value"], flops / PEAK / step["duration"], rel_tol=1e-6)
+        assert math.isclose(
+            mfu["value"], flops / PEAK / step["duration"], rel_tol=1e-4
+        )  # 6 significant digits
     assert last_mfu == mfus[-1]["value"]  # what the sidecar exposes as train_mfu
 
 
@@ -92,7 +94,7 @@ def test_user_flops_override_the_cost_analysis(tmp_path: Path) -> None:
     assert (basis["flops_per_step"], basis["flops_source"]) == (5e8, "user")
     (step,) = [x for x in lines if x["kind"] == "step"]
     (mfu,) = [x for x in lines if x["kind"] == "record"]
-    assert math.isclose(mfu["value"], 0.5 / step["duration"], rel_tol=1e-6)
+    assert math.isclose(mfu["value"], 0.5 / step["duration"], rel_tol=1e-4)  # 6 significant digits
 
 
 def test_a_bad_user_value_names_the_input(tmp_path: Path) -> None:
