@@ -168,7 +168,11 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
         paths = sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
         if not paths:
             raise InputError(f"{path}: no XProf captures (*.xplane.pb) in this directory")
-        return paths, {"spec": spec, "kind": "session", "path": str(path)}
+        shown = str(path)
+        url = context.store or ""
+        if path != Path(spec) and "://" in url and not url.startswith("file://"):
+            shown = f"{url.rstrip('/')}/plugins/profile/{spec}"  # not the local copy's path
+        return paths, {"spec": spec, "kind": "session", "path": shown}
     return [path], {"spec": spec, "kind": "capture", "path": str(path)}
 
 

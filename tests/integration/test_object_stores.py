@@ -210,9 +210,11 @@ def test_the_cli_reads_a_bucket_exactly_as_a_local_store(store_url: str, tmp_pat
         if "json" in command:
             # Same findings and numbers; only file paths differ (a copy, not the store).
             there_json, here_json = json.loads(there), json.loads(here)
+            if command[:2] == ["analyze", "head-1"]:  # the report names the bucket
+                assert there_json["input"]["path"] == f"{store_url}/plugins/profile/head-1"
             for data in (there_json, here_json):
-                data.pop("timings", None)
-                data.pop("input", None)
+                for varies in ("timings", "generated", "input"):  # time taken, clock, paths
+                    data.pop(varies, None)
             there, here = json.dumps(there_json), json.dumps(here_json)
         assert _strip_paths(there) == _strip_paths(here), command
 
@@ -293,6 +295,10 @@ def test_the_sidecar_keeps_sessions_and_reports_in_the_bucket(
     listener = ProfilerListener()
     target = f"127.0.0.1:{listener.port}"
     settings = settings_in(tmp_path, store=store_url, targets=target, report_xprof=False)
+    # A session already in the bucket without a report (a restart lost its queued one):
+    # the sidecar's backfill writes it there.
+    store = SessionStore(store_url)
+    _add_session(store, tmp_path / "earlier", "earlier-1", 0, ops=300)
     caplog.set_level(logging.INFO)
     served = ServedSidecar(settings, CaptureWritingClient())
     polls = _count_polls(served)
@@ -307,7 +313,6 @@ def test_the_sidecar_keeps_sessions_and_reports_in_the_bucket(
                 what=f"the report of session {session_id} served from {store_url}",
             )
             assert report.json()["session"]["id"] == session_id
-            store = SessionStore(store_url)
             files = wait_until(
                 lambda: (f := store.files(session_id)) and "analysis.json" in f and f,
                 timeout=60,
@@ -316,6 +321,14 @@ def test_the_sidecar_keeps_sessions_and_reports_in_the_bucket(
             assert {f"127.0.0.1_{listener.port}.xplane.pb", "session.json"} <= set(files)
             record = store.read_record(session_id)
             assert record is not None and record.status == "done"
+            backfilled = wait_until(
+                lambda: (r := store.read_record("earlier-1")) and r.report and r,
+                timeout=120,
+                interval=0.3,
+                what=f"the backfilled report of session earlier-1 in {store_url}",
+            )
+            assert backfilled.report["file"] == "analysis.json"
+            assert "analysis.json" in store.files("earlier-1")
             assert session_id in _cli("sessions", "--url", served.url, "--json")
             # Polls go on (every 0.2 s): nothing logs on each one.
             seen = polls[0]
@@ -344,6 +357,7 @@ class Outage:
     failed_counted: float  # mlprof_captures_total{status="failed"} then
     record: SessionRecord  # what the store holds once the bucket is back
     files: dict[str, int]
+    reported: SessionRecord  # the record once the report's verdict is in it
     logs: list[logging.LogRecord]
 
 
@@ -389,6 +403,12 @@ def outage(emulators: dict[str, Emulator], tmp_path_factory: pytest.TempPathFact
                 what=f"session {session_id} imported once the bucket is back",
             )
             files = store.files(session_id)
+            reported = wait_until(
+                lambda: (r := store.read_record(session_id)) and r.report and r,
+                timeout=120,
+                interval=0.3,
+                what=f"the report of session {session_id} once the bucket is back",
+            )
     finally:
         logging.getLogger().removeHandler(kept)
         listener.close()
@@ -396,7 +416,7 @@ def outage(emulators: dict[str, Emulator], tmp_path_factory: pytest.TempPathFact
             server.start()
             _make_bucket("s3")
     capture = f"127.0.0.1_{listener.port}.xplane.pb"
-    return Outage(session_id, capture, answer, failed, record, files, kept.records)
+    return Outage(session_id, capture, answer, failed, record, files, reported, kept.records)
 
 
 def test_an_outage_of_the_bucket_costs_a_retry_not_the_session(outage: Outage) -> None:
@@ -407,6 +427,9 @@ def test_an_outage_of_the_bucket_costs_a_retry_not_the_session(outage: Outage) -
     assert outage.record.status == "done"
     assert outage.record.targets[0].files == [outage.capture]
     assert outage.files[outage.capture] > 0
+    # ... and analysed, as any other session (a report, not an error).
+    assert outage.reported.report is not None
+    assert outage.reported.report["status"] != "error", outage.reported.report
 
 
 @pytest.mark.xfail(
