@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +134,40 @@ def test_chip_table(device_kind: str, chip: str, tflops: float) -> None:
 @pytest.mark.parametrize("device_kind", ["cpu", "NVIDIA A10", "Tesla V100-SXM2-16GB", "TPU v3"])
 def test_unknown_chips_have_no_peak(device_kind: str) -> None:
     assert chip_peak(device_kind) is None
+
+
+def test_a_sharded_step_counts_one_devices_flops(tmp_path: Path) -> None:
+    """XLA's cost analysis of an SPMD program is per device: the unit of the peak."""
+    code = textwrap.dedent(
+        f"""
+        import json, jax, jax.numpy as jnp
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from exporter import sdk
+        mesh = Mesh(jax.devices(), ("d",))
+        a = jax.device_put(jnp.ones(({4 * M}, {K})), NamedSharding(mesh, P("d", None)))
+        b = jnp.ones(({K}, {N}))
+        with sdk.run("mm", shared_dir={str(tmp_path)!r}, peak_flops={PEAK}) as run:
+            print(json.dumps([jax.device_count(), run.step_function(jax.jit(jnp.matmul), a, b)]))
+        """
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    devices, flops = json.loads(out.splitlines()[-1])
+    assert devices == 4
+    assert flops == 2 * M * K * N  # a quarter of the global 2 * (4M) * K * N
+
+
+def test_the_sidecar_refuses_a_malformed_basis_line_without_a_phantom_run(tmp_path: Path) -> None:
+    telemetry = build_telemetry(CollectorRegistry())
+    training = TrainingMetrics(telemetry.meter, tmp_path)
+    tailer = StepLogTailer(tmp_path, tmp_path / "state.json", training)
+    (tmp_path / "steps").mkdir()
+    line = {"kind": "mfu_basis", "run_id": "x", "workload": "w", "host": "h", "note": 7}
+    (tmp_path / "steps" / "h-1.jsonl").write_text(json.dumps(line) + "\n")
+    assert sum(tailer.poll().errors.values()) == 1
+    up = telemetry.registry.get_sample_value(
+        "mlprof_workload_up", {"run_id": "x", "workload": "w", "host": "h"}
+    )
+    assert up is None
