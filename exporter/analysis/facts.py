@@ -629,7 +629,7 @@ def gather_facts(
 
 def _hosts(facts: CaptureFacts, hosts: list[_Host]) -> None:
     """``facts.hosts``; with 2 hosts the straggler verdict is said to be unknown."""
-    from exporter.analysis.hosts import STRAGGLER_MIN_HOSTS, host_entries
+    from exporter.analysis.hosts import STRAGGLER_MIN_HOSTS, host_entries, host_name
 
     facts.hosts = host_entries(
         [
@@ -638,7 +638,13 @@ def _hosts(facts: CaptureFacts, hosts: list[_Host]) -> None:
             for h in hosts
         ]
     )  # fmt: skip
-    if 1 < len(facts.hosts) < STRAGGLER_MIN_HOSTS:
+    names = {host_name(h["file"]) for h in facts.hosts}
+    if len(names) < len(facts.hosts):
+        facts.unavailable["stragglers"] = (
+            f"{len(facts.hosts)} captures of {len(names)} hosts (a host captured more than "
+            "once): stragglers are judged between the hosts of one session, so none is named"
+        )
+    elif 1 < len(facts.hosts) < STRAGGLER_MIN_HOSTS:
         facts.unavailable["stragglers"] = (
             f"{len(facts.hosts)} hosts: telling a straggler from the rest needs at least "
             f"{STRAGGLER_MIN_HOSTS} (XProf's rule), so none is named"

@@ -120,8 +120,11 @@ def host_entries(
         for path, cycles, steps, busy, comm in hosts
         if len(cycles)
     ]
+    repeated = len({e["name"] for e in entries}) < len(entries)
     _unique_names(entries)
-    if len(entries) < STRAGGLER_MIN_HOSTS:
+    if len(entries) < STRAGGLER_MIN_HOSTS or repeated:
+        # A host captured more than once (a run's sessions) is compared with itself at
+        # another time, not with other hosts: no straggler verdict.
         return entries
     medians = [float(e["step_median_ms"]) for e in entries]
     center = statistics.median(medians)

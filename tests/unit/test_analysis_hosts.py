@@ -48,6 +48,12 @@ def test_a_straggler_needs_three_hosts_and_a_modified_z_score_above_3_5() -> Non
     assert above[2]["straggler_z"] == pytest.approx(3.64, abs=0.01)
     faster = host_entries([host("a", 10), host("b", 10), host("c", 5)])
     assert not any(h["straggler"] for h in faster)  # a faster host holds nobody up
+    # the same host captured three times (a run's sessions) is not three hosts
+    again = [host("a", 10), host("b", 10), host("c", 40)]
+    again = [(Path(f"/s/{i}/a.xplane.pb"), *rest) for i, (_, *rest) in enumerate(again)]
+    entries = host_entries(again)  # type: ignore[arg-type]
+    assert [h["straggler"] for h in entries] == [None, None, None]
+    assert len({h["name"] for h in entries}) == 3  # told apart by their paths
 
 
 def test_host_entries_split_each_step_and_name_the_slowest_steps() -> None:
@@ -158,3 +164,14 @@ def test_the_synthetic_collectives_are_found_exactly(tmp_path: Path) -> None:
     assert overlap["async_ops"] == len(windows) and overlap["source"] == "Async XLA Ops line"
     assert 50 < overlap["hidden_pct"] < 100
     assert facts.hosts[0]["name"] == "h" and facts.hosts[0]["straggler"] is None
+
+
+def test_captures_of_one_host_at_different_times_name_no_straggler(tmp_path: Path) -> None:
+    paths = []
+    for i, slowdown in enumerate((1.0, 1.0, 12.0)):  # a run's three sessions of one host
+        paths.append(tmp_path / f"s{i}" / "tpu-vm-0.xplane.pb")
+        write_tpu_capture(paths[-1], devices=1, steps=4, ops_per_step=40, slowdown=slowdown)
+    facts = gather_facts(paths, xprof=False)
+    assert [h["straggler"] for h in facts.hosts] == [None, None, None]
+    assert "captured more than once" in facts.unavailable["stragglers"]
+    assert rules.StragglerRule().apply(facts) is None
