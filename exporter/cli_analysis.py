@@ -1,4 +1,4 @@
-"""``mlprof compare``, ``mlprof analyze`` and ``mlprof baseline``.
+"""``mlprof compare``, ``mlprof analyze``, ``mlprof baseline`` and ``mlprof mcp``.
 
 They run here, on files, sessions of the store (``--store``, ``MLPROF_STORE``), runs
 and Pyroscope selections (``MLPROF_PYROSCOPE_URL``); no sidecar is needed. Exit codes:
@@ -273,4 +273,54 @@ def baseline_show(store: str | None) -> None:
         click.echo(json.dumps(mark))
 
 
-COMMANDS = [compare, analyze, baseline]
+@click.command()
+@store_option
+@click.option(
+    "--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+    envvar="MLPROF_CONFIG", help="YAML file of settings (env MLPROF_CONFIG).",
+)  # fmt: skip
+@click.option("--shared-dir", help="Directory shared with the workload (for run:<id>).")
+@click.option(
+    "--allow-capture", is_flag=True,
+    help="Add a capture tool that asks the sidecar (--url) for traces; off: read-only.",
+)  # fmt: skip
+@click.option(
+    "--url", envvar="MLPROF_API_URL",
+    help="Sidecar base URL for --allow-capture (env MLPROF_API_URL; default http://<MLPROF_LISTEN>).",
+)  # fmt: skip
+def mcp(
+    store: str | None,
+    config_file: Path | None,
+    shared_dir: str | None,
+    allow_capture: bool,
+    url: str | None,
+) -> None:
+    """Serve the analysis tools to a Model Context Protocol client over stdio.
+
+    Tools: list_sessions, list_runs, analyze, compare, top_ops, flamegraph_subtree,
+    hosts, memory_peak, xprof (an allow-list of XProf's CLI tools on a session), and
+    capture with --allow-capture. Answers are the CLI's JSON.
+    """
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"--config {config_file}: no such file")
+    settings = load_settings(config_file, store=store, shared_dir=shared_dir)
+    try:
+        from exporter.mcp_server import ProfileTools, build_server
+
+        tools = ProfileTools(
+            settings.store,
+            settings.shared_dir,
+            api_url=(url or f"http://{settings.listen}") if allow_capture else None,
+            token=settings.token,
+        )
+        server = build_server(tools, allow_capture=allow_capture)
+    except ImportError as exc:
+        if exc.name is None or not exc.name.startswith("mcp"):
+            raise
+        raise ConfigError(
+            "mlprof mcp needs the MCP SDK: pip install 'mlprof-exporter[mcp]'"
+        ) from None
+    server.run("stdio")
+
+
+COMMANDS = [compare, analyze, baseline, mcp]

@@ -1,0 +1,646 @@
+"""``mlprof mcp``: the project's analysis tools for any Model Context Protocol client.
+
+A stdio MCP server (the ``mcp`` SDK's ``MCPServer``) over one session store, so an agent
+can do the managed platform's "targeted follow-ups" offline: list sessions and runs,
+analyse, compare, top ops, a flame-graph subtree, hosts, the memory peak, and a fixed
+allow-list of XProf's own CLI tools (``xprof get_step_trace`` ...) on a session's
+captures. Each answer is the JSON the CLI prints (``mlprof analyze --format json``,
+``mlprof compare --format json``), made by the same functions.
+
+Read-only unless started with ``--allow-capture``, which adds a ``capture`` tool that
+asks a running sidecar for a trace. Sessions are named by id and checked as the store
+checks them, so no name reaches outside the store; every failure is a tool error of one
+line, never a traceback.
+
+    mlprof mcp --store /var/lib/mlprof/store      # stdio; point the client at this command
+
+>>> tools = ProfileTools("/var/lib/mlprof/store")  # doctest: +SKIP
+>>> tools.top_ops("my-session", limit=3)["top_ops"][0]["name"]  # doctest: +SKIP
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+from pydantic import Field, ValidationError
+
+from exporter.errors import ConfigError, InputError, MlprofError
+
+__all__ = ["XPROF_CLI_TOOLS", "ProfileTools", "build_server"]
+
+CAPTURE_SUFFIX: Final = ".xplane.pb"
+RUN_PREFIX: Final = "run:"
+
+# XProf's CLI tools a client may run, each with the flags it may pass. Only tools that
+# read a capture and answer JSON: none that writes elsewhere (upload_trace, get_hlo_text's
+# export path, get_xspace_proto's output_path, the events DB), serves, or takes a second
+# session. session_id and logdir are never the client's: the session's copy is given.
+XPROF_CLI_TOOLS: Final[dict[str, frozenset[str]]] = {
+    name: frozenset(("host", *flags))
+    for name, flags in {
+        "get_overview": ("include_command",),
+        "get_step_trace": ("step_num", "limit", "device_core", "include_summary"),
+        "get_kpi_metrics": (),
+        "get_hosts": (),
+        "get_device_information": (),
+        "get_profile_summary": (),
+        "get_utilization_viewer": ("device", "node"),
+        "get_roofline_model": ("top_n", "group_by"),
+        "get_top_hlo_ops": ("limit", "category_filter", "op_name"),
+        "get_hlo_stats": ("limit", "sort_by", "category_filter", "include_nested"),
+        "get_hlo_op_profile": ("top_n", "view", "category", "path", "depth", "sort_by"),
+        "list_hlo_modules": (),
+        "get_hlo_neighborhood": (
+            "instruction_name",
+            "radius",
+            "module_name",
+            "fmt",
+            "op_name",
+            "print_metadata",
+            "direction",
+            "follow_calls",
+            "detect_fusion_blockers",
+            "opcode_filter",
+            "max_nodes",
+        ),
+        "get_hlo_module_content": ("fmt", "module_name", "max_lines", "print_metadata"),
+        "get_peak_allocations": (
+            "limit",
+            "min_size_mib",
+            "output_format",
+            "include_summary",
+            "aggregate_instructions",
+        ),
+        "get_memory_profile": (),
+        "get_kernel_stats": ("kernel_name", "limit", "include_summary", "device_to_use"),
+        "analyze_async_overlap": ("hidden_threshold", "exposed_threshold", "top_k"),
+        "check_host_boundness": ("func_name",),
+        "get_device_time_attribution": ("include_summary",),
+        "aggregate_xplane_events": (
+            "plane_regex",
+            "event_regex",
+            "start_time_ps",
+            "end_time_ps",
+            "window_semantics",
+            "min_duration_ps",
+            "max_duration_ps",
+            "filter",
+            "group_by",
+        ),
+        "list_xplane_events": (
+            "plane_regex",
+            "event_regex",
+            "start_time_ps",
+            "end_time_ps",
+            "max_events",
+            "offset",
+            "window_semantics",
+            "min_duration_ps",
+            "max_duration_ps",
+            "filter",
+        ),
+        "list_xplane_lines": (),
+        "inspect_capture": (),
+    }.items()
+}
+# As the report's own XProf run (analysis/xprof_tools.py): a minute covers a
+# 2-million-event capture on a loaded machine; a client never waits longer.
+XPROF_CLI_TIMEOUT_S: Final = 60.0
+# XProf spills answers over 10 MB to a file; an agent's context wants far less.
+MAX_XPROF_ANSWER_BYTES: Final = 4 << 20
+MAX_ARGUMENT_CHARS: Final = 1000
+CACHED_REPORTS: Final = 8  # reports kept per process: one session's follow-ups reuse one
+MAX_ERROR_CHARS: Final = 500
+XPROF_CLI_MAIN: Final = "import sys; from xprof.cli.xprof_cli import main; main(sys.argv)"
+
+T = TypeVar("T")
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as one line: its first line, the type named unless it is one of ours."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    if not isinstance(exc, MlprofError):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text[:MAX_ERROR_CHARS]
+
+
+class ProfileTools:
+    """The MCP server's tools on one store; each answers the CLI's JSON or raises.
+
+    A bad name or input raises :class:`InputError` (one line); the server turns every
+    exception into a tool error. Reports are cached per session and capture files.
+    """
+
+    def __init__(
+        self,
+        store: str,
+        shared_dir: Path | None = None,
+        *,
+        api_url: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        from exporter.capture.store import SessionStore
+
+        self.store = SessionStore(store)
+        self.store_url = store
+        self.shared_dir = shared_dir
+        self.api_url = api_url
+        self.token = token
+        self._reports: OrderedDict[tuple[object, ...], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- names ---------------------------------------------------------------------
+    def _session_dir(self, session: str) -> Path:
+        """The local directory of a session id of this store (a copy for a remote one)."""
+        from exporter.capture.session import check_session_id
+
+        try:
+            check_session_id(session)
+            directory = self.store.local_copy(session)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        except OSError as exc:
+            raise InputError(
+                f"session {session!r}: cannot read it from {self.store.url} ({exc})"
+            ) from None
+        if directory is None:
+            raise InputError(
+                f"no session {session!r} in the store {self.store_url} (list_sessions names them)"
+            )
+        return directory
+
+    def _spec(self, name: str) -> str:
+        """What the CLI would be given: a session's directory, or ``run:<id>`` checked."""
+        if name.startswith(RUN_PREFIX):
+            from exporter.capture.session import check_session_id
+
+            try:
+                check_session_id(name[len(RUN_PREFIX) :])
+            except ValueError:
+                raise InputError(
+                    f"{name!r}: expected run:<run id> with a run id of A-Z a-z 0-9 . _ -"
+                ) from None
+            return name
+        return str(self._session_dir(name))
+
+    def _context(self) -> Any:
+        from exporter.analysis.sides import SideContext
+
+        kwargs: dict[str, Any] = {"store": self.store_url}
+        if self.shared_dir is not None:
+            kwargs["shared_dir"] = self.shared_dir
+        return SideContext(**kwargs)
+
+    def _captures(self, session: str) -> list[Path]:
+        directory = self._session_dir(session)
+        paths = sorted(p for p in directory.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+        if not paths:
+            raise InputError(f"session {session!r}: no XProf captures (*{CAPTURE_SUFFIX}) in it")
+        return paths
+
+    def _report(self, name: str, *, xprof: bool, baseline: str | None = None) -> Any:
+        """``mlprof analyze``'s report of a session or run, cached by its capture files."""
+        from exporter.analysis.report import analyze, capture_paths
+
+        spec = self._spec(name)
+        base = self._spec(baseline) if baseline is not None else None
+        context = self._context()
+        paths, _ = capture_paths(spec, context)
+        stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+        key = (name, xprof, baseline, stamp)
+        with self._lock:
+            if key in self._reports:
+                self._reports.move_to_end(key)
+                return self._reports[key]
+        report = analyze(spec, context, baseline=base, xprof=xprof)
+        report.input["spec"] = name  # as `mlprof analyze <id>` names it
+        with self._lock:
+            self._reports[key] = report
+            while len(self._reports) > CACHED_REPORTS:
+                self._reports.popitem(last=False)
+        return report
+
+    # -- tools ---------------------------------------------------------------------
+    def list_sessions(
+        self, run_id: str | None = None, status: str | None = None, limit: int = 50
+    ) -> dict[str, Any]:
+        """Sessions in the store, newest first, as ``GET /api/v1/sessions`` lists them."""
+        records = self.store.records()
+        chosen = [
+            r
+            for r in reversed(records)
+            if (run_id is None or r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
+            and (status is None or r.status == status)
+        ]
+        recorded = {r.id for r in records}
+        # Directories without session.json (an XProf logdir's runs) are still analysable.
+        unrecorded = [i for i in self.store.session_ids() if i not in recorded]
+        return {
+            "sessions": [r.model_dump(mode="json") for r in chosen[:limit]],
+            "total": len(chosen),
+            "stored": len(records),
+            "unrecorded": unrecorded[:limit],
+        }
+
+    def list_runs(self) -> dict[str, Any]:
+        """The runs the store's sessions belong to: sessions, hosts, first and last."""
+        runs: dict[str, dict[str, Any]] = {}
+        for record in self.store.records():
+            ids = {record.run_id, *(t.run_id for t in record.targets)} - {None}
+            for run_id in sorted(i for i in ids if i):
+                run = runs.setdefault(
+                    run_id,
+                    {"run_id": run_id, "workload": None, "sessions": [], "hosts": []},
+                )
+                run["workload"] = run["workload"] or record.workload
+                run["sessions"].append(record.id)
+                run["hosts"] = sorted({*run["hosts"], *(t.host for t in record.targets)})
+                created = record.created.isoformat()
+                run.setdefault("first", created)
+                run["last"] = created
+        return {"runs": sorted(runs.values(), key=lambda r: r["last"], reverse=True)}
+
+    def analyze(self, session: str, baseline: str | None = None, xprof: bool = True) -> Any:
+        """``mlprof analyze SESSION --format json`` (with ``--baseline``, ``--no-xprof``)."""
+        return self._report(session, xprof=xprof, baseline=baseline).to_json()
+
+    def compare(self, base: str, head: str, kind: str | None = None, top: int = 20) -> Any:
+        """``mlprof compare BASE HEAD --format json``."""
+        from exporter.analysis.compare import compare_sides
+        from exporter.analysis.sides import load_side
+
+        context = self._context()
+        base_side = load_side(self._spec(base), kind, context)  # type: ignore[arg-type]
+        head_kind = kind or (None if base_side.scope == "step" else base_side.kind)
+        head_side = load_side(self._spec(head), head_kind, context)  # type: ignore[arg-type]
+        try:
+            comparison = compare_sides(base_side, head_side)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        return comparison.to_json(top=top)
+
+    def top_ops(self, session: str, limit: int = 20) -> dict[str, Any]:
+        """The report's ``facts.top_ops`` (device self time per XLA op)."""
+        facts = self._report(session, xprof=False).facts
+        answer: dict[str, Any] = {"session": session, "top_ops": facts.top_ops[:limit]}
+        if "device" in facts.unavailable:
+            answer["unavailable"] = facts.unavailable["device"]
+        return answer
+
+    def flamegraph_subtree(
+        self,
+        session: str,
+        frames: Sequence[str] = (),
+        kind: str | None = None,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        """The frame at ``frames`` (root-first names) with its children's self/total."""
+        from exporter.config import load_settings
+        from exporter.profiles.convert import flamegraph_from_path
+        from exporter.profiles.pprof import InflateLimits
+
+        def limits() -> InflateLimits:
+            settings = load_settings(None)
+            return InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio)
+
+        graph = flamegraph_from_path(self._session_dir(session), kind, False, limits)  # type: ignore[arg-type]
+        node = graph.root
+        for depth, name in enumerate(frames):
+            found = node.named(name)
+            if found is None:
+                known = sorted(node.children.values(), key=lambda c: -c.total)[:10]
+                where = ";".join(frames[:depth]) or "the root"
+                raise InputError(
+                    f"frame path: no frame {name!r} under {where} (its largest children: "
+                    + (", ".join(repr(c.name) for c in known) or "none")
+                    + ")"
+                )
+            node = found
+        total = graph.root.total
+        children = sorted(node.children.values(), key=lambda c: -c.total)
+
+        def share(value: int) -> float:
+            return round(100 * value / total, 3) if total else 0.0
+
+        return {
+            "session": session,
+            "sample_type": graph.sample_type,
+            "unit": graph.unit,
+            "graph_total": total,
+            "path": list(frames),
+            "self": node.self_value,
+            "total": node.total,
+            "total_pct": share(node.total),
+            "children": [
+                {
+                    "name": c.name,
+                    **({"file": f"{c.file}:{c.line}" if c.line else c.file} if c.file else {}),
+                    "self": c.self_value,
+                    "total": c.total,
+                    "total_pct": share(c.total),
+                    "children": len(c.children),
+                }
+                for c in children[:limit]
+            ],
+            "more_children": max(0, len(children) - limit),
+        }
+
+    def hosts(self, session: str) -> dict[str, Any]:
+        """Per host (capture file): steps, step time and the breakdown of the report."""
+        report = self._report(session, xprof=False)
+        found = report.facts.to_json().get("hosts")
+        if found is not None:  # the report's own per-host facts, where it has them
+            return {"session": session, "hosts": found, "source": "facts.hosts"}
+        from exporter.analysis.facts import gather_facts
+
+        hosts = []
+        for path in self._captures(session):  # an older report: each file's own facts
+            facts = gather_facts([path], xprof=False)
+            steps = facts.steps or {}
+            hosts.append(
+                {
+                    "name": path.name.removesuffix(CAPTURE_SUFFIX),  # as XProf names hosts
+                    "file": str(path),
+                    "steps": steps.get("count", 0),
+                    "step_median_ms": steps.get("median_ms"),
+                    "step_p90_ms": steps.get("p90_ms"),
+                    "step_mean_ms": steps.get("mean_ms"),
+                    "breakdown": facts.breakdown,
+                }
+            )
+        return {"session": session, "hosts": hosts, "source": "facts per capture file"}
+
+    def memory_peak(self, session: str) -> dict[str, Any]:
+        """The report's device-memory peak against capacity, and the largest buffers."""
+        facts = self._report(session, xprof=True).facts.to_json()
+        answer: dict[str, Any] = {"session": session, "memory": facts.get("memory")}
+        if "memory" in facts["unavailable"]:
+            answer["unavailable"] = facts["unavailable"]["memory"]
+        if facts.get("peak_allocations") is not None:
+            answer["peak_allocations"] = facts["peak_allocations"]
+        elif importlib.util.find_spec("xprof") is not None:
+            try:
+                answer["xprof_peak_allocations"] = self.xprof_tool(
+                    session, "get_peak_allocations", {"limit": 10}
+                )
+            except MlprofError as exc:
+                answer["xprof_peak_allocations"] = {"error": one_line(exc)}
+        return answer
+
+    def xprof_tool(self, session: str, tool: str, arguments: dict[str, Any] | None = None) -> Any:
+        """``xprof TOOL <session> --flag=value ...`` on a copy of the session's captures."""
+        allowed = XPROF_CLI_TOOLS.get(tool)
+        if allowed is None:
+            raise InputError(
+                f"xprof tool {tool!r}: not allowed; expected one of {', '.join(XPROF_CLI_TOOLS)}"
+            )
+        flags = [
+            f"--{key}={_flag_value(tool, key, value, allowed)}"
+            for key, value in (arguments or {}).items()
+        ]
+        if importlib.util.find_spec("xprof") is None:
+            raise ConfigError("XProf is not installed: pip install 'mlprof-exporter[capture]'")
+        paths = self._captures(session)
+        with tempfile.TemporaryDirectory(prefix="mlprof-mcp-xprof-") as tmp:
+            # XProf writes caches beside its input: it gets copies, named as the store's
+            # files (it names hosts after them), in a directory named as the session.
+            copies = Path(tmp) / session
+            copies.mkdir()
+            for i, path in enumerate(paths):
+                name = path.name if not (copies / path.name).exists() else f"{i}_{path.name}"
+                shutil.copyfile(path, copies / name)
+            env = {
+                **os.environ,
+                "TMPDIR": tmp,  # where XProf spills a large answer: removed with the rest
+                "TF_CPP_MIN_LOG_LEVEL": "3",
+                "GLOG_minloglevel": "3",
+            }
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-c", XPROF_CLI_MAIN, tool, str(copies), *flags],
+                    stdin=subprocess.DEVNULL,  # stdin is the MCP client's
+                    capture_output=True,
+                    timeout=XPROF_CLI_TIMEOUT_S,
+                    env=env,
+                    cwd=tmp,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                raise InputError(
+                    f"xprof {tool}: no answer within {XPROF_CLI_TIMEOUT_S:g}s"
+                ) from None
+        if len(done.stdout) > MAX_XPROF_ANSWER_BYTES:
+            raise InputError(f"xprof {tool}: answer over {MAX_XPROF_ANSWER_BYTES} bytes; narrow it")
+        try:
+            answer = json.loads(done.stdout)
+        except ValueError:
+            answer = None
+        if done.returncode != 0 or not isinstance(answer, dict | list):
+            if isinstance(answer, dict) and answer.get("status") == "ERROR":
+                reason = f"{answer.get('reason')}: {answer.get('error')}"
+            else:
+                tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+                reason = f"exit {done.returncode}" + (f" ({tail[-1][:200]})" if tail else "")
+            raise InputError(f"xprof {tool}: {reason}")
+        if isinstance(answer, dict) and answer.get("status") == "SAVED_TO_FILE":
+            raise InputError(f"xprof {tool}: answer over 10 MB; narrow it (e.g. limit=20)")
+        return answer
+
+    def capture(
+        self,
+        duration_ms: int = 2000,
+        targets: Sequence[str] = (),
+        run_id: str | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """``mlprof capture --no-wait --json``: ask the sidecar for a trace of targets."""
+        from exporter.api.client import ApiClient
+
+        if self.api_url is None:
+            raise ConfigError("capture: no sidecar URL (mlprof mcp --url or MLPROF_API_URL)")
+        body = {
+            "targets": list(targets) or None,
+            "run_id": run_id,
+            "kind": "trace",
+            "duration_ms": duration_ms,
+            "name": name,
+        }
+        return ApiClient(self.api_url, self.token).post("/api/v1/captures", body)
+
+
+def _flag_value(tool: str, key: str, value: Any, allowed: frozenset[str]) -> str:
+    if key not in allowed:
+        expected = ", ".join(sorted(allowed))
+        raise InputError(f"xprof {tool}: argument {key!r} not allowed; expected one of {expected}")
+    if isinstance(value, bool | int | float):
+        return str(value)
+    if isinstance(value, str) and len(value) <= MAX_ARGUMENT_CHARS and "\n" not in value:
+        return value
+    raise InputError(
+        f"xprof {tool}: argument {key}: expected a number, true/false or one line of text"
+    )
+
+
+# -- the MCP server -------------------------------------------------------------------
+
+Session = Annotated[
+    str, Field(description="A session id in the store (list_sessions), e.g. my-run-20261201-0830")
+]
+Input = Annotated[
+    str,
+    Field(description="A session id in the store, or run:<run id> for all of a run's sessions"),
+]
+Kind = Annotated[
+    Literal["device", "host", "memory"] | None,
+    Field(description="device time, host time or memory (default: device when present)"),
+]
+JSON = dict[str, Any]
+
+
+def build_server(tools: ProfileTools, *, allow_capture: bool = False) -> Any:
+    """The MCP server of ``tools``; ``capture`` only when ``allow_capture``."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.types import ToolAnnotations
+
+    from exporter import __version__
+
+    class OneLineServer(MCPServer[Any]):
+        """Argument errors in one line too: the SDK's own text is pydantic's, over lines."""
+
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, ValidationError):
+                    text = "; ".join(
+                        f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+                        for e in cause.errors()
+                    )
+                    text = f"tool {name}: {text}"
+                else:
+                    text = " ".join(line.strip() for line in str(exc).splitlines())
+                raise ToolError(text[:MAX_ERROR_CHARS]) from cause
+
+    server = OneLineServer(
+        "mlprof",
+        version=__version__,
+        instructions=(
+            "Analyse XProf captures in the mlprof session store: list_sessions, then analyze "
+            "a session; follow up with top_ops, flamegraph_subtree, hosts, memory_peak, "
+            "compare against another session, or xprof (XProf's own CLI tools)."
+        ),
+        log_level="WARNING",
+    )
+    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+    def answer(call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except ToolError:
+            raise
+        except Exception as exc:  # every failure is one line for the model to read
+            raise ToolError(one_line(exc)) from None
+
+    @server.tool(annotations=read_only)
+    def list_sessions(
+        run_id: Annotated[str | None, Field(description="Only sessions of this run")] = None,
+        status: Annotated[
+            str | None, Field(description="Only this status: done, partial, failed, running")
+        ] = None,
+        limit: Annotated[int, Field(ge=1, le=10_000)] = 50,
+    ) -> JSON:
+        """Capture sessions in the store, newest first (the sidecar API's JSON)."""
+        return answer(lambda: tools.list_sessions(run_id, status, limit))
+
+    @server.tool(annotations=read_only)
+    def list_runs() -> JSON:
+        """Runs the store's sessions belong to, with their sessions and hosts."""
+        return answer(tools.list_runs)
+
+    @server.tool(annotations=read_only)
+    def analyze(
+        session: Input,
+        baseline: Annotated[
+            str | None, Field(description="Also compare against this session or run:<id>")
+        ] = None,
+        xprof: Annotated[bool, Field(description="Run XProf's converters (slower)")] = True,
+    ) -> JSON:
+        """The analysis report (`mlprof analyze --format json`): status, facts, findings."""
+        return answer(lambda: tools.analyze(session, baseline, xprof))
+
+    @server.tool(annotations=read_only)
+    def compare(
+        base: Input,
+        head: Input,
+        kind: Kind = None,
+        top: Annotated[int, Field(ge=1, le=1000, description="Entries per list")] = 20,
+    ) -> JSON:
+        """Compare HEAD against BASE (`mlprof compare --format json`): step verdict, regressions."""
+        return answer(lambda: tools.compare(base, head, kind, top))
+
+    @server.tool(annotations=read_only)
+    def top_ops(session: Input, limit: Annotated[int, Field(ge=1, le=1000)] = 20) -> JSON:
+        """The XLA ops with the most device self time (the report's facts.top_ops)."""
+        return answer(lambda: tools.top_ops(session, limit))
+
+    @server.tool(annotations=read_only)
+    def flamegraph_subtree(
+        session: Session,
+        frames: Annotated[
+            list[str], Field(description="Frame names from the root down; [] for the root")
+        ] = [],  # noqa: B006 (the SDK copies defaults per call; the schema shows [])
+        kind: Kind = None,
+        limit: Annotated[int, Field(ge=1, le=1000, description="Children shown")] = 50,
+    ) -> JSON:
+        """A flame-graph frame (by its path of names) and its children with self/total."""
+        return answer(lambda: tools.flamegraph_subtree(session, frames, kind, limit))
+
+    @server.tool(annotations=read_only)
+    def hosts(session: Session) -> JSON:
+        """Per host of a session: steps, step time median/p90, device-busy and idle shares."""
+        return answer(lambda: tools.hosts(session))
+
+    @server.tool(annotations=read_only)
+    def memory_peak(session: Session) -> JSON:
+        """Device-memory peak against capacity, and the largest buffers at the peak."""
+        return answer(lambda: tools.memory_peak(session))
+
+    @server.tool(annotations=read_only)
+    def xprof(
+        session: Session,
+        tool: Annotated[str, Field(description="One of: " + ", ".join(XPROF_CLI_TOOLS))],
+        arguments: Annotated[
+            dict[str, str | int | float | bool] | None,
+            Field(description='The tool\'s flags without --, e.g. {"limit": 10}'),
+        ] = None,
+    ) -> JSON:
+        """Run one of XProf's CLI tools (`xprof TOOL SESSION`) on a copy of the captures."""
+        found = answer(lambda: tools.xprof_tool(session, tool, arguments))
+        return found if isinstance(found, dict) else {"result": found}
+
+    if allow_capture:
+
+        @server.tool(annotations=ToolAnnotations(read_only_hint=False, open_world_hint=True))
+        def capture(
+            duration_ms: Annotated[int, Field(ge=1, le=600_000)] = 2000,
+            targets: Annotated[
+                list[str], Field(description="Target addresses or hosts; [] for all known")
+            ] = [],  # noqa: B006
+            run_id: str | None = None,
+            name: str | None = None,
+        ) -> JSON:
+            """Ask the sidecar for an XProf trace of known targets; answers the new session."""
+            return answer(lambda: tools.capture(duration_ms, targets, run_id, name))
+
+    return server
