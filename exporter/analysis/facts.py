@@ -104,6 +104,9 @@ class CaptureFacts:
     compiler: dict[str, Any] | None = None
     recompilation: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
+    roofline: dict[str, Any] | None = None  # program_facts.roofline
+    peak_allocations: dict[str, Any] | None = None  # program_facts.peak_allocations
+    op_categories: dict[str, Any] | None = None  # program_facts.op_categories
     xprof: dict[str, Any] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
     graphs: dict[str, FlameGraph] = field(default_factory=dict)  # not in the JSON
@@ -121,6 +124,9 @@ class CaptureFacts:
             "compiler": self.compiler,
             "recompilation": self.recompilation,
             "memory": self.memory,
+            "roofline": self.roofline,
+            "peak_allocations": self.peak_allocations,
+            "op_categories": self.op_categories,
             "xprof": self.xprof,
             "unavailable": self.unavailable,
         }
@@ -210,17 +216,18 @@ class _DeviceBusy:
     so what is kept is small.
     """
 
-    def __init__(self, also: Callable[[OpLine], None] | None = None) -> None:
+    def __init__(
+        self, also: Callable[[OpLine, np.ndarray, np.ndarray], None] | None = None
+    ) -> None:
         self.planes: dict[PlaneRef, list[tuple[np.ndarray, np.ndarray]]] = {}
         self.also = also  # another reader of the same lines (communication)
 
     def __call__(self, line: OpLine) -> None:
         start = line.base_ns + line.starts_ps // _PS_PER_NS
-        self.planes.setdefault(line.ref, []).append(
-            _union(start, start + (line.ends_ps - line.starts_ps) // _PS_PER_NS)
-        )
+        end = start + (line.ends_ps - line.starts_ps) // _PS_PER_NS
+        self.planes.setdefault(line.ref, []).append(_union(start, end))
         if self.also is not None:
-            self.also(line)
+            self.also(line, start, end)
 
     def per_cycle(self, cycles: Sequence[tuple[int, int]]) -> np.ndarray:
         """Per cycle, XLA-busy ns averaged over the device planes."""
@@ -624,6 +631,9 @@ def gather_facts(
     facts.xprof = run_tools(paths) if xprof else {"available": False, "reason": "not asked"}
     facts.xprof["seconds"] = round(time.perf_counter() - started, 3)
     _memory(facts, memory_samples)
+    from exporter.analysis.program_facts import add_program_facts
+
+    add_program_facts(facts, paths)
     return facts
 
 

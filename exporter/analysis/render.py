@@ -280,8 +280,87 @@ def _numbers(report: Report) -> str:
                 f"{ipa['steps']} steps ({ipa.get('hardware_type')})",
             )
         )
+    rows += _program_rows(f)
     body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
-    return f'<table id="numbers">{body}</table>'
+    return f'<table id="numbers">{body}</table>' + _program_tables(f)
+
+
+def _program_rows(f: Any) -> list[tuple[str, str]]:
+    """Key numbers from the roofline and the peak allocations (program_facts)."""
+    rows: list[tuple[str, str]] = []
+    r = f.roofline or {}
+    if r.get("available"):
+        bw = r.get("hbm_bw_utilization_pct")
+        mxu = r.get("mxu_utilization_pct")
+        rows.append(
+            (
+                "roofline",
+                f"{r['bound_by']}-bound, {r['bottleneck_operational_intensity_flop_per_byte']:.1f}"
+                f" FLOP/B (ridge {r.get('ridge_point_flop_per_byte') or 0:.1f}); "
+                f"{r['achieved_flop_rate_gflops']:.0f} of {r['peak_flop_rate_gflops']:.0f} "
+                f"GFLOP/s ({r['compute_efficiency_pct']:.1f}%)"
+                + (f", HBM {bw:.0f}% of peak" if bw is not None else "")
+                + (f", MXU {mxu:.1f}%" if mxu else "")
+                + f"; custom calls {r['custom_call_share_pct']:.1f}% of device time (0 FLOPs "
+                "in XLA's cost model)",
+            )
+        )
+    peak = f.peak_allocations or {}
+    if peak.get("available") and peak.get("largest"):
+        rows.append(
+            (
+                "largest buffers at the peak",
+                f"{peak['largest'][0]['module']}: "
+                + ", ".join(
+                    f"{b['instruction']} {_fmt_value(b['bytes'], 'bytes')}"
+                    + (f" {b['shape']}" if b.get("shape") else "")
+                    for b in peak["largest"][:3]
+                ),
+            )
+        )
+    return rows
+
+
+def _program_tables(f: Any) -> str:
+    """The op-category table, the top ops with their source lines, the peak buffers."""
+    out = []
+    c = f.op_categories
+    if c:
+        body = "".join(
+            f'<tr><td>{_esc(r["category"])}</td><td class="num">{r["share_pct"]:.1f}%</td>'
+            f'<td class="num">{r["self_ms"]:.3f}</td><td>{_esc(r["top_op"] or "")}</td></tr>'
+            for r in c["rows"]
+            if r["self_ms"] > 0
+        )
+        out.append(
+            f"<h3>Op categories ({_esc(c['denominator'])})</h3>"
+            '<table id="op-categories"><tr><th>category</th><th>share</th><th>ms</th>'
+            f"<th>top op</th></tr>{body}</table>"
+        )
+    if f.top_ops:
+        body = "".join(
+            f'<tr><td>{_esc(o["name"])}</td><td class="num">{o["share_pct"]:.1f}%</td>'
+            f"<td>{_esc(o.get('category') or '')}</td><td>{_esc(o.get('source') or '')}</td></tr>"
+            for o in f.top_ops
+        )
+        out.append(
+            '<h3>Top ops</h3><table id="top-ops"><tr><th>op</th><th>share</th>'
+            f"<th>category</th><th>source</th></tr>{body}</table>"
+        )
+    peak = f.peak_allocations or {}
+    if peak.get("available") and peak.get("largest"):
+        body = "".join(
+            f"<tr><td>{_esc(b['module'])}</td><td>{_esc(b['instruction'])}</td>"
+            f'<td class="num">{_esc(_fmt_value(b["bytes"], "bytes"))}</td>'
+            f"<td>{_esc(b.get('shape') or '')}</td><td>{_esc(b.get('source') or '')}</td></tr>"
+            for b in peak["largest"]
+        )
+        out.append(
+            "<h3>Largest buffers at the memory peak (XProf memory viewer)</h3>"
+            '<table id="peak-allocations"><tr><th>module</th><th>instruction</th><th>size</th>'
+            f"<th>shape</th><th>source</th></tr>{body}</table>"
+        )
+    return "".join(out)
 
 
 def _findings(report: Report) -> str:
@@ -413,6 +492,25 @@ def report_text(report: Report) -> str:
         lines.append(f"    suggestion: {f.suggestion}")
     if not report.findings:
         lines.append("No finding crossed a threshold.")
+    lines.extend(_program_text(report.facts))
     for kind, reason in report.facts.unavailable.items():
         lines.append(f"not available ({kind}): {reason}")
     return "\n".join(lines) + "\n"
+
+
+def _program_text(f: Any) -> list[str]:
+    """Roofline, op categories, top ops' sources and peak buffers, a line each."""
+    lines: list[str] = []
+    for name, value in _program_rows(f):
+        lines.append(f"{name}: {value}")
+    if f.op_categories:
+        shown = [r for r in f.op_categories["rows"] if r["share_pct"] > 0]
+        lines.append(
+            "op categories: "
+            + ", ".join(f"{r['category']} {r['share_pct']:.1f}%" for r in shown)
+            + " of device self time"
+        )
+    for o in f.top_ops[:5]:
+        if o.get("source"):
+            lines.append(f"top op {o['name']} ({o.get('category')}): {o['source']}")
+    return lines

@@ -28,6 +28,7 @@ __all__ = [
     "Finding",
     "HostWaitRule",
     "InputWaitRule",
+    "MemoryBoundRule",
     "OomRiskRule",
     "RecompilationRule",
     "Rule",
@@ -85,6 +86,15 @@ RECOMPILE_P0_PCT: Final = 25.0
 # 75 % leaves little headroom.
 OOM_HIGH_PCT: Final = 90.0
 OOM_MEDIUM_PCT: Final = 75.0
+# Memory-bandwidth-bound programs (XProf's roofline says a memory space, not compute,
+# bounds the program). Below the ridge point the program can reach at most
+# intensity / ridge of peak FLOP/s even at full bandwidth: under a quarter of the ridge it
+# leaves three quarters of the chip's compute idle, a large loss (P1); closer to the
+# ridge it is worth a look (P2).
+MEMORY_BOUND_P1_RIDGE_SHARE: Final = 0.25
+# XLA's cost model counts custom calls as 0 FLOPs: when they take half the device time
+# the program's intensity says little about the program, so the rule stays silent.
+MEMORY_BOUND_MAX_CUSTOM_PCT: Final = 50.0
 # A significant regression against the baseline: P0 when a frame grew by a fifth of its
 # side's total or the step got half again as slow, else P1.
 BASELINE_P0_PTS: Final = 20.0
@@ -506,7 +516,7 @@ class RecompilationRule(Rule):
 
 
 class OomRiskRule(Rule):
-    """Device memory peak close to capacity."""
+    """Device memory peak close to capacity; names the largest buffers at the peak."""
 
     name = "OomRiskRule"
 
@@ -517,22 +527,88 @@ class OomRiskRule(Rule):
         assert facts.memory is not None
         m = facts.memory
         high = m["peak_pct"] >= OOM_HIGH_PCT
+        evidence: dict[str, float | int] = {
+            "peak_pct": m["peak_pct"],
+            "peak_bytes": m["peak_bytes"],
+            "capacity_bytes": m["capacity_bytes"],
+        }
+        peak = facts.peak_allocations or {}
+        largest = (peak.get("largest") or []) if peak.get("available") else []
+        tensors = ""
+        if largest:
+            named = "; ".join(
+                f"{b['instruction']} {b['bytes'] / 2**20:.1f} MiB"
+                + (f" {b['shape']}" if b.get("shape") else "")
+                + (f" ({b['source']})" if b.get("source") else "")
+                for b in largest[:3]
+            )
+            tensors = f" Largest buffers at the peak of {largest[0]['module']}: {named}."
+            evidence["largest_buffer_bytes"] = largest[0]["bytes"]
         return Finding(
             "P0" if high else "P1",
             self.name,
             f"OOM risk {'HIGH' if high else 'MEDIUM'}: device memory peaked at "
             f"{m['peak_pct']:.1f}% of capacity",
             f"Peak {m['peak_bytes'] / 2**30:.2f} GiB of {m['capacity_bytes'] / 2**30:.2f} GiB "
-            f"(from {m['source']}).",
-            {
-                "peak_pct": m["peak_pct"],
-                "peak_bytes": m["peak_bytes"],
-                "capacity_bytes": m["capacity_bytes"],
-            },
+            f"(from {m['source']}).{tensors}",
+            evidence,
             "A larger batch, a longer sequence or fragmentation can fail the run with "
             "RESOURCE_EXHAUSTED.",
             "Free headroom: rematerialise activations (jax.checkpoint), shard optimizer "
-            "state, donate buffers (donate_argnums), or lower the batch size.",
+            "state, donate buffers (donate_argnums), or lower the batch size"
+            + (", starting with the largest buffers named above." if largest else "."),
+            {"largest_buffers": largest[:3]} if largest else {},
+        )
+
+
+class MemoryBoundRule(Rule):
+    """XProf's roofline: memory bandwidth, not compute, bounds the program."""
+
+    name = "MemoryBoundRule"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        r = facts.roofline or {}
+        return (
+            bool(r.get("available"))
+            and r.get("bound_by") not in ("Compute", "Unknown", None)
+            and bool(r.get("ridge_point_flop_per_byte"))
+            and float(r.get("custom_call_share_pct") or 0.0) < MEMORY_BOUND_MAX_CUSTOM_PCT
+        )
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        r = facts.roofline or {}
+        intensity = float(r["bottleneck_operational_intensity_flop_per_byte"])
+        ridge = float(r["ridge_point_flop_per_byte"])
+        share = intensity / ridge
+        custom = float(r.get("custom_call_share_pct") or 0.0)
+        bw = r.get("hbm_bw_utilization_pct")
+        bw_text = f", HBM bandwidth {bw:.0f}% of peak" if bw is not None else ""
+        evidence: dict[str, float | int] = {
+            "operational_intensity_flop_per_byte": intensity,
+            "ridge_point_flop_per_byte": ridge,
+            "achieved_flop_rate_gflops": r["achieved_flop_rate_gflops"],
+            "peak_flop_rate_gflops": r["peak_flop_rate_gflops"],
+            "compute_efficiency_pct": r["compute_efficiency_pct"],
+            "custom_call_share_pct": custom,
+        }
+        if bw is not None:
+            evidence["hbm_bw_utilization_pct"] = bw
+        return Finding(
+            "P1" if share < MEMORY_BOUND_P1_RIDGE_SHARE else "P2",
+            self.name,
+            f"Memory-bandwidth bound ({r['bound_by']}): {intensity:.1f} FLOP/B against a "
+            f"ridge point of {ridge:.1f} FLOP/B",
+            f"XProf's roofline: the program is bound by {r['bound_by']} with an operational "
+            f"intensity of {intensity:.1f} FLOP/B ({100 * share:.0f}% of the ridge point); "
+            f"it computes {r['achieved_flop_rate_gflops']:.0f} of "
+            f"{r['peak_flop_rate_gflops']:.0f} GFLOP/s ({r['compute_efficiency_pct']:.1f}%)"
+            f"{bw_text}. {r.get('custom_call_note', '')}",
+            evidence,
+            f"Even at full bandwidth the program reaches at most {100 * min(share, 1.0):.0f}% "
+            "of the chip's peak FLOP/s.",
+            "Move fewer bytes per FLOP: fuse elementwise ops into their producers, keep "
+            "activations in bf16, raise the batch (or the per-device batch) so matmuls "
+            "reuse their weights, and look at the top HBM-bound ops in xprof's roofline.",
         )
 
 
@@ -643,6 +719,7 @@ RULES: Sequence[Rule] = (
     InputWaitRule(),
     HostWaitRule(),
     OomRiskRule(),
+    MemoryBoundRule(),
     RecompilationRule(),
     CompilerInefficiencyRule(),
     StepTimeSpreadRule(),

@@ -36,6 +36,29 @@ TOOLS: Final = (
 # a minute leaves room on a loaded machine, and a report never waits longer.
 XPROF_TIMEOUT_S: Final = 60.0
 TOP_ROWS: Final = 5
+# Peak allocations: XProf's memory viewer runs once per HLO module, as its CLI's
+# get_peak_allocations does. A capture of a long session can hold hundreds of small
+# modules: read at most this many, for at most this long, so the converters' deadline
+# above is never spent here (what was skipped is counted in the answer).
+PEAK_MODULES: Final = 64
+PEAK_BUDGET_S: Final = 20.0
+PEAK_BUFFERS: Final = 10  # buffers kept per module, largest first
+HLO_OPS: Final = 200  # hlo_stats rows kept with their category and source line
+# The roofline program row's columns a report quotes (XProf's op_metrics_to_record.h).
+ROOFLINE_PROGRAM_KEYS: Final = (
+    "bound_by",
+    "operational_intensity",
+    "bottleneck_operational_intensity",
+    "measured_flop_rate",
+    "model_flop_rate",
+    "measured_memory_bw",
+    "hbm_bw",
+    "hbm_bw_utilization",
+    "compute_efficiency",
+    "max_mem_bw_utilization",
+    "roofline_efficiency",
+    "total_time",
+)
 
 
 def _table_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
@@ -110,6 +133,9 @@ def _summarise(tool: str, data: Any) -> dict[str, Any]:
             out["device_type"] = p.get("device_type")
             out["peak_flop_rate"] = _number(p.get("peak_flop_rate"))
             out["peak_hbm_bw"] = _number(p.get("peak_hbm_bw"))
+            out |= _roofline_program(tables[0])
+        if tool == "hlo_stats":
+            out["ops"] = _hlo_ops(rows)
         return out
     if tool == "memory_profile":
         allocators = (data or {}).get("memoryProfilePerAllocator") or {}
@@ -124,6 +150,158 @@ def _summarise(tool: str, data: Any) -> dict[str, Any]:
             }
         return {"allocators": found}
     return {}
+
+
+def _roofline_program(table: dict[str, Any]) -> dict[str, Any]:
+    """The roofline's program row, device ridge points and custom calls' time share.
+
+    The first row is the whole program (XProf's CLI reads it so too); the custom-call
+    share sums the op rows' self-time shares as ``get_roofline_model`` does (each
+    (rank, operation) once, rows that are custom calls by name or category).
+    """
+    rows = _table_rows(table)
+    if not rows:
+        return {"program": None}
+    program = {k: rows[0].get(k) for k in ROOFLINE_PROGRAM_KEYS}
+    p = table.get("p", {})
+    ridges = {k: _number(v) for k, v in p.items() if k.endswith("ridge_point")}
+    scale = 100.0 if (_number(rows[0].get("total_self_time_percent")) or 0.0) <= 1.0 + 1e-6 else 1.0
+    seen: set[tuple[Any, str]] = set()
+    share = 0.0
+    custom_ops = 0
+    for row in rows[1:]:
+        name = str(row.get("operation") or "")
+        key = (row.get("rank"), name)
+        category = str(row.get("category") or "").lower()
+        if key in seen or not (
+            name.startswith("custom-call") or category in ("custom-call", "custom_call")
+        ):
+            continue
+        seen.add(key)
+        custom_ops += 1
+        share += (_number(row.get("total_self_time_percent")) or 0.0) * scale
+    return {
+        "program": program,
+        "ridge_points": ridges,
+        "custom_call_share_pct": min(round(share, 2), 100.0),
+        "custom_call_ops": custom_ops,
+    }
+
+
+def _source_text(value: Any) -> str:
+    """hlo_stats' source_info without its HTML (the title holds the stack)."""
+    import re
+
+    text = str(value or "")
+    found = re.search(r"title=['\"]([^'\"]+)['\"]", text)
+    if found:
+        return found.group(1).split("\n")[0].strip()
+    return re.sub(r"<[^>]+>", "", text).strip()
+
+
+def _hlo_ops(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per HLO op (the largest by self time): its category and source line."""
+    ops: dict[str, dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: -(_number(r.get("total_self_time")) or 0.0)):
+        name = str(row.get("hlo_op_name") or "")
+        if not name or name in ops:
+            continue
+        ops[name] = {
+            "category": row.get("category"),
+            "source": _source_text(row.get("source_info")) or None,
+            "framework_op": row.get("tf_op_name") or None,
+        }
+        if len(ops) >= HLO_OPS:
+            break
+    return ops
+
+
+def _buffers(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """A module's buffers, largest first, as XProf's get_peak_allocations reads them:
+    the buffer assignment's logical buffers where the viewer gives them, else the
+    buffers live at the heap's peak (``maxHeap``)."""
+    logical = (data.get("bufferAssignment") or {}).get("logicalBuffers") or []
+    found: list[dict[str, Any]] = []
+    if logical:
+        for buf in logical:
+            found.append(
+                {
+                    "instruction": (buf.get("definedAt") or {}).get("instructionName", "unknown"),
+                    "bytes": int(_number(buf.get("size")) or 0),
+                }
+            )
+        basis = "buffer assignment"
+    else:
+        for buf in data.get("maxHeap") or []:
+            source = buf.get("sourceInfo") or {}
+            found.append(
+                {
+                    "instruction": buf.get("instructionName", "unknown"),
+                    "bytes": round((_number(buf.get("logicalBufferSizeMib")) or 0.0) * 2**20),
+                    "shape": buf.get("shapeString") or None,
+                    "op_code": buf.get("opCode") or None,
+                    "kind": buf.get("groupName") or None,
+                    "framework_op": buf.get("tfOpName") or None,
+                    "source": f"{source['fileName']}:{source.get('lineNumber', 0)}"
+                    if source.get("fileName")
+                    else None,
+                }
+            )
+        basis = "live at the heap peak"
+    found.sort(key=lambda b: -b["bytes"])
+    return basis, found
+
+
+def _peak_allocations(paths: list[str]) -> dict[str, Any]:
+    """XProf's memory viewer per HLO module of the first capture (get_peak_allocations)."""
+    from xprof.convert import raw_to_tool_data
+
+    started = time.perf_counter()
+    try:
+        # Writes <module>.hlo_proto.pb beside the copy, as XProf's CLI has it do.
+        raw_to_tool_data.xspace_to_tool_names(paths)
+        folder = Path(paths[0]).parent
+        names = sorted(
+            f.name.removesuffix(".hlo_proto.pb")
+            for f in folder.glob("*.hlo_proto.pb")
+            if f.name != "NO_MODULE.hlo_proto.pb"
+        )
+        if not names:
+            return {"error": "no HLO modules in this capture (the memory viewer reads them)"}
+        modules = []
+        skipped = 0
+        for name in names[:PEAK_MODULES]:
+            if time.perf_counter() - started > PEAK_BUDGET_S:
+                skipped += 1
+                continue
+            raw, _ = raw_to_tool_data.xspace_to_tool_data(
+                paths, "memory_viewer", {"module_name": name}
+            )
+            if not raw:
+                continue
+            data = json.loads(raw)
+            basis, buffers = _buffers(data)
+            modules.append(
+                {
+                    "module": name,
+                    "total_allocation_mib": _number(data.get("totalBufferAllocationMib")) or 0.0,
+                    "peak_heap_mib": _number(data.get("peakHeapMib")),
+                    "parameters_mib": _number(data.get("entryComputationParametersMib")),
+                    "buffers_basis": basis,
+                    "buffer_count": len(buffers),
+                    "buffers": buffers[:PEAK_BUFFERS],
+                }
+            )
+        return {
+            "seconds": round(time.perf_counter() - started, 3),
+            "summary": {
+                "modules": modules,
+                "modules_total": len(names),
+                "modules_skipped": skipped + max(0, len(names) - PEAK_MODULES),
+            },
+        }
+    except Exception as exc:  # the other tools' answers still count
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def _child(paths: list[str]) -> dict[str, Any]:
@@ -146,6 +324,7 @@ def _child(paths: list[str]) -> dict[str, Any]:
             }
         except Exception as exc:  # one tool's failure is reported, the others still run
             answers[tool] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    answers["peak_allocations"] = _peak_allocations(paths[:1])  # one host, as memory_profile
     return answers
 
 
