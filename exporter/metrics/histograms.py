@@ -12,6 +12,7 @@ inclusive: a sample exactly on a bound is counted one bucket lower here, a diffe
 ``histogram_quantile``'s interpolation cannot see. The underflow bucket becomes the
 first ``le`` (libtpu's lowest bound), the overflow only ``+Inf``. Counts are since the
 runtime started; a restarted runtime is a counter reset, which ``rate()`` handles.
+Per-chip distributions arrive summed per host (``tpu._host_histograms``): no ``chip``.
 
 >>> registry.register(DistributionHistograms(series))  # doctest: +SKIP
 """

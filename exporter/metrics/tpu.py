@@ -351,6 +351,36 @@ class TpuRuntimeClient:
         self.reset()
 
 
+def _host_histograms(
+    distributions: dict[str, list[Reading | HistogramReading]],
+) -> dict[str, list[Reading | HistogramReading]]:
+    """Per-chip histograms summed into one per host: the chip label goes.
+
+    Histograms are there to aggregate (a slice's quantiles); per chip, 42 buckets x 256
+    chips would quadruple a large host's /metrics, while the per-chip percentile gauges
+    already show the chip that stands out.
+    """
+    out: dict[str, list[Reading | HistogramReading]] = {}
+    summed: dict[tuple[str, tuple[tuple[str, str | None], ...]], HistogramReading] = {}
+    for chip, readings in distributions.items():
+        kept = out.setdefault(chip, [])
+        for reading in readings:
+            if chip == "" or not isinstance(reading, HistogramReading):
+                kept.append(reading)
+                continue
+            key = (reading.metric, tuple(sorted(reading.attrs.items())))
+            found = summed.get(key)
+            if found is None:
+                summed[key] = reading
+                continue
+            buckets = found.buckets.plus(reading.buckets)
+            if buckets is not found.buckets:  # else another layout: not addable, left out
+                summed[key] = found._replace(buckets=buckets, total=found.total + reading.total)
+    if summed:
+        out.setdefault("", []).extend(summed.values())
+    return out
+
+
 class _Chip:
     """One chip's values while a collection assembles them."""
 
@@ -490,7 +520,7 @@ class TpuSource:
                     self._host_distribution(name, entry, samples)
                 )
         if any(m.distribution for m in wanted.values()):
-            self._distributions, self._distributions_at = distributions, now
+            self._distributions, self._distributions_at = _host_histograms(distributions), now
         for chip, readings in self._distributions.items():  # fresh, or the last ones
             if chip == "":
                 host.extend(readings)

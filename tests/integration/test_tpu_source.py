@@ -497,6 +497,16 @@ def test_distributions_are_histograms_with_libtpus_bounds_in_seconds(tmp_path: P
         )
         i = next(i for i, c in enumerate(cumulative) if c >= values["count"] / 2)
         assert p50 is not None and (les[i - 1] if i else 0) <= p50 <= les[i]
-    # Per-chip distributions carry the chip.
+    # Per-chip distributions are summed per host (the per-chip percentiles stay): one
+    # series of buckets per core type, whose count is the chips' counters added up.
     hlo = families["accelerator_hlo_execution_latency_distribution_seconds"]
-    assert {s.labels["chip"] for s in hlo.samples} == {"0", "1", "2", "3"}
+    assert all("chip" not in s.labels for s in hlo.samples)
+    (hlo_count,) = [s for s in hlo.samples if s.name.endswith("_count")]
+    per_chip = [
+        s.value
+        for f in families.values()
+        if f.name == "accelerator_hlo_execution_count"
+        for s in f.samples
+        if s.name.endswith("_total")
+    ]
+    assert len(per_chip) == 4 and hlo_count.value == sum(per_chip) > 0
