@@ -126,6 +126,7 @@ class CommunicationRecorder:
         self.capture = capture
         self.planes: dict[PlaneRef, _Plane] = {}
         self._kind: dict[tuple[PlaneRef, int], tuple[bool, bool, str]] = {}
+        self._category_ids: dict[PlaneRef, int] = {}  # the hlo_category stat's id
 
     def _classify(self, line: OpLine, meta_id: int) -> tuple[bool, bool, str]:
         """(is communication, is an async start/done/send/recv op, name)."""
@@ -133,13 +134,17 @@ class CommunicationRecorder:
         found = self._kind.get(key)
         if found is None:
             plane = line.plane
+            category_id = self._category_ids.get(line.ref)
+            if category_id is None:
+                category_id = self._category_ids[line.ref] = next(
+                    (m.id for m in plane.stat_metadata.values() if m.name == "hlo_category"), -1
+                )
             meta = plane.event_metadata.get(meta_id)
             name = (meta.name or meta.display_name) if meta is not None else ""
             category = ""
-            if meta is not None:
+            if meta is not None and category_id >= 0:
                 for stat in meta.stats:
-                    stat_meta = plane.stat_metadata.get(stat.metadata_id)
-                    if stat_meta is not None and stat_meta.name == "hlo_category":
+                    if stat.metadata_id == category_id:
                         if stat.ref_value:
                             ref = plane.stat_metadata.get(stat.ref_value)
                             category = ref.name if ref is not None else ""
@@ -153,28 +158,48 @@ class CommunicationRecorder:
             )
         return found
 
-    def __call__(self, line: OpLine) -> None:
+    def __call__(
+        self, line: OpLine, start: np.ndarray | None = None, end: np.ndarray | None = None
+    ) -> None:
+        """Read one op line; ``start`` / ``end``: its events in ns since the epoch, when
+        the caller has them already."""
         plane = self.planes.get(line.ref)
         if plane is None:
             plane = self.planes[line.ref] = _Plane()
             plane.windows = self._async_line(line)
-        if not len(line.ids):
+        ids = line.ids
+        if not len(ids):
             return
-        metas, index = np.unique(line.ids, return_inverse=True)
-        kinds = [self._classify(line, int(m)) for m in metas.tolist()]
-        comm = np.array([k[0] for k in kinds], bool)[index]
-        role = np.array([k[1] for k in kinds], bool)[index]
-        start = line.base_ns + line.starts_ps // _PS_PER_NS
-        end = line.base_ns + line.ends_ps // _PS_PER_NS
+        # Metadata ids are small integers: classify each id present once, then look the
+        # events up in tables (no sort of the line's events).
+        if ids.min() < 0:
+            return
+        present = np.flatnonzero(np.bincount(ids))
+        kinds = {int(m): self._classify(line, int(m)) for m in present.tolist()}
+        size = int(present[-1]) + 1
+        comm_table = np.zeros(size, bool)
+        role_table = np.zeros(size, bool)
+        for m, (comm_op, role_op, _) in kinds.items():
+            comm_table[m], role_table[m] = comm_op, role_op
+        comm = comm_table[ids]
+        role = role_table[ids]
+        any_role = bool(role.any())
+        if not comm.any() and not any_role and plane.windows is None:
+            return  # nothing of this line is communication or async
+        if start is None or end is None:
+            start = line.base_ns + line.starts_ps // _PS_PER_NS
+            end = start + (line.ends_ps - line.starts_ps) // _PS_PER_NS
         if comm.any():
             plane.comm.append(_union(start[comm], end[comm]))
-            lengths = end[comm] - start[comm]
-            for m, ns in zip(index[comm].tolist(), lengths.tolist(), strict=True):
-                plane.kinds[_family(kinds[m][2])] += ns
-        plane.cover.append(_union(start[~role], end[~role]))
-        if role.any() and plane.windows is None:
+            per_meta = np.bincount(ids[comm], weights=(end - start)[comm], minlength=size)
+            for m in np.flatnonzero(per_meta).tolist():
+                plane.kinds[_family(kinds[m][2])] += int(per_meta[m])
+        if plane.windows is not None or any_role:
+            # What can hide a transfer: only needed where async windows are.
+            plane.cover.append(_union(start[~role], end[~role]))
+        if any_role and plane.windows is None:
             for i in np.flatnonzero(role).tolist():
-                plane.async_events.append((int(start[i]), int(end[i]), kinds[index[i]][2]))
+                plane.async_events.append((int(start[i]), int(end[i]), kinds[int(ids[i])][2]))
 
     def _async_line(self, line: OpLine) -> list[tuple[int, int, str]] | None:
         """The plane's ``Async XLA Ops`` windows (ns since the epoch), None without one."""
