@@ -216,17 +216,18 @@ class _DeviceBusy:
     so what is kept is small.
     """
 
-    def __init__(self, also: Callable[[OpLine], None] | None = None) -> None:
+    def __init__(
+        self, also: Callable[[OpLine, np.ndarray, np.ndarray], None] | None = None
+    ) -> None:
         self.planes: dict[PlaneRef, list[tuple[np.ndarray, np.ndarray]]] = {}
         self.also = also  # another reader of the same lines (communication)
 
     def __call__(self, line: OpLine) -> None:
         start = line.base_ns + line.starts_ps // _PS_PER_NS
-        self.planes.setdefault(line.ref, []).append(
-            _union(start, start + (line.ends_ps - line.starts_ps) // _PS_PER_NS)
-        )
+        end = start + (line.ends_ps - line.starts_ps) // _PS_PER_NS
+        self.planes.setdefault(line.ref, []).append(_union(start, end))
         if self.also is not None:
-            self.also(line)
+            self.also(line, start, end)
 
     def per_cycle(self, cycles: Sequence[tuple[int, int]]) -> np.ndarray:
         """Per cycle, XLA-busy ns averaged over the device planes."""
