@@ -109,7 +109,11 @@ def test_a_straggler_host_is_named_in_a_p0_finding(tmp_path: Path) -> None:
     hosts = {h["name"]: h for h in report["facts"]["hosts"]}
     theirs = xprof_cli("get_hosts", session, tmp_path)["hosts"]
     assert sorted(hosts) == sorted(h["hostname"] for h in theirs)
-    kpi = xprof_cli("get_kpi_metrics", session, tmp_path / "kpi")["per_host_step_time_ms"]
+    answer = xprof_cli("get_kpi_metrics", session, tmp_path / "kpi")
+    if "per_host_step_time_ms" not in answer:  # seen once under a loaded machine: ask again
+        answer = xprof_cli("get_kpi_metrics", session, tmp_path / "kpi-again")
+    assert "per_host_step_time_ms" in answer, answer
+    kpi = answer["per_host_step_time_ms"]
     for stem, step_ms in kpi.items():  # keyed by file stem there, not get_hosts' name
         assert hosts[host_name(stem)]["step_mean_ms"] == pytest.approx(float(step_ms), rel=0.03)
     assert report["status"] == "NEEDS_ATTENTION"
