@@ -175,3 +175,61 @@ def test_captures_of_one_host_at_different_times_name_no_straggler(tmp_path: Pat
     assert [h["straggler"] for h in facts.hosts] == [None, None, None]
     assert "captured more than once" in facts.unavailable["stragglers"]
     assert rules.StragglerRule().apply(facts) is None
+
+
+def test_communication_and_start_done_overlap_on_a_hand_built_plane(tmp_path: Path) -> None:
+    # One chip, one step of 300 ns: an all-gather starts at 100 (10 ns), fusion.2 runs
+    # under its transfer (110-200), its done op waits 30 ns (200-230), then an all-reduce
+    # (230-280; its category a string ref, as XProf writes it). No Async XLA Ops line:
+    # the window is the start/done pair on the op line.
+    from exporter.analysis.facts import _host_facts
+    from exporter.proto import xplane_pb2
+    from tests.xspace_builder import PlaneBuilder
+
+    space = xplane_pb2.XSpace()
+    chip = PlaneBuilder(space, "/device:TPU:0")
+    steps = chip.line("Steps")
+    chip.event(steps, "1", 0, 300, step_num=1)
+    chip.event(steps, "2", 300, 300, step_num=2)
+    ops = chip.line("XLA Ops")
+    for name, category, start, duration in (
+        ("fusion.1", "convolution fusion", 0, 100),
+        ("all-gather-start.1", "all-gather", 100, 10),
+        ("fusion.2", "loop fusion", 110, 90),
+        ("all-gather-done.1", "all-gather", 200, 30),
+        ("all-reduce.3", "all-reduce", 230, 50),
+        ("fusion.1", "convolution fusion", 300, 300),
+    ):
+        chip.event(ops, chip.meta(name, hlo_category=category), start, duration)
+    path = tmp_path / "tpu.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+
+    host = _host_facts(path, CaptureFacts())
+
+    assert host.communication is not None
+    assert host.communication.tolist() == [90.0, 0.0]  # 10 + 30 + 50 ns, then none
+    assert host.overlap == {
+        "async_ops": 1,
+        "source": "start/done op pairs",
+        "async_ms_per_step": round(130 / 2 / 1e6, 4),
+        "hidden_pct": round(100 * 90 / 130, 2),  # fusion.2 covers 90 of the 130 ns
+        "exposed_ms_per_step": round(40 / 2 / 1e6, 4),
+    }
+    assert host.kinds == {"all-gather": 40, "all-reduce": 50}
+
+
+def test_cpu_collectives_are_taken_from_the_xla_client_threads_op_names() -> None:
+    from exporter.analysis.facts import _host_communication
+    from exporter.analysis.xla_host import XlaEvents
+
+    paths = [("jit_step", "fusion.1"), ("jit_step", "all-reduce.2"), ("jit_step", "send.4")]
+    events = XlaEvents(
+        np.array([0, 100, 150, 600]),
+        np.array([100, 200, 180, 650]),
+        np.array([0, 1, 2, 1]),
+        np.array([-1, -1, -1, -1]),
+        paths,  # type: ignore[arg-type]
+    )
+    per_cycle, kinds = _host_communication(events, [(0, 500), (500, 1000)])
+    assert per_cycle.tolist() == [100.0, 50.0]  # 100-200 (the send inside it), 600-650
+    assert kinds == {"all-reduce": 150, "send": 30}
