@@ -13,6 +13,12 @@ XProf floors the MAD at 0.1 (percentage points of a time share); on step times i
 floor is a share of the median (:data:`STRAGGLER_MAD_FLOOR`), so that hosts with
 near-identical steps (MAD about 0) do not make a 2 % slower one a straggler. Only a slower
 host is a straggler: a faster one holds nobody up.
+
+The score is taken twice: on the median step, and on the median time a step spends
+outside collectives (``own_median_ms``, the step less its communication). When hosts
+run in lockstep their steps last alike, and the one the others wait for shows only in
+the second: it does more of its own work while they wait inside their collectives.
+``straggler_basis`` says which score named the host (the step time first).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ def _entry(
     busy_ns = float(busy.sum())
     comm_ns = float(communication.sum())
     idle = durations - busy
+    own = durations - communication
     slowest = np.argsort(-durations, kind="stable")[:SLOWEST_STEPS]
     pct = 100.0 / total if total else 0.0
     return {
@@ -75,6 +82,7 @@ def _entry(
         "step_median_ms": _round(np.median(durations) / 1e6) if n else None,
         "step_p90_ms": _round(np.percentile(durations, 90) / 1e6) if n else None,
         "step_mean_ms": _round(durations.mean() / 1e6) if n else None,
+        "own_median_ms": _round(np.median(own) / 1e6) if n else None,
         "device_busy_pct": _round(busy_ns * pct, 2),
         "compute_pct": _round((busy_ns - comm_ns) * pct, 2),
         "communication_pct": _round(comm_ns * pct, 2),
@@ -93,6 +101,7 @@ def _entry(
         ],
         "straggler_z": None,
         "straggler": None,
+        "straggler_basis": None,
     }
 
 
@@ -126,12 +135,20 @@ def host_entries(
         # A host captured more than once (a run's sessions) is compared with itself at
         # another time, not with other hosts: no straggler verdict.
         return entries
-    medians = [float(e["step_median_ms"]) for e in entries]
-    center = statistics.median(medians)
-    mad = statistics.median(abs(m - center) for m in medians)
-    mad = max(mad, STRAGGLER_MAD_FLOOR * center)
-    for entry, value in zip(entries, medians, strict=True):
-        z = 0.6745 * (value - center) / mad if mad > 0 else 0.0
-        entry["straggler_z"] = round(z, 2)
-        entry["straggler"] = z > STRAGGLER_Z
+    by_step = _scores([float(e["step_median_ms"]) for e in entries])
+    by_own = _scores([float(e["own_median_ms"]) for e in entries])
+    for entry, z_step, z_own in zip(entries, by_step, by_own, strict=True):
+        entry["straggler"] = max(z_step, z_own) > STRAGGLER_Z
+        if z_step > STRAGGLER_Z or not entry["straggler"]:
+            entry["straggler_z"], basis = round(z_step, 2), "step time"
+        else:
+            entry["straggler_z"], basis = round(z_own, 2), "time outside collectives"
+        entry["straggler_basis"] = basis if entry["straggler"] else None
     return entries
+
+
+def _scores(values: list[float]) -> list[float]:
+    """Each value's modified z-score, the MAD floored at a share of the median."""
+    center = statistics.median(values)
+    mad = max(statistics.median(abs(v - center) for v in values), STRAGGLER_MAD_FLOOR * center)
+    return [0.6745 * (v - center) / mad if mad > 0 else 0.0 for v in values]

@@ -381,7 +381,8 @@ class CommunicationBoundRule(Rule):
 
 
 class StragglerRule(Rule):
-    """One host's steps are far slower than the other hosts' (3+ hosts)."""
+    """One host's steps are far slower than the other hosts' (3+ hosts), or, in
+    lockstep, it works far longer outside collectives while the others wait in theirs."""
 
     name = "StragglerRule"
 
@@ -398,8 +399,10 @@ class StragglerRule(Rule):
         def typical(key: str) -> float:
             return float(statistics.median(float(h[key] or 0.0) for h in hosts))
 
-        ref_median = typical("step_median_ms")
-        slowdown = float(host["step_median_ms"]) / ref_median if ref_median else float("inf")
+        lockstep = host.get("straggler_basis") == "time outside collectives"
+        key = "own_median_ms" if lockstep else "step_median_ms"
+        ref_median = typical(key)
+        slowdown = float(host[key]) / ref_median if ref_median else float("inf")
         waiting = "waiting with no XLA running (input, the host or other hosts)"
         parts = {
             key: float(host[field] or 0.0) - typical(field)
@@ -409,8 +412,35 @@ class StragglerRule(Rule):
                 (waiting, "idle_ms_per_step"),
             )
         }
-        excess = float(host["step_mean_ms"]) - typical("step_mean_ms")
+        excess = (
+            float(host[key]) - ref_median
+            if lockstep
+            else float(host["step_mean_ms"]) - typical("step_mean_ms")
+        )
         where = max(parts, key=lambda k: parts[k])
+        step_ms = float(host["step_mean_ms"])
+        if lockstep:
+            title = (
+                f"Host {host['name']} holds the other hosts up: it works {host[key]:.1f} ms "
+                f"per step outside collectives against {ref_median:.1f} ms on the median "
+                f"host ({slowdown:.1f}x) while they wait in theirs, mostly {where}"
+            )
+            impact = (
+                f"The other hosts wait about {excess:.1f} ms of every {step_ms:.1f} ms step "
+                f"for it inside their collectives: steps could be up to "
+                f"{step_ms / max(1e-9, step_ms - excess):.2f}x faster if it kept pace."
+            )
+        else:
+            title = (
+                f"Host {host['name']} is a straggler: its steps take {slowdown:.1f}x the "
+                f"median host's ({host['step_median_ms']:.1f} ms vs {ref_median:.1f} ms), "
+                f"mostly {where}"
+            )
+            impact = (
+                f"Synchronous steps wait for the slowest host: the session could run up to "
+                f"{slowdown:.1f}x faster ({excess:.1f} ms of every step) if {host['name']} "
+                "kept pace."
+            )
         slowest = ", ".join(
             f"step {s['step'] if s['step'] is not None else '?'} {s['ms']:.1f} ms"
             for s in host["slowest_steps"]
@@ -420,18 +450,21 @@ class StragglerRule(Rule):
         return Finding(
             "P0" if slowdown >= STRAGGLER_P0_SLOWDOWN else "P1",
             self.name,
-            f"Host {host['name']} is a straggler: its steps take {slowdown:.1f}x the median "
-            f"host's ({host['step_median_ms']:.1f} ms vs {ref_median:.1f} ms), mostly {where}",
+            title,
             f"{len(hosts)} hosts; {host['name']} ({host['file']}): median step "
-            f"{host['step_median_ms']:.1f} ms, p90 {host['step_p90_ms']:.1f} ms, modified "
-            f"z-score {host['straggler_z']:.1f} (above 3.5). Per step it spends "
+            f"{host['step_median_ms']:.1f} ms, p90 {host['step_p90_ms']:.1f} ms, "
+            f"{host['own_median_ms']:.1f} ms of it outside collectives; modified z-score "
+            f"{host['straggler_z']:.1f} of its {host['straggler_basis']} (above 3.5). Per "
+            "step it spends "
             f"{parts['computing']:+.1f} ms computing, {parts['in collectives']:+.1f} ms in "
             f"collectives and {parts[waiting]:+.1f} ms "
             f"waiting against the median host. Its slowest steps: {slowest}.{also}",
             {
                 "slowdown_x": round(slowdown, 2),
                 "step_median_ms": host["step_median_ms"],
-                "hosts_median_step_ms": round(ref_median, 3),
+                "hosts_median_step_ms": round(typical("step_median_ms"), 3),
+                "own_median_ms": host["own_median_ms"],
+                "hosts_median_own_ms": round(typical("own_median_ms"), 3),
                 "straggler_z": host["straggler_z"],
                 "excess_ms_per_step": round(excess, 3),
                 "excess_compute_ms_per_step": round(parts["computing"], 3),
@@ -440,15 +473,14 @@ class StragglerRule(Rule):
                 "hosts": len(hosts),
                 "stragglers": len(stragglers),
             },
-            f"Synchronous steps wait for the slowest host: the session could run up to "
-            f"{slowdown:.1f}x faster ({excess:.1f} ms of every step) if {host['name']} "
-            "kept pace.",
+            impact,
             "Compare the straggler with a healthy host: its chips and their clocks or "
             "throttling, other processes on it, its input shard (a larger or slower shard "
             "shows as waiting), and its network path (waiting in collectives); replace or "
             "drain the host if the hardware is at fault.",
             {
                 "host": host["name"],
+                "basis": host["straggler_basis"],
                 "slowest_steps": host["slowest_steps"],
                 "stragglers": [h["name"] for h in stragglers],
             },

@@ -233,3 +233,28 @@ def test_cpu_collectives_are_taken_from_the_xla_client_threads_op_names() -> Non
     per_cycle, kinds = _host_communication(events, [(0, 500), (500, 1000)])
     assert per_cycle.tolist() == [100.0, 50.0]  # 100-200 (the send inside it), 600-650
     assert kinds == {"all-reduce": 150, "send": 30}
+
+
+def test_in_lockstep_the_host_the_others_wait_for_is_named() -> None:
+    # Steps of 13 ms everywhere; a and b wait 5 ms per step in collectives, c only 1 ms:
+    # c works 12 ms per step outside collectives against 8 ms on the others.
+    entries = host_entries(
+        [
+            host("a", 13, busy_share=12 / 13, comm_share=5 / 12),
+            host("b", 13, busy_share=12 / 13, comm_share=5 / 12),
+            host("c", 13, busy_share=12 / 13, comm_share=1 / 12),
+        ]
+    )
+    assert [h["straggler"] for h in entries] == [False, False, True]
+    assert entries[2]["straggler_basis"] == "time outside collectives"
+    assert entries[2]["own_median_ms"] == 12.0
+    finding = rules.StragglerRule().apply(facts_with(entries))
+    assert finding is not None and finding.priority == "P1"  # 1.5x, below the 2x of P0
+    assert "Host c holds the other hosts up" in finding.title
+    assert "mostly computing" in finding.title
+    assert finding.evidence["slowdown_x"] == 1.5
+    assert finding.evidence["excess_ms_per_step"] == pytest.approx(4.0)
+    assert finding.extra["basis"] == "time outside collectives"
+    # the same hosts without the communication gap: no verdict
+    alike = host_entries([host("a", 13), host("b", 13), host("c", 13)])
+    assert not any(h["straggler"] for h in alike)
