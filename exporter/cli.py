@@ -19,7 +19,7 @@ import click
 
 from exporter import __version__, schema
 from exporter.cli_output import write_output
-from exporter.errors import ConfigError, MlprofError
+from exporter.errors import ConfigError, InputError, MlprofError
 
 if TYPE_CHECKING:  # settings (pydantic) load when a command needs them, not at start-up
     from exporter.config import Settings
@@ -367,7 +367,8 @@ def flamegraph(
     max_nodes: int | None,
     per_step: bool,
 ) -> None:
-    """Flame graph (self/total) of an .xplane.pb, a memory pprof or a session (dir or id)."""
+    """Flame graph (self/total) of an .xplane.pb, a memory pprof, a session (dir or id)
+    or run:<run_id> (its finished sessions' captures, added up)."""
     from exporter.profiles.convert import flamegraph_from_path, render, resolve_input
     from exporter.profiles.flamegraph import format_value
     from exporter.profiles.pprof import InflateLimits
@@ -375,17 +376,28 @@ def flamegraph(
     # Settings (and pydantic) only when needed: a session id to look up in the store, or
     # a memory profile whose inflation they bound.
     input_path = Path(input_text)
-    if not input_path.exists():
+    run = input_text.startswith("run:") and not input_path.exists()
+    if run:
+        paths = _run_captures(input_text, _settings(None, store=store).store, per_step)
+    elif not input_path.exists():
         input_path = resolve_input(input_text, _settings(None, store=store).store)
 
     def limits() -> InflateLimits:
         settings = _settings(None, store=store)
         return InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio)
 
-    graph = flamegraph_from_path(input_path, kind, per_step, limits)  # type: ignore[arg-type]
+    if run:
+        graph = flamegraph_from_path(paths[0], kind)  # type: ignore[arg-type]
+        for path in paths[1:]:
+            try:
+                graph.merge(flamegraph_from_path(path, kind))  # type: ignore[arg-type]
+            except ValueError as exc:  # one capture with devices, another without
+                raise InputError(f"{input_text}: {path.name}: {exc}; give --kind") from None
+    else:
+        graph = flamegraph_from_path(input_path, kind, per_step, limits)  # type: ignore[arg-type]
     if max_nodes is not None:
         graph = graph.truncated(max_nodes)
-    title = f"{input_path.name} ({graph.sample_type}, {graph.unit})"
+    title = f"{input_text if run else input_path.name} ({graph.sample_type}, {graph.unit})"
     data = render(graph, fmt, title)
     if output is None and fmt == "pprof" and sys.stdout.isatty():
         raise ConfigError("--format pprof is binary: give -o FILE or redirect stdout")
@@ -397,6 +409,17 @@ def flamegraph(
         # Host time adds up every thread's busy time: more than the capture's wall time.
         total += f", summed over {threads} concurrent threads"
     write_output(data, output, f"{graph.node_count} frames, total {total}")
+
+
+def _run_captures(spec: str, store: str, per_step: bool) -> list[Path]:
+    """The captures of ``run:<run_id>``'s finished sessions (local copies of remote ones)."""
+    from exporter.analysis.report import capture_paths
+    from exporter.analysis.sides import SideContext
+
+    if per_step:  # the run's sessions follow each other: their per-step graphs do not add
+        raise ConfigError(f"{spec}: --per-step reads one session; give its id")
+    paths, _ = capture_paths(spec, SideContext(store=store))
+    return paths
 
 
 @main.command("memory-profile")

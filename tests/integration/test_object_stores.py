@@ -205,7 +205,15 @@ def test_the_cli_reads_a_bucket_exactly_as_a_local_store(store_url: str, tmp_pat
         ["compare", f"run:{RUN}", "head-1"],
         ["flamegraph", "base-1", "--max-nodes", "3"],
         ["flamegraph", "head-1", "--kind", "host"],
+        ["flamegraph", f"run:{RUN}", "--max-nodes", "3"],
     ]
+
+    # A run's flame graph adds its sessions' up.
+    def total(spec: str) -> int:
+        folded = _cli("flamegraph", spec, "--store", store_url)
+        return sum(int(line.rsplit(" ", 1)[1]) for line in folded.splitlines())
+
+    assert total(f"run:{RUN}") == total("base-1") + total("head-1") > 0
     for command in commands:
         there = _cli(*command, "--store", store_url)
         here = _cli(*command, "--store", str(tmp_path / "local"))
