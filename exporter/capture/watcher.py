@@ -43,8 +43,10 @@ class SessionWatcher:
         self.on_complete: list[Callable[[SessionRecord], object]] = []
         self._settled: set[str] = set()
         self._refused: set[str] = set()
+        self._import_errors: dict[str, str] = {}  # session -> the error last logged
         self._orphans_checked = False
         self.imported = 0
+        self.import_failures = 0  # attempts the store refused (each retried next poll)
 
     def poll(self) -> tuple[str, str]:
         if not self._orphans_checked:
@@ -138,9 +140,19 @@ class SessionWatcher:
                 target.files = [f for f in target.files if f in present]
             self.store.write_record(record)
         except Exception as exc:  # e.g. a transient gs:// error: retried on the next poll
-            log.warning("cannot import session %s into %s: %s", name, self.store.url, exc)
+            self.import_failures += 1
+            said = f"{type(exc).__name__}: {exc}"
+            # Logged once per condition, not once per poll while a bucket is down.
+            if self._import_errors.get(name) != said:
+                self._import_errors[name] = said
+                log.warning(
+                    "cannot import session %s into %s (retried every poll; logged again "
+                    "only when the error changes): %s", name, self.store.url, said,
+                )  # fmt: skip
             return False
         self._settled.discard(name)
+        if self._import_errors.pop(name, None) is not None:
+            log.info("session %s imported after the store recovered", name)
         log.info("imported %s session %s", record.trigger, name)
         return True
 

@@ -443,11 +443,6 @@ def test_an_outage_of_the_bucket_costs_a_retry_not_the_session(outage: Outage) -
     assert outage.reported.report["status"] != "error", outage.reported.report
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="exporter/capture/watcher.py warns 'cannot import session ...' on every poll "
-    "while the bucket is down (log the condition once, and again when it changes)",
-)
 def test_an_outage_of_the_bucket_is_logged_once_not_per_poll(outage: Outage) -> None:
     repeated = _warnings_repeated(outage.logs, 3)
     assert not repeated, f"logged on every poll while the bucket was down: {repeated[:2]}"
