@@ -231,7 +231,10 @@ def test_the_cli_reads_a_bucket_exactly_as_a_local_store(store_url: str, tmp_pat
 
 
 def _strip_paths(text: str) -> str:
-    """Text with every absolute path replaced (copies and local stores live elsewhere)."""
+    """Text with every absolute path replaced (copies and local stores live elsewhere),
+    and every UTC timestamp (a baseline's ``generated``: the two commands run a second
+    apart at times)."""
+    text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "<time>", text)
     return re.sub(r"/[^\s\"',)]+", "<path>", text)
 
 
