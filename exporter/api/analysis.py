@@ -119,10 +119,12 @@ def _side(sidecar: Sidecar, value: str, name: str) -> str:
         raise HTTPException(
             422, f"{name}={value!r}: expected a session id, run:<run_id> or pyroscope:{{...}}"
         ) from None
-    local = sidecar.captures.store.local_dir(value)
-    if sidecar.captures.store.read_record(value) is None or local is None:
-        raise HTTPException(404, f"{name}: no session {value!r} in the (local) store")
-    return str(local)
+    store = sidecar.captures.store
+    if store.read_record(value) is None:
+        raise HTTPException(404, f"{name}: no session {value!r} in the store")
+    local = store.local_dir(value)
+    # A bucket's session goes to the child by id: it reads a local copy (--store).
+    return str(local) if local is not None else value
 
 
 @router.get("/compare", response_model=None)

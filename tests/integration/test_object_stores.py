@@ -344,6 +344,14 @@ def test_the_sidecar_keeps_sessions_and_reports_in_the_bucket(
             assert backfilled.report["file"] == "analysis.json"
             assert "analysis.json" in store.files("earlier-1")
             assert session_id in _cli("sessions", "--url", served.url, "--json")
+            # The API compares two of the bucket's sessions (by id, not a local path).
+            diff = httpx.get(
+                f"{served.url}/api/v1/compare",
+                params={"base": "earlier-1", "head": session_id},
+                timeout=300,
+            )
+            assert diff.status_code == 200, diff.text
+            assert diff.json()["normalisation"] in ("per_step", "share")
             # Polls go on (every 0.2 s): nothing logs on each one.
             seen = polls[0]
             wait_until(lambda: polls[0] >= seen + 15, timeout=60, what="15 more store polls")
