@@ -98,9 +98,15 @@ def _summary(report: Report) -> str:
         sentences.append(f"No step markers in {where}, so step time and input wait are unknown.")
     if f.breakdown:
         b = f.breakdown
+        comm = (
+            f" (collectives {b['communication_pct']:.1f}% of the step)"
+            if b.get("communication_pct")
+            else ""
+        )
         sentences.append(
-            f"XLA computed during {b['xla_pct']:.1f}% of step time; {b['input_wait_pct']:.1f}% "
-            f"had no XLA computation running ({b['data_phase_pct']:.1f}% in the data phase)."
+            f"XLA computed during {b['xla_pct']:.1f}% of step time{comm}; "
+            f"{b['input_wait_pct']:.1f}% had no XLA computation running "
+            f"({b['data_phase_pct']:.1f}% in the data phase)."
         )
     if f.top_ops:
         top = f.top_ops[0]
