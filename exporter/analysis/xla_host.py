@@ -23,7 +23,9 @@ from operator import attrgetter
 from typing import Final
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
+from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import Capture
 
@@ -45,6 +47,7 @@ RUNTIME_WAIT_RE: Final = re.compile(
 )
 UNKNOWN_PROGRAM = "<unknown program>"
 _PS_PER_NS = 1000
+_INT64 = 1 << 63
 _META_ID = attrgetter("metadata_id")
 
 
@@ -95,7 +98,12 @@ def xla_host_events(capture: Capture) -> XlaEvents:
         program_of_run: dict[int, str] = {}
         for raw in plane.lines:
             line = xplane_pb2.XLine()
-            line.ParseFromString(raw)
+            try:
+                line.ParseFromString(raw)
+            except DecodeError:
+                raise InputError(
+                    f"{capture.source}: corrupt XProf capture (a line does not parse)"
+                ) from None
             base_ps = capture.line_start_ns(line.timestamp_ns) * _PS_PER_NS
             events = line.events
             # Most host events (Python, TraceMe) are not XLA. Read the metadata ids in one
@@ -152,6 +160,8 @@ def xla_host_events(capture: Capture) -> XlaEvents:
                 path_ids.append(index)
                 parents.append(parent)
                 open_events.append((end, len(starts) - 1))
+    if (starts and min(starts) < -_INT64) or (ends and max(ends) >= _INT64):
+        raise InputError(f"{capture.source}: corrupt XProf capture (an event ends past 2**63 ns)")
     return XlaEvents(
         np.asarray(starts, np.int64),
         np.asarray(ends, np.int64),

@@ -29,7 +29,8 @@ _TRAMPOLINE_RE = re.compile(
     r"py_trampoline_evaluator|_PyRun_\w+|PyRun_\w+|run_mod|run_eval_code_obj)$"
 )
 _IDENT_PATH_RE = re.compile(r"^[A-Za-z_~][\w~<>,]*(::[A-Za-z_~][\w~<>,]*)+$")
-_TRACER_RE = re.compile(r"^\$(?P<file>.*?)(?::(?P<line>\d+))? (?P<func>\S.*)$")
+# A line number of at most 18 digits: pprof holds it as int64.
+_TRACER_RE = re.compile(r"^\$(?P<file>.*?)(?::(?P<line>\d{1,18}))? (?P<func>\S.*)$")
 
 
 @dataclass(frozen=True, slots=True)

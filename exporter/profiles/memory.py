@@ -130,7 +130,8 @@ def load_memory_profile(
                     f"{path}: refused, {size} bytes is over MLPROF_MAX_PROFILE_BYTES="
                     f"{limits.max_bytes}"
                 )
-            data = handle.read(limits.max_bytes + 1)
+            # Its own size, not max_bytes: read(n) allocates n bytes first (64 MiB a file).
+            data = handle.read(min(size, limits.max_bytes) + 1)
     except NotRegularFileError as exc:
         raise InputError(f"{exc}, expected a memory pprof") from None
     except OSError as exc:

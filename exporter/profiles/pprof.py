@@ -233,6 +233,13 @@ def decode_pprof(
     return profile
 
 
+def _string(table: Sequence[str], index: int) -> str:
+    """``table[index]``; ValueError (one line) for an index the table does not have."""
+    if not 0 <= index < len(table):
+        raise ValueError(f"corrupt pprof: string index {index} is past its {len(table)} strings")
+    return table[index]
+
+
 def _location_labels(
     profile: profile_pb2.Profile,
     relabel: Callable[[FrameLabel], FrameLabel] | None,
@@ -255,8 +262,8 @@ def _location_labels(
             # Inlined frames: line[0] is the innermost; we want outermost-first.
             for line in reversed(loc.line):
                 fn = functions.get(line.function_id)
-                name = table[fn.name] if fn is not None else ""
-                file = table[fn.filename] if fn is not None else ""
+                name = _string(table, fn.name) if fn is not None else ""
+                file = _string(table, fn.filename) if fn is not None else ""
                 # Identity: the definition line where given, else the location's line.
                 start = fn.start_line if fn is not None else 0
                 out.append(FrameLabel(name or f"0x{loc.address:x}", file, start or line.line))
@@ -285,7 +292,7 @@ def graphs_from_pprof(
     ValueError in one line.
     """
     table = profile.string_table
-    types = [(table[v.type], table[v.unit]) for v in profile.sample_type]
+    types = [(_string(table, v.type), _string(table, v.unit)) for v in profile.sample_type]
     names = [t for t, _ in types]
     for wanted in sample_types:
         if wanted not in names:
@@ -297,8 +304,8 @@ def graphs_from_pprof(
             sample_type=types[c][0],
             unit=types[c][1],
             profile_name=profile_name,
-            period_type=table[profile.period_type.type] if has_period else "",
-            period_unit=table[profile.period_type.unit] if has_period else "",
+            period_type=_string(table, profile.period_type.type) if has_period else "",
+            period_unit=_string(table, profile.period_type.unit) if has_period else "",
             period=profile.period or 1,
             time_nanos=profile.time_nanos,
             duration_nanos=profile.duration_nanos,
@@ -371,6 +378,8 @@ def graphs_from_pprof(
             if counts[index]:
                 frames[node].self_value += counts[index]
         graph.recompute_totals()
+        if graph.root.total >= 1 << 63:  # pprof values are int64: it could not be pushed
+            raise ValueError(f"its {graph.sample_type} values sum past 2**63: refused")
     return graphs
 
 

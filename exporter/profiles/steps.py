@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import (
     STEPS,
@@ -52,6 +53,7 @@ __all__ = ["StepSource", "StepWindow", "host_step_names", "step_windows", "windo
 
 StepSource = Literal["device_steps", "host_step_annotations", "none"]
 _PS_PER_NS = 1000
+_INT64 = 1 << 63  # windows are int64 ns
 _STEP_STATS = ("group_id", "step_num")  # device Steps events: XProf reads group_id
 
 
@@ -168,11 +170,17 @@ def step_windows(capture: Capture) -> tuple[list[StepWindow], StepSource]:
     """The capture's steps (ordered, disjoint) and their source; see the module doc."""
     device = _device_steps(capture)
     if device:
-        return _disjoint(device), "device_steps"
+        return _checked(capture, _disjoint(device)), "device_steps"
     host = _host_steps(capture)
     if host:
-        return _disjoint(host), "host_step_annotations"
+        return _checked(capture, _disjoint(host)), "host_step_annotations"
     return [], "none"
+
+
+def _checked(capture: Capture, windows: list[StepWindow]) -> list[StepWindow]:
+    if windows and (windows[0].start_ns < -_INT64 or windows[-1].end_ns >= _INT64):
+        raise InputError(f"{capture.source}: corrupt XProf capture (a step ends past 2**63 ns)")
+    return windows
 
 
 def windowed_flamegraphs(

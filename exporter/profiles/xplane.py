@@ -92,6 +92,7 @@ CUT_FRAME = f"<events nested deeper than {MAX_EVENT_DEPTH}>"
 # Line timestamps below this (1973) are relative to the profile start (XProf normalises
 # them so in CPU captures), not nanoseconds since the epoch.
 _RELATIVE_BELOW_NS = 10**17
+_INT64 = 1 << 63  # times past it (ns or ps) are corrupt: numpy and pprof hold int64
 
 
 Plane = xplane_pb2.XPlaneByLine
@@ -234,7 +235,10 @@ class Capture:
             return timestamp_ns
         if self._start_ns is None:
             self._start_ns = self._profile_start_ns()
-        return self._start_ns + timestamp_ns
+        start = self._start_ns + timestamp_ns
+        if not -_INT64 <= start < _INT64:
+            raise InputError(f"{self.source}: corrupt XProf capture (a line starts at {start} ns)")
+        return start
 
     def time_range(self) -> tuple[int, int]:
         """(start ns since epoch, duration ns) from ``Task Environment``, else the lines.
@@ -250,6 +254,8 @@ class Capture:
             names = {m.id: m.name for m in plane.stat_metadata.values()}
             values = {names.get(s.metadata_id): _stat_int(s) for s in plane.stats}
             start, stop = values.get("profile_start_time"), values.get("profile_stop_time")
+            if not 0 <= (start or 0) < _INT64 or not 0 <= (stop or 0) < _INT64:
+                raise InputError(f"{self.source}: corrupt XProf capture (profile time {start})")
             if start:
                 return start, max(0, (stop or start) - start)
         return self._lines_range() or (time.time_ns(), 0)
@@ -405,7 +411,9 @@ def _stat_values(
 _GET_ID_DUR_OFF = attrgetter("metadata_id", "duration_ps", "offset_ps")
 
 
-def _columns(events: Sequence[xplane_pb2.XEvent]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _columns(
+    events: Sequence[xplane_pb2.XEvent], source: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """metadata ids, starts (ps), ends (ps) of the events that last, as int64 arrays.
 
     One pass: ``attrgetter`` reads the fields in C and ``np.fromiter`` packs them into one
@@ -414,14 +422,18 @@ def _columns(events: Sequence[xplane_pb2.XEvent]) -> tuple[np.ndarray, np.ndarra
     """
     flat = np.fromiter(chain.from_iterable(map(_GET_ID_DUR_OFF, events)), np.int64, 3 * len(events))
     rows = flat.reshape(-1, 3)
-    return _lasting(rows[:, 0], rows[:, 2], rows[:, 1])
+    ids, starts, ends = _lasting(rows[:, 0], rows[:, 2], rows[:, 1])
+    # Offset + duration wrapped past 2**63 ps, or beyond the FAR edge of every window.
+    if len(ends) and ((ends < starts).any() or starts.min() < -FAR or ends.max() > FAR):
+        raise InputError(f"{source}: corrupt XProf capture (an event lies past 2**62 ps)")
+    return ids, starts, ends
 
 
 def _line_columns(
     capture: Capture, plane: Plane, index: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_columns` of line ``index``; the parsed line is freed on return."""
-    return _columns(read_line(capture, plane, index).events)
+    return _columns(read_line(capture, plane, index).events, capture.source)
 
 
 def _lasting(
@@ -703,7 +715,7 @@ def _programs(capture: Capture, plane: Plane, modules_index: int | None) -> _Pro
         return out
     modules = read_line(capture, plane, modules_index)
     out.base_ns = capture.line_start_ns(modules.timestamp_ns)
-    m_ids, m_starts, m_ends = _columns(modules.events)
+    m_ids, m_starts, m_ends = _columns(modules.events, capture.source)
     names = {m.id: m.name for m in plane.stat_metadata.values()}
     for meta_id in set(m_ids.tolist()):
         meta = plane.event_metadata.get(meta_id)
@@ -793,7 +805,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
             line = read_line(capture, plane, line_index)
             kernel_ids = _gpu_tuple_ids(plane, line, frames, gpu_stats)
-            metas_of, starts, ends = _columns(line.events)
+            metas_of, starts, ends = _columns(line.events, capture.source)
             del line
             if capture.on_op_line is not None:
                 capture.on_op_line(OpLine(ref, plane, base_ns, metas_of, starts, ends))

@@ -1,0 +1,703 @@
+"""Fuzz the XSpace and pprof readers with generated, hostile protobufs (issue 22).
+
+Hypothesis builds XSpaces (planes, lines, events, stats, metadata) and pprof Profiles
+with hostile values: negative and huge offsets, durations and indexes, missing metadata
+ids, deep and staircase nesting, many lines, empty names, NUL bytes, bad UTF-8,
+truncated or corrupted serialisations and random bytes. Each input goes through the
+project's real readers (capture readers, flame-graph conversion, step windows, XLA host
+events; pprof decoding, folding and the memory-profile reader) and must either convert
+to a well-formed graph (totals non-negative, ``total == self + children``, within what
+the input can hold) or fail with the project's own errors: :class:`InputError`, or a
+ValueError the project raises itself (never IndexError, OverflowError, DecodeError, a
+numpy error...). Per input, memory is bounded with ``tracemalloc`` (64 MiB + 2000x the
+input's bytes) and work is counted structurally (events read, segments nested, frames
+made), never by the clock: ``deadline=None``, ``derandomize=True`` for CI.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import traceback
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporter.analysis import xla_host
+from exporter.errors import InputError
+from exporter.profiles import nesting, xplane
+from exporter.profiles.convert import flamegraph_from_capture
+from exporter.profiles.flamegraph import FlameGraph, Frame
+from exporter.profiles.memory import load_memory_profile
+from exporter.profiles.pprof import decode_pprof, encode_pprof, from_pprof, graphs_from_pprof
+from exporter.profiles.steps import step_windows, windowed_flamegraphs
+from exporter.profiles.xplane import (
+    device_flamegraph,
+    host_flamegraph,
+    load_capture,
+    parse_xspace,
+)
+from exporter.proto import profile_pb2, xplane_pb2
+
+T = TypeVar("T")
+
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+MEMORY_FLOOR = 64 << 20
+MEMORY_PER_BYTE = 2000
+INT64_MAX = (1 << 63) - 1
+INT64_MIN = -(1 << 63)
+UINT64_MAX = (1 << 64) - 1
+
+# A string field whose bytes are swapped for invalid UTF-8 after serialising (protobuf's
+# Python API cannot set them): same length, so every length prefix stays right.
+BAD_UTF8 = "\x01BADUTF8\x01"
+BAD_UTF8_BYTES = b"\xc3\x28\xa0\xa1\xff\xfe\x80\xed\xa0"
+assert len(BAD_UTF8.encode()) == len(BAD_UTF8_BYTES)
+
+
+@st.composite
+def serialised(draw: st.DrawFn, message: Any) -> bytes:
+    """``message``'s bytes, its placeholders made bad UTF-8 in one input of five."""
+    data: bytes = message.SerializeToString(deterministic=True)
+    if draw(st.integers(0, 4)) == 0:
+        data = data.replace(BAD_UTF8.encode(), BAD_UTF8_BYTES)
+    return data
+
+
+# -- hostile values -----------------------------------------------------------------
+EDGE_INTS = [0, 1, -1, 2, 999, 1000, 1001, 10**12, 10**17, 10**18, 1 << 62, INT64_MAX,
+             INT64_MIN, INT64_MIN + 1, INT64_MAX - 1]  # fmt: skip
+I64 = st.one_of(
+    st.integers(-3, 3000),
+    st.sampled_from(EDGE_INTS),
+    st.integers(INT64_MIN, INT64_MAX),
+)
+U64 = st.one_of(st.integers(0, 3000), st.sampled_from([0, 1, INT64_MAX, UINT64_MAX]),
+                st.integers(0, UINT64_MAX))  # fmt: skip
+SMALL_ID = st.one_of(st.integers(-2, 8), st.sampled_from([INT64_MAX, INT64_MIN, 1 << 40]))
+TEXT = st.one_of(
+    st.sampled_from(["", "a", "a\x00b", "\x00", BAD_UTF8, "x" * 300, "a/b//c/", "/", ";"]),
+    st.text(max_size=6),
+)
+EVENT_NAMES = st.one_of(
+    st.sampled_from(["XLA Ops", "train", "jit_step(123)", "jit_step(-9)", "$a.py:3 f",
+                     "$", "$<unknown> g", "$x.py:99999999999999999999 h", "xla::Foo::bar",
+                     "ThunkExecutor::Execute", "PjitFunction(update)", "fusion.1", "12",
+                     "-4", "while"]),
+    TEXT,
+)  # fmt: skip
+LINE_NAMES = st.one_of(
+    st.sampled_from(["XLA Ops", "XLA Modules", "Steps", "python", "python3",
+                     "tf_XLAEigen/-2284334949033183961", "Framework Ops", "Stream #1", "/1"]),
+    TEXT,
+)  # fmt: skip
+PLANE_NAMES = st.one_of(
+    st.sampled_from(["/host:CPU", "/host:CPU", "/device:TPU:0", "/device:GPU:1",
+                     "/host:CPU", "/device:TPU:0", "Task Environment",
+                     "/device:TPU:99999999999999999999", "Task Environment",
+                     "/device:TPU:0\x00", "/host:metadata"]),
+    st.sampled_from(["/host:CPU", "/device:TPU:0", "Task Environment"]),
+    TEXT,
+)  # fmt: skip
+
+
+STAT_LIST = [
+    "step_num",
+    "group_id",
+    "hlo_op",
+    "hlo_module",
+    "tf_op",
+    "name_scope",
+    "program_id",
+    "hlo_category",
+    "run_id",
+    "profile_start_time",
+    "profile_stop_time",
+]
+STAT_NAMES = st.one_of(st.sampled_from(STAT_LIST), TEXT)
+
+
+@st.composite
+def xstats(draw: st.DrawFn, ids: st.SearchStrategy[int], max_size: int = 3) -> list[Any]:
+    out = []
+    for _ in range(draw(st.integers(0, max_size))):
+        stat = xplane_pb2.XStat(metadata_id=draw(ids))
+        kind = draw(st.sampled_from(["none", "int", "int", "uint", "double", "str", "bytes",
+                                     "ref", "ref"]))  # fmt: skip
+        if kind == "int":
+            stat.int64_value = draw(I64)
+        elif kind == "uint":
+            stat.uint64_value = draw(U64)
+        elif kind == "double":
+            stat.double_value = draw(
+                st.one_of(
+                    st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([1e300, -1e300, 2.0**63, 7.0]),
+                )
+            )
+        elif kind == "str":
+            stat.str_value = draw(st.one_of(TEXT, st.sampled_from(["-5", "12", "9" * 30])))
+        elif kind == "bytes":
+            stat.bytes_value = draw(st.binary(max_size=6))
+        elif kind == "ref":
+            stat.ref_value = draw(st.one_of(ids, U64).map(lambda v: v % (UINT64_MAX + 1)))
+        out.append(stat)
+    return out
+
+
+def _pattern(kind: str, n: int, step: int, width: int) -> list[tuple[int, int]]:
+    """(offset, duration) ps of ``n`` events in a shape that stresses nesting."""
+    if kind == "staircase":  # each starts inside the previous one and outlives it
+        return [(i * step, width + step) for i in range(n)]
+    if kind == "nested":  # a deep tower of properly nested events
+        return [(i * step, max(1, width + 2 * step * (n - i))) for i in range(n)]
+    if kind == "same":  # identical events
+        return [(step, width)] * n
+    if kind == "reverse":  # later starts end earlier, out of order in the file
+        return [((n - i) * step, width * (i + 1)) for i in range(n)]
+    return [(i * (width + step), width) for i in range(n)]  # flat
+
+
+# Times mostly small (so events overlap), sometimes hostile.
+TIME = st.one_of(st.integers(-3, 3000), st.integers(-3, 3000), I64)
+
+
+@st.composite
+def xlines(draw: st.DrawFn, meta_ids: st.SearchStrategy[int],
+           stat_ids: st.SearchStrategy[int]) -> xplane_pb2.XLine:  # fmt: skip
+    line = xplane_pb2.XLine(
+        id=draw(I64),
+        display_id=draw(SMALL_ID),
+        name=draw(LINE_NAMES),
+        display_name=draw(st.one_of(st.just(""), LINE_NAMES)),
+        timestamp_ns=draw(st.one_of(st.just(0), st.just(10**18), I64)),
+        duration_ps=draw(I64),
+    )
+    if draw(st.booleans()):  # a shaped run of events
+        kind = draw(st.sampled_from(["staircase", "nested", "same", "reverse", "flat"]))
+        n = draw(st.integers(1, 100))
+        step = draw(st.sampled_from([1, 7, 1000, 1 << 40]))
+        width = draw(st.sampled_from([1, 10, 5000, 1 << 50]))
+        base = draw(st.sampled_from([0, -(10**6), 1 << 61]))
+        meta = draw(meta_ids)
+        for offset, duration in _pattern(kind, n, step, width):
+            line.events.add(metadata_id=meta, offset_ps=base + offset, duration_ps=duration)
+    for _ in range(draw(st.integers(0, 12))):
+        event = line.events.add(metadata_id=draw(meta_ids), duration_ps=draw(TIME))
+        if draw(st.integers(0, 9)) == 0:
+            event.num_occurrences = draw(I64)
+        else:
+            event.offset_ps = draw(TIME)
+        event.stats.extend(draw(xstats(stat_ids)))
+    return line
+
+
+@st.composite
+def xplanes(draw: st.DrawFn) -> xplane_pb2.XPlane:
+    plane = xplane_pb2.XPlane(id=draw(I64), name=draw(PLANE_NAMES))
+    # Metadata mostly coherent (ids 1..n, the stat names the readers look for), with
+    # hostile entries beside: a key that is not the id, ids no metadata has.
+    stat_names = draw(st.lists(STAT_NAMES, max_size=7))
+    for sid, name in enumerate(stat_names, 1):
+        plane.stat_metadata[sid].id = sid
+        plane.stat_metadata[sid].name = name
+    for sid in draw(st.lists(SMALL_ID, max_size=2)):
+        plane.stat_metadata[sid].id = draw(SMALL_ID)
+        plane.stat_metadata[sid].name = draw(STAT_NAMES)
+    stat_ids = st.one_of(st.integers(1, max(len(stat_names), 1)), SMALL_ID)
+    n_meta = draw(st.integers(0, 6))
+    for mid in range(1, n_meta + 1):
+        meta = plane.event_metadata[mid]
+        meta.id = mid
+        meta.name = draw(EVENT_NAMES)
+        meta.display_name = draw(st.one_of(st.just(""), EVENT_NAMES))
+        meta.stats.extend(draw(xstats(stat_ids)))
+        meta.child_id.extend(draw(st.lists(SMALL_ID, max_size=2)))
+    for mid in draw(st.lists(SMALL_ID, max_size=2)):
+        plane.event_metadata[mid].id = draw(SMALL_ID)
+        plane.event_metadata[mid].name = draw(EVENT_NAMES)
+    meta_ids = st.one_of(st.integers(1, max(n_meta, 1)), SMALL_ID)
+    plane.stats.extend(draw(xstats(stat_ids)))
+    lines = draw(st.integers(0, 4))
+    if draw(st.integers(0, 7)) == 0:
+        lines = draw(st.integers(20, 80))  # many lines (mostly tiny)
+    for _ in range(lines):
+        plane.lines.append(draw(xlines(meta_ids, stat_ids)))
+    return plane
+
+
+@st.composite
+def xspaces(draw: st.DrawFn) -> xplane_pb2.XSpace:
+    space = xplane_pb2.XSpace()
+    for _ in range(draw(st.integers(0, 4))):
+        space.planes.append(draw(xplanes()))
+    space.hostnames.extend(draw(st.lists(TEXT, max_size=2)))
+    space.errors.extend(draw(st.lists(TEXT, max_size=1)))
+    return space
+
+
+@st.composite
+def mutated(draw: st.DrawFn, data: bytes) -> bytes:
+    """``data`` as written, truncated, with bytes flipped, or with junk around it."""
+    how = draw(st.sampled_from(["asis", "asis", "asis", "truncate", "flip", "append",
+                                "prepend"]))  # fmt: skip
+    if how == "asis" or not data:
+        return data
+    at = draw(st.integers(0, len(data) - 1))
+    if how == "truncate":
+        return data[:at]
+    if how == "flip":
+        out = bytearray(data)
+        for _ in range(draw(st.integers(1, 4))):
+            out[draw(st.integers(0, len(data) - 1))] ^= draw(st.integers(1, 255))
+        return bytes(out)
+    junk = draw(st.binary(min_size=1, max_size=12))
+    return data + junk if how == "append" else junk + data
+
+
+# -- what counts as "converted" and what as "refused" -------------------------------
+def _refused(exc: BaseException) -> bool:
+    """The project's own refusal: InputError, or a plain ValueError raised in exporter/."""
+    if isinstance(exc, InputError):
+        return True
+    if type(exc) is not ValueError:
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and "/exporter/" in frames[-1].filename.replace("\\", "/")
+
+
+def _call(found: list[str], fn: Callable[..., T], *args: Any) -> T | None:
+    """``fn(*args)``, or None when it refuses the input; anything else fails the test."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        if _refused(exc):
+            found.append(f"{getattr(fn, '__name__', fn)}: {exc}")
+            return None
+        raise
+
+
+def _frames(graph: FlameGraph) -> Iterator[Frame]:
+    stack = [graph.root]
+    while stack:
+        frame = stack.pop()
+        yield frame
+        stack.extend(frame.children.values())
+
+
+def _check_graph(graph: FlameGraph, max_frames: int, max_total: int | None = None) -> None:
+    """Totals exact and non-negative, frames within ``max_frames``, pprof-encodable."""
+    count = 0
+    for frame in _frames(graph):
+        count += 1
+        assert isinstance(frame.self_value, int), frame
+        assert frame.self_value >= 0, frame
+        assert frame.total == frame.self_value + sum(c.total for c in frame.children.values())
+        assert isinstance(frame.name, str)
+    assert count <= max_frames, f"{count} frames from an input allowing {max_frames}"
+    if max_total is not None:
+        assert graph.root.total <= max_total, (graph.root.total, max_total)
+    for part in (graph, *graph.companions):
+        assert part.root.total >= 0
+    encode_pprof(graph, level=1)  # what the sidecar pushes: must serialise
+
+
+class _Counted:
+    """Segments made by ``nest`` per call, against the split rule's own bound."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._nest = nesting.nest
+
+    def __call__(self, start: np.ndarray, end: np.ndarray, label: np.ndarray, rule: Any) -> Any:
+        out = self._nest(start, end, label, rule)
+        per_event = (len(out) - 64) / max(len(start), 1)
+        self.worst = max(self.worst, per_event)
+        return out
+
+
+def _bounded(data: bytes, body: Callable[[], None]) -> None:
+    """Run ``body`` under tracemalloc: peak within 64 MiB + 2000x the input's bytes."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        body()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    bound = MEMORY_FLOOR + MEMORY_PER_BYTE * len(data)
+    assert peak <= bound, f"peak {peak} bytes for a {len(data)}-byte input (bound {bound})"
+
+
+# -- XSpace --------------------------------------------------------------------------
+def _duration_bound(space: xplane_pb2.XSpace | None) -> int | None:
+    """The most time (ns) any graph of ``space`` may hold: every event's duration."""
+    if space is None:
+        return None
+    ps = 0
+    for plane in space.planes:
+        for line in plane.lines:
+            ps += sum(max(e.duration_ps, 0) for e in line.events)
+    return ps // 1000
+
+
+def _host_busy_ns(space: xplane_pb2.XSpace | None) -> int | None:
+    """Busy time (ns) of the host threads: the union of each line's events."""
+    if space is None:
+        return None
+    ps = 0
+    for plane in space.planes:
+        if plane.name != xplane.HOST_PLANE:
+            continue
+        for line in plane.lines:
+            spans = sorted((e.offset_ps, e.offset_ps + e.duration_ps)
+                           for e in line.events if e.duration_ps > 0)  # fmt: skip
+            reach = None
+            for start, end in spans:
+                if reach is None or start >= reach:
+                    ps += end - start
+                    reach = end
+                elif end > reach:
+                    ps += end - reach
+                    reach = end
+    return ps // 1000
+
+
+def _convert_capture(
+    data: bytes, path: Path, space: xplane_pb2.XSpace | None, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    refused: list[str] = []
+    counted = _Counted()
+    monkeypatch.setattr(xplane, "nest", counted)
+    events_cap = len(data) // 2 + 1  # an event takes two bytes at least
+    frames_cap = 64 * len(data) + 1024
+    time_cap = _duration_bound(space)
+
+    def check(graph: FlameGraph | None, windows: int = 1) -> None:
+        if graph is not None:
+            tolerance = frames_cap * windows  # rounding: under 1 ns per frame and window
+            limit = None if time_cap is None else time_cap + tolerance
+            _check_graph(graph, frames_cap, limit)
+
+    def read(capture: xplane.Capture, fn: Callable[..., T], *args: Any) -> T | None:
+        before = capture.events_read
+        out = _call(refused, fn, *args)
+        read_now = capture.events_read - before
+        assert read_now <= events_cap, f"{fn.__name__} read {read_now} events of {events_cap}"
+        return out
+
+    def body() -> None:
+        capture = _call(refused, parse_xspace, data, "fuzz")
+        if capture is None:
+            return
+        read(capture, capture.time_range)
+        check(read(capture, device_flamegraph, capture))
+        host = read(capture, host_flamegraph, capture)
+        check(host)
+        busy = _host_busy_ns(space)
+        if busy is not None and host is not None:  # the split rule keeps busy time
+            assert abs(host.root.total - busy) <= frames_cap, (host.root.total, busy)
+        if busy and host is None and not refused:
+            pytest.fail(f"host events with {busy} ns busy time gave no host graph")
+        for kind, per_step in ((None, False), ("host", False), ("device", True)):
+            check(read(capture, flamegraph_from_capture, capture, kind, per_step))
+        found = read(capture, step_windows, capture)
+        if found is not None:
+            windows, _ = found
+            assert all(w.end_ns > w.start_ns for w in windows)
+            assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(windows))
+            for kind in ("device", "host"):
+                graphs = read(capture, windowed_flamegraphs, capture, kind, windows)
+                for graph in graphs or ():
+                    check(graph, len(windows))
+        events = read(capture, xla_host.xla_host_events, capture)
+        if events is not None:
+            assert len(events.parent) == len(events) and (events.parent < len(events)).all()
+            assert (events.end >= events.start).all()
+            for graph in _call(refused, xla_host.graphs, events, None) or ():
+                check(graph)
+        # The file reader (pread) on the same bytes.
+        path.write_bytes(data)
+        on_disk = _call(refused, load_capture, path)
+        if on_disk is not None:
+            with on_disk:
+                check(read(on_disk, flamegraph_from_capture, on_disk, None, False))
+
+    _bounded(data, body)
+    assert counted.worst <= nesting.MAX_SEGMENTS_PER_EVENT, counted.worst
+    return refused
+
+
+def test_generated_xspaces_convert_or_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @FUZZ
+    @given(space=xspaces(), data=st.data())
+    def run(space: xplane_pb2.XSpace, data: st.DataObject) -> None:
+        raw = data.draw(serialised(space))
+        sent = data.draw(mutated(raw))
+        _convert_capture(sent, tmp_path / "fuzz.xplane.pb", space if sent == raw else None,
+                         monkeypatch)  # fmt: skip
+
+    run()
+
+
+def test_random_bytes_as_xspace_are_refused_or_converted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @settings(FUZZ, max_examples=150)
+    @given(
+        data=st.one_of(
+            st.binary(max_size=300),
+            st.binary(max_size=60).map(lambda b: b"\x0a" + bytes([len(b)]) + b),
+        )
+    )
+    def run(data: bytes) -> None:  # fmt: skip
+        _convert_capture(data, tmp_path / "fuzz.xplane.pb", None, monkeypatch)
+
+    run()
+
+
+# -- pprof ---------------------------------------------------------------------------
+STRINGS = ["", "space", "bytes", "allocations", "count", "inuse_space", "inuse_objects",
+           "device", "cpu:0", "f", "a.py", "0x1", "kind", "samples", "cpu", "nanoseconds",
+           "a\x00b", BAD_UTF8, "$x.py:1 g", "Cls.meth"]  # fmt: skip
+STRING_INDEX = st.one_of(st.integers(0, len(STRINGS) + 2), st.sampled_from([-1, -2, 1 << 40]),
+                         st.integers(INT64_MIN, INT64_MAX))  # fmt: skip
+LOC_ID = st.one_of(st.integers(0, 12), st.sampled_from([UINT64_MAX, 1 << 63]))
+VALUE = st.one_of(st.integers(0, 1 << 20), st.sampled_from([0, 1, -1, INT64_MAX, INT64_MIN]),
+                  st.integers(INT64_MIN, INT64_MAX))  # fmt: skip
+
+
+@st.composite
+def profiles(draw: st.DrawFn) -> profile_pb2.Profile:
+    profile = profile_pb2.Profile()
+    some = st.lists(st.sampled_from(STRINGS), max_size=8)
+    table = draw(st.one_of(st.just(STRINGS), st.just(STRINGS), some.map(lambda t: ["", *t]), some))
+    profile.string_table.extend(table)
+    good = st.integers(1, len(STRINGS) - 1)
+    index = st.one_of(good, good, good, STRING_INDEX)
+    types = draw(st.sampled_from([[(1, 2), (3, 4)], [(3, 4), (1, 2)], [(5, 4), (6, 2)],
+                                  [(13, 15)], [(1, 2)], []]))  # fmt: skip
+    for t, u in types:
+        profile.sample_type.add(type=t, unit=u)
+    if draw(st.integers(0, 3)) == 0:
+        profile.sample_type.add(type=draw(index), unit=draw(index))
+    if draw(st.booleans()):
+        profile.period_type.type = draw(index)
+        profile.period_type.unit = draw(index)
+    profile.period = draw(VALUE)
+    profile.time_nanos = draw(VALUE)
+    profile.duration_nanos = draw(VALUE)
+    profile.comment.extend(draw(st.lists(STRING_INDEX, max_size=2)))
+    profile.default_sample_type = draw(index)
+    # Ids mostly coherent (1..n), with ids nothing has, repeated ids and huge ones.
+    n_functions = draw(st.integers(0, 5))
+    function_ids = st.one_of(st.integers(1, max(n_functions, 1)), LOC_ID)
+    for number in range(1, n_functions + 1):
+        profile.function.add(
+            id=draw(st.one_of(st.just(number), st.just(number), LOC_ID)),
+            name=draw(index),
+            system_name=draw(index),
+            filename=draw(index),
+            start_line=draw(st.one_of(st.integers(0, 100), VALUE)),
+        )
+    n_locations = draw(st.integers(0, 6))
+    for number in range(1, n_locations + 1):
+        loc = profile.location.add(
+            id=draw(st.one_of(st.just(number), st.just(number), LOC_ID)),
+            address=draw(st.one_of(LOC_ID, U64)),
+        )
+        lines = draw(st.integers(0, 3))
+        if draw(st.integers(0, 5)) == 0:
+            lines = draw(st.integers(20, 150))  # many inlined lines
+        for _ in range(lines):
+            loc.line.add(function_id=draw(function_ids), line=draw(VALUE))
+    location_ids = st.one_of(st.integers(1, max(n_locations, 1)), LOC_ID)
+    stacks = st.lists(location_ids, max_size=8)
+    if draw(st.integers(0, 5)) == 0:  # deep stacks, repeated ids (recursion, "cycles")
+        stacks = st.integers(1, 200).flatmap(lambda n: st.just([1, 2, 3] * n))
+    values = st.one_of(st.integers(0, 1 << 20), st.sampled_from([0, 1 << 62, INT64_MAX]))
+    if draw(st.integers(0, 3)) == 0:
+        values = VALUE  # negative values too (a diff profile)
+    for _ in range(draw(st.integers(0, 30))):
+        sample = profile.sample.add(location_id=draw(stacks))
+        sample.value.extend(draw(st.lists(values, min_size=1, max_size=3)))
+        for _ in range(draw(st.integers(0, 2))):
+            sample.label.add(key=draw(st.one_of(st.just(7), index)), str=draw(index),
+                             num=draw(VALUE))  # fmt: skip
+    return profile
+
+
+def _fold_pprof(data: bytes, path: Path) -> list[str]:
+    refused: list[str] = []
+    frames_cap = 64 * len(data) + 1024  # well below MAX_PROFILE_FRAMES for these sizes
+
+    def body() -> None:
+        profile = _call(refused, decode_pprof, data, "fuzz")
+        if profile is not None:
+            types = [profile.string_table[t.type] for t in profile.sample_type]
+            graphs = _call(refused, graphs_from_pprof, profile, types) or []
+            for graph in graphs:
+                _check_graph(graph, frames_cap)
+            graph = _call(refused, from_pprof, profile)
+            if graph is not None:
+                _check_graph(graph, frames_cap)
+        path.write_bytes(data)
+        memory = _call(refused, load_memory_profile, path)
+        if memory is not None:
+            _check_graph(memory, frames_cap)
+
+    _bounded(data, body)
+    return refused
+
+
+def test_generated_pprofs_fold_or_are_refused(tmp_path: Path) -> None:
+    @settings(FUZZ, max_examples=150)
+    @given(profile=profiles(), gzipped=st.booleans(), data=st.data())
+    def run(profile: profile_pb2.Profile, gzipped: bool, data: st.DataObject) -> None:
+        raw = data.draw(serialised(profile))
+        raw = gzip.compress(raw, mtime=0) if gzipped else raw
+        _fold_pprof(data.draw(mutated(raw)), tmp_path / "fuzz.pprof.gz")
+
+    run()
+
+
+def test_random_bytes_as_pprof_are_refused_or_folded(tmp_path: Path) -> None:
+    @settings(FUZZ, max_examples=150)
+    @given(
+        data=st.one_of(
+            st.binary(max_size=200),
+            st.binary(max_size=200).map(lambda b: gzip.compress(b, mtime=0)),
+        )
+    )
+    def run(data: bytes) -> None:  # fmt: skip
+        _fold_pprof(data, tmp_path / "fuzz.pprof.gz")
+
+    run()
+
+
+# -- what the fuzzing found: each input, refused in one line or converted -----------------
+def _host_space(events: list[tuple[int, int]], timestamp_ns: int = 0) -> xplane_pb2.XSpace:
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    plane.event_metadata[1].id = 1
+    plane.event_metadata[1].name = "train"
+    line = plane.lines.add(id=1, name="python", timestamp_ns=timestamp_ns)
+    for offset, duration in events:
+        line.events.add(metadata_id=1, offset_ps=offset, duration_ps=duration)
+    return space
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [(0, 10), (497, INT64_MAX - 1)],  # the end wrapped to negative: was silently 24 ns
+        [(0, 10), (INT64_MIN, 10**14)],  # before every window: was dropped silently
+    ],
+)
+def test_an_event_past_2_62_ps_is_refused_not_dropped(events: list[tuple[int, int]]) -> None:
+    capture = parse_xspace(_host_space(events).SerializeToString(), "c.xplane.pb")
+    with pytest.raises(InputError, match=r"c.xplane.pb: corrupt XProf capture \(an event lies"):
+        host_flamegraph(capture)
+
+
+def test_a_profile_start_past_2_63_ns_is_refused() -> None:
+    # Was OverflowError from windowed_flamegraphs and an unpushable pprof (time_nanos).
+    space = _host_space([(0, 10**6)], timestamp_ns=5)
+    space.planes[0].stat_metadata[2].id = 2
+    space.planes[0].stat_metadata[2].name = "step_num"
+    space.planes[0].lines[0].events[0].stats.add(metadata_id=2, int64_value=1)
+    env = space.planes.add(name="Task Environment")
+    env.stat_metadata[1].id = 1
+    env.stat_metadata[1].name = "profile_start_time"
+    env.stats.add(metadata_id=1, uint64_value=UINT64_MAX)
+    capture = parse_xspace(space.SerializeToString(), "c.xplane.pb")
+    with pytest.raises(InputError, match="corrupt XProf capture"):
+        host_flamegraph(capture)
+    with pytest.raises(InputError, match="corrupt XProf capture"):
+        step_windows(capture)
+
+
+def test_xla_host_events_name_a_corrupt_line() -> None:
+    # Was google.protobuf DecodeError (bad UTF-8 in the line's name) out of the analysis.
+    space = _host_space([(0, 10)])
+    plane = space.planes[0]
+    plane.stat_metadata[2].id = 2
+    plane.stat_metadata[2].name = "hlo_op"
+    plane.lines[0].name = BAD_UTF8
+    data = space.SerializeToString().replace(BAD_UTF8.encode(), BAD_UTF8_BYTES)
+    with pytest.raises(InputError, match=r"c.xplane.pb: corrupt XProf capture \(a line"):
+        xla_host.xla_host_events(parse_xspace(data, "c.xplane.pb"))
+
+
+def test_a_tracer_line_number_past_int64_still_makes_a_pushable_pprof() -> None:
+    # "$x.py:99999999999999999999 h" made line 10**20: encode_pprof raised ValueError.
+    space = _host_space([(0, 10**6)])
+    space.planes[0].event_metadata[1].name = "$x.py:99999999999999999999 h"
+    graph = host_flamegraph(parse_xspace(space.SerializeToString(), "c"))
+    assert graph is not None
+    assert graph.root.total == 1000
+    decode_pprof(encode_pprof(graph))
+
+
+def _cpu_profile() -> profile_pb2.Profile:
+    profile = profile_pb2.Profile(string_table=["", "space", "bytes", "f"])
+    profile.sample_type.add(type=1, unit=2)
+    profile.function.add(id=1, name=3)
+    profile.location.add(id=1).line.add(function_id=1)
+    profile.sample.add(location_id=[1], value=[5])
+    return profile
+
+
+@pytest.mark.parametrize("field", ["name", "filename", "period_type"])
+@pytest.mark.parametrize("index", [999, -2])
+def test_a_string_index_outside_the_table_is_a_value_error(field: str, index: int) -> None:
+    # Was IndexError (999) or silently another string (-2: the table's second last).
+    profile = _cpu_profile()
+    if field == "period_type":
+        profile.period_type.type = index
+    else:
+        setattr(profile.function[0], field, index)
+    with pytest.raises(
+        ValueError, match=f"corrupt pprof: string index {index} is past its 4 strings"
+    ):
+        from_pprof(profile)
+
+
+def test_values_summing_past_int64_are_refused(tmp_path: Path) -> None:
+    # Two samples of 2**62 + 2**62 - 1 on one stack: the graph could not be encoded.
+    profile = _cpu_profile()
+    profile.sample[0].value[0] = INT64_MAX
+    profile.sample.add(location_id=[1], value=[INT64_MAX])
+    with pytest.raises(ValueError, match="values sum past 2\\*\\*63: refused"):
+        from_pprof(profile)
+    path = tmp_path / "m.pprof"
+    path.write_bytes(profile.SerializeToString())
+    with pytest.raises(InputError, match=r"m\.pprof: its space values sum past"):
+        load_memory_profile(path)
+
+
+def test_reading_a_small_memory_profile_allocates_what_it_holds(tmp_path: Path) -> None:
+    # read(max_bytes + 1) allocated a 64 MiB buffer for every profile, however small.
+    path = tmp_path / "m.pprof"
+    path.write_bytes(_cpu_profile().SerializeToString())
+    tracemalloc.start()
+    try:
+        load_memory_profile(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
