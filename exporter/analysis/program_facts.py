@@ -90,6 +90,12 @@ class HloOp:
     framework_op: str = ""
     source: str | None = None
     custom_call_target: str = ""
+    name: str = ""
+    shape: str = ""  # as XLA prints it: ``f32[512,512]{1,0}``
+    module: str = ""  # the module as the capture names it: ``jit_update(18)``
+    # Its operands and users in its computation (the HLO graph, for neighbourhood.py).
+    operands: list[HloOp] = field(default_factory=list, repr=False, compare=False)
+    users: list[HloOp] = field(default_factory=list, repr=False, compare=False)
 
 
 # --- the HLO protos in the capture (/host:metadata), read with the wire format only --
@@ -152,6 +158,40 @@ _MODULE, _COMPUTATIONS, _STACK_INDEX = 1, 3, 17
 _COMP_INSTRUCTIONS, _COMP_ID = 2, 5
 _INST_NAME, _INST_OPCODE, _INST_METADATA, _INST_CALLED = 1, 2, 7, 38
 _INST_CUSTOM_TARGET = 28
+_INST_SHAPE, _INST_ID, _INST_OPERANDS = 3, 35, 36
+_SHAPE_TYPE, _SHAPE_DIMS, _SHAPE_TUPLE, _SHAPE_LAYOUT = 2, 3, 4, 5
+_MAX_SHAPE_CHARS: Final = 200
+# xla_data.proto's PrimitiveType, spelt as XLA prints shapes.
+_TYPES: Final = {
+    1: "pred", 2: "s8", 3: "s16", 4: "s32", 5: "s64", 6: "u8", 7: "u16", 8: "u32",
+    9: "u64", 10: "f16", 11: "f32", 12: "f64", 13: "tuple", 14: "opaque", 15: "c64",
+    16: "bf16", 17: "token", 18: "c128", 19: "f8e5m2", 20: "f8e4m3fn", 21: "s4", 22: "u4",
+    23: "f8e4m3b11fnuz", 24: "f8e5m2fnuz", 25: "f8e4m3fnuz", 26: "s2", 27: "u2",
+    28: "f8e4m3", 29: "f8e3m4", 32: "f4e2m1fn", 33: "f8e8m0fnu",
+}  # fmt: skip
+
+
+def _shape_text(shape: bytes, depth: int = 0) -> str:
+    """A ShapeProto as XLA prints it (``f32[512,512]{1,0}``, tuples in parentheses)."""
+    element, dims, parts, minor_to_major = 0, [], [], None
+    for number, value in _fields(shape):
+        if number == _SHAPE_TYPE and isinstance(value, int):
+            element = value
+        elif number == _SHAPE_DIMS:
+            dims.extend(_packed(value))
+        elif number == _SHAPE_TUPLE and isinstance(value, bytes) and depth < 4:
+            parts.append(_shape_text(value, depth + 1))
+        elif number == _SHAPE_LAYOUT and isinstance(value, bytes):
+            minor_to_major = [i for n, v in _fields(value) if n == 1 for i in _packed(v)]
+    kind = _TYPES.get(element, f"type{element}")
+    if kind == "tuple":
+        return f"({', '.join(parts)})"[:_MAX_SHAPE_CHARS]
+    text = f"{kind}[{','.join(str(d) for d in dims)}]"
+    if dims and minor_to_major:
+        text += "{" + ",".join(str(i) for i in minor_to_major) + "}"
+    return text
+
+
 _META_OP_NAME, _META_FILE, _META_LINE, _META_FRAME = 2, 3, 4, 15
 
 
@@ -203,15 +243,24 @@ def _module_ops(hlo_proto: bytes) -> dict[str, HloOp]:
     calls: dict[str, list[int]] = {}
     for comp_id, instructions in computations.items():
         found = opcodes.setdefault(comp_id, set())
+        by_id: dict[int, HloOp] = {}
+        operand_ids: list[tuple[HloOp, list[int]]] = []
         for raw in instructions:
-            name = opcode = framework = target = ""
+            name = opcode = framework = target = shape = ""
             source: str | None = None
             called: list[int] = []
+            inst_id, operands = -1, []
             for n, v in _fields(raw):
                 if n == _INST_NAME:
                     name = _text(v)
                 elif n == _INST_OPCODE:
                     opcode = _text(v)
+                elif n == _INST_SHAPE and isinstance(v, bytes):
+                    shape = _shape_text(v)
+                elif n == _INST_ID and isinstance(v, int):
+                    inst_id = v
+                elif n == _INST_OPERANDS:
+                    operands.extend(_packed(v))
                 elif n == _INST_CUSTOM_TARGET:
                     target = _text(v)
                 elif n == _INST_CALLED:
@@ -226,17 +275,26 @@ def _module_ops(hlo_proto: bytes) -> dict[str, HloOp]:
                     elif isinstance(frame, int) and frame in sources:
                         source = sources[frame]
             found.add(opcode)
-            ops[name] = HloOp(opcode, set(), framework, source, target)
+            ops[name] = op = HloOp(opcode, set(), framework, source, target, name, shape)
             calls[name] = called
+            by_id[inst_id] = op
+            operand_ids.append((op, operands))
+        for op, operands in operand_ids:  # operand ids are ids in the same computation
+            for operand in dict.fromkeys(i for i in operands if i in by_id):
+                op.operands.append(by_id[operand])
+                by_id[operand].users.append(op)
     for name, called in calls.items():
         for comp_id in called:
             ops[name].called_opcodes |= opcodes.get(comp_id, set())
     return ops
 
 
-def hlo_ops(paths: Sequence[Path]) -> dict[str, dict[str, HloOp]]:
+def hlo_ops(
+    paths: Sequence[Path], damaged: dict[str, str] | None = None
+) -> dict[str, dict[str, HloOp]]:
     """Per program (its name without the id), its HLO instructions, from the HLO protos
-    that JAX writes into each capture's ``/host:metadata`` plane."""
+    that JAX writes into each capture's ``/host:metadata`` plane; the modules whose proto
+    did not parse go into ``damaged`` (module -> why)."""
     from exporter.profiles.xplane import load_capture
 
     programs: dict[str, dict[str, HloOp]] = {}
@@ -253,8 +311,12 @@ def hlo_ops(paths: Sequence[Path]) -> dict[str, dict[str, HloOp]]:
                         if names.get(stat.metadata_id) == "Hlo Proto" and stat.bytes_value:
                             try:
                                 found = _module_ops(stat.bytes_value)
-                            except ValueError:
+                            except ValueError as exc:
+                                if damaged is not None:
+                                    damaged[meta.name] = str(exc)
                                 continue  # a damaged proto: no sources for it
+                            for op in found.values():
+                                op.module = meta.name
                             programs.setdefault(program, {}).update(found)
     return programs
 
@@ -538,8 +600,9 @@ def add_program_facts(facts: CaptureFacts, paths: Sequence[Path]) -> None:
     Nothing here fails a report: an unreadable HLO proto or an XProf answer of an
     unexpected shape makes its fact unavailable, with the reason.
     """
+    damaged: dict[str, str] = {}
     try:
-        programs = hlo_ops(paths)
+        programs = hlo_ops(paths, damaged)
     except Exception as exc:  # a capture's HLO is context: never a report's failure
         programs = {}
         facts.unavailable["hlo"] = f"the capture's HLO protos could not be read ({exc})"
@@ -554,3 +617,9 @@ def add_program_facts(facts: CaptureFacts, paths: Sequence[Path]) -> None:
     facts.op_categories = op_categories(facts.graphs.get("device"), facts.backend, programs)
     hlo_stats, _ = _tool(facts, "hlo_stats")
     _add_sources(facts, programs, (hlo_stats or {}).get("ops") or {})
+    from exporter.analysis.neighbourhood import add_neighbourhoods
+
+    try:
+        add_neighbourhoods(facts, programs, damaged)
+    except Exception as exc:  # context, never a report's failure
+        facts.unavailable["neighbourhood"] = f"the HLO neighbourhood failed ({exc!r})"

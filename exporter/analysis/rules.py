@@ -500,19 +500,67 @@ class CompilerInefficiencyRule(Rule):
         assert facts.compiler is not None
         c = facts.compiler
         share = c["data_formatting_pct"]
-        ops = ", ".join(o["name"] for o in c["ops"][:3])
+        top = c["ops"][:3]
+        ops = ", ".join(o["name"] for o in top)
+        placed = [_between(o) for o in top if o.get("neighbourhood")]
+        where = f" {'; '.join(placed)}." if placed else ""
         return Finding(
             "P1" if share >= FORMATTING_P1_PCT else "P2",
             self.name,
             f"{share:.1f}% of XLA time only moves data (copy / transpose / convert)",
             f"Data-formatting ops took {c['data_formatting_ms']:.1f} ms ({share:.1f}% of XLA "
-            f"time); the largest: {ops}.",
-            {"data_formatting_pct": share, "data_formatting_ms": c["data_formatting_ms"]},
+            f"time); the largest: {ops}.{where}",
+            {
+                "data_formatting_pct": share,
+                "data_formatting_ms": c["data_formatting_ms"],
+                "ops_placed": len(placed),
+            },
             f"Up to {share:.1f}% of device time could go to useful work.",
             "Keep arrays in the layout and dtype the consumer wants (avoid .T / astype in "
             "the hot loop, keep parameters in the compute dtype), and check the HLO for "
-            "copies around custom calls or sharding changes.",
+            "copies around custom calls or sharding changes"
+            + (", starting with the producers and consumers named above." if placed else "."),
+            {"formatting_ops": [_placed(o) for o in top]} if placed else {},
         )
+
+
+def _names(entries: Sequence[dict[str, Any]], total: int, role: str) -> str:
+    """``fusion.2 (producer)``, ``fusion.2, p.1 and 1 more (producers)``."""
+    names = [e["name"] for e in entries[:2]]
+    more = f" and {total - len(names)} more" if total > len(names) else ""
+    return f"{', '.join(names)}{more} ({role}{'s' if total > 1 else ''})"
+
+
+def _between(op: dict[str, Any]) -> str:
+    """``copy.3 between fusion.2 (producer) and dot.7 (consumer)``."""
+    n = op["neighbourhood"]
+    producers = (
+        _names(n["producers"], n["producers_total"], "producer")
+        if n["producers"]
+        else "nothing (no operand)"
+    )
+    consumers = (
+        _names(n["consumers"], n["consumers_total"], "consumer")
+        if n["consumers"]
+        else "the program's output (no user)"
+    )
+    shape = f" {n['shape']}" if n.get("shape") else ""
+    return f"{op['name']}{shape} between {producers} and {consumers}"
+
+
+def _placed(op: dict[str, Any]) -> dict[str, Any]:
+    """A formatting op's structured evidence: its time and its neighbours."""
+    n = op.get("neighbourhood") or {}
+    keep = ("name", "opcode", "shape", "share_pct")
+    return {
+        "name": op["name"],
+        "self_ms": op.get("self_ms"),
+        "module": n.get("module"),
+        "opcode": n.get("opcode"),
+        "shape": n.get("shape"),
+        "producers": [{k: e.get(k) for k in keep} for e in n.get("producers", [])],
+        "consumers": [{k: e.get(k) for k in keep} for e in n.get("consumers", [])],
+    }
 
 
 class RecompilationRule(Rule):
