@@ -1,6 +1,8 @@
 """Top ops' HLO neighbourhood against XProf's own answer on the same file: ``xprof
 get_hlo_neighborhood --radius=1 --direction=operands|users`` on a copy of a real JAX CPU
-capture (XProf writes caches beside its input), for each top op and data-formatting op."""
+capture (XProf writes caches beside its input), for each top op and data-formatting op;
+the capture's step has a layout copy between two matmuls, which the data-formatting
+finding places between them."""
 
 from __future__ import annotations
 
@@ -15,13 +17,13 @@ from typing import Any
 import pytest
 
 from exporter.analysis.facts import CaptureFacts, gather_facts
-from exporter.analysis.rules import _between
+from exporter.analysis.rules import CompilerInefficiencyRule
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.integration
 
 XPROF = Path(sys.executable).parent / "xprof"
-WORKLOAD = ROOT / "tests" / "integration" / "analysis_workload.py"
+WORKLOAD = ROOT / "tests" / "integration" / "formatting_workload.py"
 # "  [dist=1] [main.1] ROOT name = f32[512,512]{1,0} fusion(a, b), kind=kLoop, ..."
 LINE = re.compile(
     r"^\s*\[dist=(?P<dist>\d+)\] \[[^\]]*\] (?:ROOT )?(?P<name>\S+) = "
@@ -35,7 +37,7 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CaptureFact
         pytest.skip("XProf's CLI is not installed")
     out = tmp_path_factory.mktemp("neighbourhood")
     done = subprocess.run(
-        [sys.executable, str(WORKLOAD), str(out), "compute"],
+        [sys.executable, str(WORKLOAD), str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -77,27 +79,40 @@ def test_neighbourhoods_agree_with_xprof_get_hlo_neighborhood(
 ) -> None:
     path, facts = capture
     assert facts.compiler is not None
-    checked = [*facts.top_ops[:5], *facts.compiler["ops"][:1]]
-    for op in checked:
+    checked = {o["name"]: o for o in [*facts.top_ops[:5], *facts.compiler["ops"][:1]]}
+    for name, op in checked.items():
         near = op["neighbourhood"]
         assert near is not None, (op, facts.unavailable)
         for direction, key in (("operands", "producers"), ("users", "consumers")):
-            theirs = xprof_neighbours(path, tmp_path, near["module"], op["name"], direction)
-            assert near[f"{key}_total"] == len(theirs), (op["name"], direction, theirs)
+            theirs = xprof_neighbours(path, tmp_path, near["module"], name, direction)
+            assert near[f"{key}_total"] == len(theirs), (name, direction, theirs)
             # XProf orders neighbours its own way (by name); ours keep operand order.
-            assert sorted(_ours(near[key])) == sorted(theirs), (op["name"], direction)
-    # The workload's matmul (x.T @ tanh(...)): a dot between the parameter and a tanh
-    # fusion, whose own time is in the capture; the parameter ran as no op.
-    dot = next(o for o in facts.top_ops if o["neighbourhood"]["opcode"] == "dot")
-    near = dot["neighbourhood"]
-    assert near["module"].startswith("jit_update(") and near["shape"] == "f32[512,512]{1,0}"
-    timed = {e["name"]: e["share_pct"] for e in near["producers"] + near["consumers"]}
-    tops = {o["name"]: o["share_pct"] for o in facts.top_ops}
-    for name, share in timed.items():
-        assert share is None or share > 0
-        if name in tops:
-            assert share == tops[name]
-    assert any(e["opcode"] == "parameter" and e["share_pct"] is None for e in near["producers"])
-    copy = facts.compiler["ops"][0]
-    assert " between " in _between(copy) and copy["name"] in _between(copy)
+            assert sorted(_ours(near[key])) == sorted(theirs), (name, direction)
+            for entry in near[key]:  # a neighbour's time is its own, as a top op's
+                if entry["name"] in checked:
+                    assert entry["self_ms"] == checked[entry["name"]]["self_ms"]
+                elif entry["opcode"] == "parameter":
+                    assert entry["share_pct"] is None
     assert "neighbourhood" not in facts.unavailable
+
+
+def test_the_formatting_finding_places_the_layout_copy(capture: tuple[Path, CaptureFacts]) -> None:
+    _, facts = capture
+    assert facts.compiler is not None
+    copy = facts.compiler["ops"][0]
+    near = copy["neighbourhood"]
+    assert near["module"].startswith("jit_layout(") and near["shape"] == "f32[512,512]{1,0}"
+    # Between the fusion of the first matmul (a @ b, sin) and that of the second (t @ b).
+    (producer,) = near["producers"]
+    (consumer,) = near["consumers"]
+    assert producer["opcode"] == consumer["opcode"] == "fusion"
+    assert producer["share_pct"] > 0 and consumer["share_pct"] > 0
+    found = CompilerInefficiencyRule().apply(facts)
+    assert found is not None, facts.compiler  # the copy is a third of the device time
+    assert (
+        f"{copy['name']} f32[512,512]{{1,0}} between {producer['name']} (producer) and "
+        f"{consumer['name']} (consumer)" in found.detail
+    )
+    placed = found.to_json()["formatting_ops"][0]
+    assert placed["producers"][0]["name"] == producer["name"]
+    assert placed["consumers"][0]["name"] == consumer["name"]
