@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from exporter.analysis.compare import Comparison, Entry
 from exporter.analysis.report import Report
+from exporter.profiles.flamegraph import format_value
 from exporter.profiles.html import flame_graph_page, render_html, script_json
 
 __all__ = [
@@ -31,20 +32,6 @@ __all__ = [
 EMBED_MAX_FRAMES: Final = 2000
 # In share mode the page greys frames within the noise floor; per step, within this.
 PER_STEP_COLOUR_FLOOR_PTS: Final = 0.5
-
-
-def _fmt_value(value: float, unit: str) -> str:
-    if unit == "nanoseconds":
-        for scale, name in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")):
-            if abs(value) >= scale:
-                return f"{value / scale:.2f} {name}"
-        return f"{value:.0f} ns"
-    if unit == "bytes":
-        for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-            if abs(value) >= scale:
-                return f"{value / scale:.2f} {name}"
-        return f"{value:.0f} B"
-    return f"{value:.0f} {unit}"
 
 
 def _entry_row(entry: Entry, unit: str, per_step: bool) -> list[str]:
@@ -80,8 +67,8 @@ def _entry_row(entry: Entry, unit: str, per_step: bool) -> list[str]:
         f"{v[f'{basis}_base_pct']:.2f}%",
         f"{v[f'{basis}_head_pct']:.2f}%",
         f"{entry.delta_pts:+.2f}",
-        _fmt_value(v[f"{basis}_base"], unit),
-        _fmt_value(v[f"{basis}_head"], unit),
+        format_value(v[f"{basis}_base"], unit),
+        format_value(v[f"{basis}_head"], unit),
         q,
         verdict,
     ]
@@ -312,7 +299,7 @@ def _program_rows(f: Any) -> list[tuple[str, str]]:
                 "largest buffers at the peak",
                 f"{peak['largest'][0]['module']}: "
                 + ", ".join(
-                    f"{b['instruction']} {_fmt_value(b['bytes'], 'bytes')}"
+                    f"{b['instruction']} {format_value(b['bytes'], 'bytes')}"
                     + (f" {b['shape']}" if b.get("shape") else "")
                     for b in peak["largest"][:3]
                 ),
@@ -351,7 +338,7 @@ def _program_tables(f: Any) -> str:
     if peak.get("available") and peak.get("largest"):
         body = "".join(
             f"<tr><td>{_esc(b['module'])}</td><td>{_esc(b['instruction'])}</td>"
-            f'<td class="num">{_esc(_fmt_value(b["bytes"], "bytes"))}</td>'
+            f'<td class="num">{_esc(format_value(b["bytes"], "bytes"))}</td>'
             f"<td>{_esc(b.get('shape') or '')}</td><td>{_esc(b.get('source') or '')}</td></tr>"
             for b in peak["largest"]
         )
