@@ -179,10 +179,13 @@ def _label(name: str) -> tuple[str, str, int]:
 
 def _reference_threads(path: Path) -> list[tuple[str, float, dict[tuple[str, str, int], float]]]:
     """Per host thread (pools joined): name, busy ns, and per frame label the ns during
-    which an event of that label is open (the union of its events), from ProfileData."""
+    which an event of that label is open, from ProfileData. Each line's time is the
+    union of its events; a pool's lines (``name/<id>``) are threads that may run at the
+    same time (on a loaded machine they do), so their times add up, as a flame graph
+    sums threads."""
     from jax.profiler import ProfileData
 
-    threads: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+    threads: dict[str, list[list[tuple[str, float, float]]]] = defaultdict(list)
     order: list[str] = []
     data = ProfileData.from_file(str(path))
     for plane in data.planes:
@@ -193,22 +196,21 @@ def _reference_threads(path: Path) -> list[tuple[str, float, dict[tuple[str, str
             key = base if base and pool_id.lstrip("-").isdigit() else f"{line.name}#{number}"
             if key not in threads:
                 order.append(key)
-            threads[key].extend(
-                (e.name, e.start_ns, e.end_ns) for e in line.events if e.duration_ns > 0
+            threads[key].append(
+                [(e.name, e.start_ns, e.end_ns) for e in line.events if e.duration_ns > 0]
             )
     out = []
     for key in order:
-        events = threads[key]
-        by_label: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
-        for name, start, end in events:
-            by_label[_label(name)].append((start, end))
-        out.append(
-            (
-                key.split("#")[0],
-                _union([(s, e) for _, s, e in events]),
-                {k: _union(v) for k, v in by_label.items()},
-            )
-        )
+        busy = 0.0
+        per_label: dict[tuple[str, str, int], float] = defaultdict(float)
+        for events in threads[key]:
+            busy += _union([(s, e) for _, s, e in events])
+            by_label: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
+            for name, start, end in events:
+                by_label[_label(name)].append((start, end))
+            for label, spans in by_label.items():
+                per_label[label] += _union(spans)
+        out.append((key.split("#")[0], busy, dict(per_label)))
     return out
 
 
