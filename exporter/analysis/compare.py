@@ -414,8 +414,13 @@ def _scales(base: np.ndarray, head: np.ndarray, candidates: np.ndarray) -> list[
     ratios = head[both] / base[both]
     heavy = base[both] >= SCALE_MIN_WEIGHT * total
     middle = float(np.median(ratios[heavy] if heavy.any() else ratios))
-    near = np.abs(np.log(ratios / middle)) <= np.log(SCALE_BAND)
-    return [float(head[both].sum()) / total, float(head[both][near].sum() / base[both][near].sum())]
+    scales = [float(head[both].sum()) / total]
+    if middle > 0:
+        near = np.abs(np.log(ratios / middle)) <= np.log(SCALE_BAND)
+        agreeing = float(base[both][near].sum())
+        if agreeing > 0:
+            scales.append(float(head[both][near].sum()) / agreeing)
+    return scales
 
 
 def _step_verdict(
