@@ -51,12 +51,17 @@ def test_compares_beyond_the_pool_and_its_queue_are_refused_with_retry_after(
                 asyncio.create_task(client.get("/api/v1/compare", params=params))
                 for _ in range(total)
             ]
-            deadline = time.monotonic() + 20
+            # Waits for states, never for a time: the admitted compares reach their
+            # child on the pool's threads, which a loaded machine starts late. The
+            # deadline only turns a hang into a failure.
+            deadline = time.monotonic() + 120
             while getattr(app.state, "compare_pool", None) is None or (
                 app.state.compare_pool.refused < total - COMPARE_WORKERS - COMPARE_QUEUE
+                or running[0] < COMPARE_WORKERS
             ):
                 assert time.monotonic() < deadline, "the extra compares were not refused"
                 await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # a queued compare that wrongly ran would show now
             assert running[0] == COMPARE_WORKERS  # the queued ones wait for a worker
             release.set()
             return list(await asyncio.gather(*tasks))
