@@ -5,13 +5,7 @@ and a straggler named in a 3-host session, with no verdict on 2 hosts."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,36 +13,12 @@ from exporter.analysis.facts import gather_facts
 from exporter.analysis.hosts import host_name
 from exporter.analysis.report import analyze
 from exporter.profiles.synthetic import write_tpu_capture
+from tests.xprof_cli import xprof_cli
 
 pytestmark = pytest.mark.integration
 
-XPROF = Path(sys.executable).parent / "xprof"
 # The issue's bar: ours within 1.5 points of XProf's step trace on TPU-shaped captures.
 STEP_TRACE_PTS = 1.5
-
-
-def xprof_cli(tool: str, target: Path, where: Path) -> dict[str, Any]:
-    """XProf's CLI answer for ``tool`` on a copy of ``target`` (a file or a folder)."""
-    if not XPROF.exists():
-        pytest.skip("XProf's CLI is not installed")
-    folder = where / f"cli-{tool}"
-    if target.is_dir():
-        shutil.copytree(target, folder / target.name)
-    else:
-        folder.mkdir(parents=True)
-        shutil.copyfile(target, folder / target.name)
-    done = subprocess.run(
-        [str(XPROF), tool, f"--session_id={folder / target.name}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=folder,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GLOG_minloglevel": "3"},
-        check=False,
-    )
-    assert "{" in done.stdout, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    answer: dict[str, Any] = json.loads(done.stdout[done.stdout.index("{") :])
-    return answer
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,10 @@ import pytest
 from exporter.analysis.facts import CaptureFacts, gather_facts
 from exporter.analysis.rules import CompilerInefficiencyRule
 from tests.harness import ROOT
+from tests.xprof_cli import XPROF, require_xprof
 
 pytestmark = pytest.mark.integration
 
-XPROF = Path(sys.executable).parent / "xprof"
 WORKLOAD = ROOT / "tests" / "integration" / "formatting_workload.py"
 # "  [dist=1] [main.1] ROOT name = f32[512,512]{1,0} fusion(a, b), kind=kLoop, ..."
 LINE = re.compile(
@@ -33,8 +33,7 @@ LINE = re.compile(
 
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CaptureFacts]:
-    if not XPROF.exists():
-        pytest.skip("XProf's CLI is not installed")
+    require_xprof()
     out = tmp_path_factory.mktemp("neighbourhood")
     done = subprocess.run(
         [sys.executable, str(WORKLOAD), str(out)],

@@ -5,13 +5,7 @@ and a TPU-shaped synthetic one."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,34 +16,11 @@ from exporter.analysis.report import Report
 from exporter.analysis.rules import apply_rules
 from exporter.profiles.synthetic import write_tpu_capture
 from tests.analysis_captures import AnalysisCaptures
+from tests.xprof_cli import xprof_cli
 
 pytestmark = pytest.mark.integration
 
-XPROF = Path(sys.executable).parent / "xprof"
 WORKLOAD = "tests/integration/analysis_workload.py"
-
-
-def xprof_cli(tool: str, capture: Path, where: Path, *flags: str) -> dict[str, Any]:
-    """XProf's CLI answer for ``tool`` on a copy of ``capture`` (its own directory)."""
-    if not XPROF.exists():
-        pytest.skip("XProf's CLI is not installed")
-    folder = where / f"cli-{tool}"
-    folder.mkdir(parents=True, exist_ok=True)
-    copy = folder / capture.name
-    shutil.copyfile(capture, copy)
-    done = subprocess.run(
-        [str(XPROF), tool, f"--session_id={copy}", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=folder,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GLOG_minloglevel": "3"},
-        check=False,
-    )
-    out = done.stdout
-    assert "{" in out, (done.returncode, out[-2000:], done.stderr[-2000:])
-    answer: dict[str, Any] = json.loads(out[out.index("{") :])
-    return answer
 
 
 @pytest.fixture(scope="module")
