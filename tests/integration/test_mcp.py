@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from mcp import Client, StdioServerParameters  # the dev extra installs it: never skipped
 
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
@@ -24,8 +25,6 @@ from exporter.cli import main
 from exporter.mcp_server import XPROF_CLI_MAIN
 from exporter.profiles.synthetic import write_tpu_capture
 from tests.harness import ROOT
-
-mcp = pytest.importorskip("mcp")
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +85,6 @@ def _comparable(report: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _session_calls(root: Path, *extra: str) -> dict[str, Any]:
-    from mcp import Client, StdioServerParameters
 
     params = StdioServerParameters(
         command=sys.executable,
