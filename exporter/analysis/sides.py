@@ -206,7 +206,8 @@ def capture_side(
         )
     cache = {} if cache is None else cache
     if "windows" not in cache:
-        cache["windows"] = step_windows(capture)
+        cache["step_names"] = set()
+        cache["windows"] = step_windows(capture, cache["step_names"])
     windows, source = cache["windows"]
     cycles = sample_cycles(step_cycles(windows))
     spans = [(w.start_ns, w.end_ns) for w in cycles]
@@ -311,7 +312,6 @@ def _read_capture_kinds(
     path: Path, kinds: Sequence[Kind | None], sides: Sequence[Side | None]
 ) -> list[Side]:
     """One capture read once into a side per kind (each new, or merged into ``sides``)."""
-    from exporter.profiles.steps import host_step_names
     from exporter.profiles.xplane import load_capture
 
     out = []
@@ -324,7 +324,7 @@ def _read_capture_kinds(
             merged = _merge_capture(path, side, chosen, whole, steps, step_ns, source)
             if side is None or view != side.kind:
                 merged.view = view  # one CPU capture makes the whole side as noisy
-            merged.step_names |= cache.setdefault("step_names", host_step_names(capture))
+            merged.step_names |= cache["step_names"]  # read with the step windows
             out.append(merged)
     return out
 

@@ -145,9 +145,14 @@ def _host_step_events(capture: Capture) -> Iterator[tuple[Any, int, int, Any, An
                     yield plane, header.index, base, event, stat
 
 
-def _host_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
+def _host_steps(
+    capture: Capture, names: set[str] | None = None
+) -> dict[object, tuple[int, int, int | None]]:
+    """Host step spans; the step events' names go into ``names`` in the same pass."""
     spans: dict[object, tuple[int, int, int | None]] = {}
-    for _, line, base, event, stat in _host_step_events(capture):
+    for plane, line, base, event, stat in _host_step_events(capture):
+        if names is not None and (meta := plane.event_metadata.get(event.metadata_id)):
+            names.add(meta.name)
         step = _number(getattr(stat, stat.WhichOneof("value") or "int64_value"))
         start, end = _span_ns(base, event.offset_ps, event.duration_ps)
         key: object = step if step is not None else (line, start)
@@ -159,19 +164,25 @@ def _host_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]:
 def host_step_names(capture: Capture) -> set[str]:
     """Names of the host events that mark steps (``StepTraceAnnotation``'s ``train``)."""
     names: set[str] = set()
-    for plane, _, _, event, _ in _host_step_events(capture):
-        meta = plane.event_metadata.get(event.metadata_id)
-        if meta is not None:
-            names.add(meta.name)
+    _host_steps(capture, names)
     return names
 
 
-def step_windows(capture: Capture) -> tuple[list[StepWindow], StepSource]:
-    """The capture's steps (ordered, disjoint) and their source; see the module doc."""
+def step_windows(
+    capture: Capture, names: set[str] | None = None
+) -> tuple[list[StepWindow], StepSource]:
+    """The capture's steps (ordered, disjoint) and their source; see the module doc.
+
+    ``names``, when given, receives the host step annotations' names (read in the same
+    pass when the steps are the host's; a TPU's device steps need a pass over the host
+    planes, which are small there).
+    """
     device = _device_steps(capture)
     if device:
+        if names is not None:
+            names |= host_step_names(capture)
         return _checked(capture, _disjoint(device)), "device_steps"
-    host = _host_steps(capture)
+    host = _host_steps(capture, names)
     if host:
         return _checked(capture, _disjoint(host)), "host_step_annotations"
     return [], "none"
