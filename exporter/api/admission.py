@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["AdmissionPool"]
+__all__ = ["AdmissionPool", "app_pool"]
 
 T = TypeVar("T")
 
@@ -54,3 +54,12 @@ class AdmissionPool:
         """Run ``job`` once a worker is free (the caller has been admitted)."""
         with self._running:
             return job()
+
+
+def app_pool(app: Any, name: str, workers: int, queue: int) -> AdmissionPool:
+    """The pool ``name`` of an app (``app.state.<name>``), made on first use."""
+    pool = getattr(app.state, name, None)
+    if pool is None:
+        pool = AdmissionPool(workers, queue)
+        setattr(app.state, name, pool)
+    return pool

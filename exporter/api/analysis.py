@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from exporter.api.admission import AdmissionPool
+from exporter.api.admission import AdmissionPool, app_pool
 from exporter.api.auth import check_bearer
 from exporter.api.json_body import parse_json_object
 from exporter.capture.session import check_session_id
@@ -43,11 +43,7 @@ RETRY_AFTER_S = 10
 
 
 def _compare_pool(request: Request) -> AdmissionPool:
-    state = request.app.state
-    pool = getattr(state, "compare_pool", None)
-    if pool is None:
-        pool = state.compare_pool = AdmissionPool(COMPARE_WORKERS, COMPARE_QUEUE)
-    return pool
+    return app_pool(request.app, "compare_pool", COMPARE_WORKERS, COMPARE_QUEUE)
 
 
 def _sidecar(request: Request) -> Sidecar:

@@ -29,7 +29,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from exporter.api.admission import AdmissionPool
+from exporter.api.admission import AdmissionPool, app_pool
 from exporter.api.auth import check_bearer
 from exporter.api.body import read_limited
 from exporter.profiles.ingest import IngestError, push_from_connect, push_from_ingest
@@ -101,11 +101,7 @@ def _connect_error(
 
 
 def _pool(request: Request) -> AdmissionPool:
-    state = request.app.state
-    pool = getattr(state, "ingest_pool", None)
-    if pool is None:
-        pool = state.ingest_pool = AdmissionPool(MAX_CONCURRENT_INGESTS, MAX_CONCURRENT_INGESTS)
-    return pool
+    return app_pool(request.app, "ingest_pool", MAX_CONCURRENT_INGESTS, MAX_CONCURRENT_INGESTS)
 
 
 def _busy(pool: AdmissionPool) -> tuple[str, dict[str, str]]:
