@@ -1,0 +1,165 @@
+"""A small Riegeli/records writer for tests, written from the format spec.
+
+google/riegeli ``doc/riegeli_records_file_format.md``: a file is a sequence of chunks
+(40-byte header, data, padding); at every multiple of 64 KiB a 24-byte block header
+interrupts whatever is there, even a chunk header, and gives the distances back to the
+beginning and on to the end of the chunk it interrupts. The file begins with the fixed
+64 bytes of the signature chunk. Simple chunks (``'r'``) hold a compression byte, the
+size of the compressed sizes buffer (varint), the sizes buffer (one varint per record)
+and the concatenated records; a compressed buffer starts with its decompressed size
+(varint). Hash fields are written as zeros (the reader does not verify them).
+
+This is independent of ``exporter.profiles.riegeli``: it builds the physical file by
+walking byte positions, inserting a block header whenever the position reaches a block
+boundary, and checks that the chunk ends where the spec's formula says it must.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import brotli
+
+BLOCK = 1 << 16
+BLOCK_HEADER = 24
+CHUNK_HEADER = 40
+USABLE = BLOCK - BLOCK_HEADER
+
+# The spec prints the first 64 bytes of every file (hashes included).
+SIGNATURE = bytes.fromhex(
+    "83af70d10d884a3f0000000000000000"
+    "400000000000000091bac23c9287e1a9"
+    "0000000000000000e19f13c0e9b1c372"
+    "73000000000000000000000000000000"
+)
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def spec_chunk_end(begin: int, data_size: int, num_records: int) -> int:
+    """``chunk_end`` as the spec's implementation notes compute it."""
+    overhead = (CHUNK_HEADER + data_size + (begin + USABLE - 1) % BLOCK) // USABLE
+    with_overhead = begin + CHUNK_HEADER + data_size + overhead * BLOCK_HEADER
+    remaining = BLOCK - 1 - (begin + num_records + BLOCK - 1) % BLOCK
+    boundary = begin + num_records + max(0, remaining - (USABLE - 1))
+    return max(with_overhead, boundary)
+
+
+def compress_block(raw: bytes, compression: str) -> bytes:
+    if compression == "none":
+        return raw
+    if compression == "brotli":
+        return varint(len(raw)) + brotli.compress(raw, quality=6)
+    raise ValueError(compression)
+
+
+def simple_chunk_data(records: Sequence[bytes], compression: str = "brotli") -> bytes:
+    byte = {"none": b"\x00", "brotli": b"b"}[compression]
+    sizes = compress_block(b"".join(varint(len(r)) for r in records), compression)
+    values = compress_block(b"".join(records), compression)
+    return byte + varint(len(sizes)) + sizes + values
+
+
+class Writer:
+    """Builds a Riegeli/records file in memory."""
+
+    def __init__(self, signature: bool = True) -> None:
+        self.buf = bytearray()
+        if signature:
+            self.buf += SIGNATURE
+
+    def _block_header(self, chunk_begin: int, chunk_end: int) -> None:
+        block = len(self.buf)
+        self.buf += bytes(8)  # header_hash: not computed
+        self.buf += (block - chunk_begin).to_bytes(8, "little")
+        self.buf += (chunk_end - block).to_bytes(8, "little")
+
+    def _put(self, logical: bytes, chunk_begin: int, chunk_end: int) -> None:
+        at = 0
+        while at < len(logical):
+            if len(self.buf) % BLOCK == 0:
+                self._block_header(chunk_begin, chunk_end)
+            room = BLOCK - len(self.buf) % BLOCK
+            piece = logical[at : at + room]
+            self.buf += piece
+            at += len(piece)
+
+    def chunk(
+        self, chunk_type: bytes, data: bytes, num_records: int = 0, decoded_size: int = 0
+    ) -> tuple[int, int]:
+        """Append one chunk; returns its (begin, end) positions."""
+        begin = len(self.buf)
+        end = spec_chunk_end(begin, len(data), num_records)
+        header = (
+            bytes(8)  # header_hash
+            + len(data).to_bytes(8, "little")
+            + bytes(8)  # data_hash
+            + chunk_type
+            + num_records.to_bytes(7, "little")
+            + decoded_size.to_bytes(8, "little")
+        )
+        self._put(header + data, begin, end)
+        while len(self.buf) < end:  # the chunk's padding
+            if len(self.buf) % BLOCK == 0:
+                self._block_header(begin, end)
+            room = min(BLOCK - len(self.buf) % BLOCK, end - len(self.buf))
+            self.buf += bytes(room)
+        assert len(self.buf) == end, (len(self.buf), end)
+        return begin, end
+
+    def records(self, records: Sequence[bytes], compression: str = "brotli") -> tuple[int, int]:
+        data = simple_chunk_data(records, compression)
+        return self.chunk(b"r", data, len(records), sum(len(r) for r in records))
+
+    def pad_to_block(self) -> None:
+        """A padding chunk that makes the file end on a block boundary."""
+        begin = len(self.buf)
+        if begin % BLOCK == 0:
+            return
+        target = -(-begin // BLOCK) * BLOCK
+        if target - begin < CHUNK_HEADER:
+            target += BLOCK
+        for data_size in range(target - begin - CHUNK_HEADER, -1, -1):
+            if spec_chunk_end(begin, data_size, 0) == target:
+                self.chunk(b"p", bytes(data_size))
+                return
+        raise AssertionError("no padding chunk size ends on the boundary")
+
+    def getvalue(self) -> bytes:
+        return bytes(self.buf)
+
+
+def write_file(
+    path: Path,
+    records: Iterable[bytes],
+    *,
+    compression: str = "brotli",
+    per_chunk: int = 1,
+    pad: bool = True,
+) -> bytes:
+    """Write ``records``, ``per_chunk`` to a chunk; returns the bytes written."""
+    writer = Writer()
+    batch: list[bytes] = []
+    for record in records:
+        batch.append(record)
+        if len(batch) == per_chunk:
+            writer.records(batch, compression)
+            batch = []
+    if batch:
+        writer.records(batch, compression)
+    if pad:
+        writer.pad_to_block()
+    data = writer.getvalue()
+    path.write_bytes(data)
+    return data
