@@ -9,9 +9,12 @@ reads what it wrote into an output directory.
     python -m exporter.analysis.job analyze INPUT OUT_DIR [--baseline SPEC ...]
     python -m exporter.analysis.job compare BASE HEAD OUT_DIR [--kind K ...]
     python -m exporter.analysis.job flamegraphs INPUT OUT_DIR --kind capture|memory|torch
+    python -m exporter.analysis.job sides INPUT OUT_DIR
 
 ``flamegraphs`` is the sidecar's conversion of a session's capture or a workload's
 memory profile (:func:`flamegraphs_in_child`): the graphs come back as pprof files.
+``sides`` reads a session into its sides as a comparison would, so that each capture's
+side cache is written beside it (:mod:`exporter.analysis.side_cache`; nothing in OUT_DIR).
 """
 
 from __future__ import annotations
@@ -239,7 +242,7 @@ def _write(out: Path, name: str, data: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="exporter.analysis.job")
-    parser.add_argument("command", choices=["analyze", "compare", "flamegraphs"])
+    parser.add_argument("command", choices=["analyze", "compare", "flamegraphs", "sides"])
     parser.add_argument("inputs", nargs="+")
     parser.add_argument("--kind")
     parser.add_argument("--top", type=int, default=20)
@@ -271,6 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _write_graphs(out, _convert(Path(specs[0]), ns.kind, ns))
             return 0
         context = _context(ns)
+        if ns.command == "sides":
+            from exporter.analysis.sides import load_side
+
+            load_side(specs[0], None, context)
+            return 0
         if ns.command == "analyze":
             from exporter.analysis.render import report_html
             from exporter.analysis.report import analyze

@@ -39,6 +39,7 @@ from exporter.profiles.convert import CAPTURE_SUFFIX, KINDS, Kind, is_pprof
 from exporter.profiles.flamegraph import FlameGraph
 
 if TYPE_CHECKING:
+    from exporter.analysis import side_cache
     from exporter.profiles.steps import StepWindow
     from exporter.profiles.xplane import Capture
 
@@ -311,22 +312,61 @@ def _merge_sides(side: Side, one: Side) -> Side:
 def _read_capture_kinds(
     path: Path, kinds: Sequence[Kind | None], sides: Sequence[Side | None]
 ) -> list[Side]:
-    """One capture read once into a side per kind (each new, or merged into ``sides``)."""
+    """One capture read once into a side per kind (each new, or merged into ``sides``).
+
+    The reads come from the capture's side cache where it holds them
+    (:mod:`exporter.analysis.side_cache`), else from decoding the capture, once for
+    every kind missing (the cache is then rewritten beside a session's capture).
+    """
+    from exporter.analysis import side_cache
+
+    asked = [
+        side.kind if side is not None else kind for kind, side in zip(kinds, sides, strict=True)
+    ]
+    reads, step_names = side_cache.read_capture(path, asked, _decode_capture_kinds)
+    chosen_reads = [reads[side_cache.key_of(kind)] for kind in asked]
+    for read in chosen_reads:
+        side_cache.raise_error(read)  # the first kind's error first, as decoding raised it
+    out = []
+    used: set[int] = set()
+    for read, side in zip(chosen_reads, sides, strict=True):
+        assert read.whole is not None
+        whole, steps = read.whole, read.steps
+        if id(read) in used:  # one read asked for twice: each side gets its own graphs
+            whole, steps = whole.copy(), [g.copy() for g in steps]
+        used.add(id(read))
+        chosen: Kind = "device" if read.chosen == "device" else "host"
+        merged = _merge_capture(path, side, chosen, whole, steps, list(read.step_ns), read.source)
+        if side is None or read.view != side.kind:
+            merged.view = read.view  # one CPU capture makes the whole side as noisy
+        merged.step_names |= step_names  # read with the step windows
+        out.append(merged)
+    return out
+
+
+def _decode_capture_kinds(
+    path: Path, kinds: list[str | None]
+) -> tuple[dict[str, side_cache.CaptureRead], set[str] | None]:
+    """Decode ``path`` once into a read per kind (an InputError of a kind is its read)."""
+    from exporter.analysis import side_cache
     from exporter.profiles.xplane import load_capture
 
-    out = []
+    reads: dict[str, side_cache.CaptureRead] = {}
     cache: dict[str, Any] = {}
     with load_capture(path) as capture:
-        for kind, side in zip(kinds, sides, strict=True):
-            chosen, whole, steps, step_ns, source, view = capture_side(
-                capture, side.kind if side is not None else kind, cache
-            )
-            merged = _merge_capture(path, side, chosen, whole, steps, step_ns, source)
-            if side is None or view != side.kind:
-                merged.view = view  # one CPU capture makes the whole side as noisy
-            merged.step_names |= cache["step_names"]  # read with the step windows
-            out.append(merged)
-    return out
+        for kind in kinds:
+            key = side_cache.key_of(kind)
+            try:
+                chosen, whole, steps, step_ns, source, view = capture_side(
+                    capture,
+                    kind,  # type: ignore[arg-type]
+                    cache,
+                )
+            except InputError as exc:
+                reads[key] = side_cache.CaptureRead(error=str(exc))
+                continue
+            reads[key] = side_cache.CaptureRead(chosen, whole, steps, step_ns, source, view)
+    return reads, cache.get("step_names")
 
 
 def _merge_capture(

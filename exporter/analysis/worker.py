@@ -286,7 +286,29 @@ class ReportWorker:
             {"status": event.status, "findings": event.findings, "file": REPORT_JSON},
         )
         self._count(event)
+        if baseline is None and record.trigger != "alert":
+            self._keep_sides(record.id)
         return event
+
+    def _keep_sides(self, session_id: str) -> None:
+        """Leave the session's sides beside its captures (``<capture>.sides.json.gz``), so
+        that a later report compared against it loads them instead of decoding them.
+
+        For a session that may become a baseline (an alert-started one is not chosen
+        automatically; one compared already kept its sides in its comparison). A child of
+        its own, after the report is written: it never delays or fails the report. Only
+        on a local store: a remote session is read from a temporary copy, and no cache is
+        written there (:func:`exporter.analysis.side_cache.writable`).
+        """
+        local = self.store.local_dir(session_id)
+        if local is None:
+            return
+        with tempfile.TemporaryDirectory(prefix="mlprof-sides-") as out:
+            result = run_job(
+                ["sides", str(local), out], self.settings.timeout_s, self.settings.max_memory_mb
+            )
+        if not result.ok:  # only the next comparison against it is slower
+            log.warning("session %s: side cache not written: %s", session_id, result.error)
 
     def _record_verdict(self, session_id: str, verdict: dict[str, Any]) -> None:
         """The verdict in ``session.json`` too: session lists show it without the report."""
