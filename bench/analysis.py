@@ -8,9 +8,11 @@ capture, each in a fresh child process (wall time, peak RSS):
   ``analyze`` are the median of three runs;
 * ``analyze``: ``mlprof analyze`` without XProf (facts, step breakdown, rules, graphs);
 * ``compare``: two captures of the same shape, per step (every step a sample);
-* ``xprof``: XProf's converters that a report runs (overview_page,
-  input_pipeline_analyzer, framework_op_stats, hlo_stats, memory_profile,
-  roofline_model) on the same file, in the same run.
+* ``analyze + XProf``: the same with the XProf converters the report runs on this
+  capture (``xprof_tools.plan_tools``; none over ``XPROF_MAX_CAPTURE_MB``), CPU seconds
+  of mlprof and of the converters' child together;
+* each converter the report runs, alone in its own child (CPU seconds, peak RSS), beside
+  mlprof's own analysis of the same capture in the same run (ratios).
 
     .venv/bin/python bench/analysis.py            # 2M events + a real capture, minutes
     .venv/bin/python bench/analysis.py --quick    # 100k events, no real capture
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 2.0  # analysis time / conversion time
@@ -39,7 +42,12 @@ def _peak_rss_mib() -> float:
     return 0.0
 
 
-def worker(kind: str, paths: list[Path]) -> dict[str, float]:
+def _cpu_s(who: int) -> float:
+    used = resource.getrusage(who)
+    return used.ru_utime + used.ru_stime
+
+
+def worker(kind: str, paths: list[Path]) -> dict[str, Any]:
     """One measurement in this fresh process (imports done before the clock starts)."""
     sys.path.insert(0, str(ROOT))
     from exporter.analysis.compare import compare_sides
@@ -51,25 +59,52 @@ def worker(kind: str, paths: list[Path]) -> dict[str, float]:
     if kind == "compare":
         import scipy.stats  # noqa: F401  (the rank test's import is not the comparison)
     started = time.perf_counter()
+    cpu = _cpu_s(resource.RUSAGE_SELF)
     if kind == "convert":
         with load_capture(paths[0]) as capture:
             device_flamegraph(capture)
             host_flamegraph(capture)
-    elif kind == "analyze":
-        report = analyze(str(paths[0]), xprof=False)
+    elif kind in ("analyze", "analyze_xprof"):
+        report = analyze(str(paths[0]), xprof=kind == "analyze_xprof")
         assert report.facts.steps is not None
+        if kind == "analyze_xprof":
+            answer = report.facts.xprof
+            return {
+                "seconds": time.perf_counter() - started,
+                "cpu_s": _cpu_s(resource.RUSAGE_SELF) - cpu + _cpu_s(resource.RUSAGE_CHILDREN),
+                "peak_rss_mib": _peak_rss_mib(),
+                "child_peak_rss_mib": _children_rss_mib(),
+                "asked": answer.get("asked", []),
+                "over_limit": report.facts.unavailable.get("xprof", "")
+                if answer.get("capture_mb", 0) > answer.get("limit_mb", 0)
+                else "",
+                "available": bool(answer.get("available")),
+            }
     elif kind == "compare":
         compare_sides(load_side(str(paths[0])), load_side(str(paths[1])))
-    elif kind == "xprof":
-        answer = run_xprof_tools(paths[:1], timeout_s=600)
-        if not answer.get("available"):
-            raise SystemExit(f"XProf: {answer.get('reason')}")
-        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        return {"seconds": time.perf_counter() - started, "peak_rss_mib": children}
-    return {"seconds": time.perf_counter() - started, "peak_rss_mib": _peak_rss_mib()}
+    elif kind.startswith("xprof:"):
+        tool = kind.removeprefix("xprof:")
+        answer = run_xprof_tools(paths[:1], (tool,), timeout_s=600)
+        error = (answer.get("tools") or {}).get(tool, {}).get("error")
+        if not answer.get("available") or error:
+            raise SystemExit(f"XProf {tool}: {answer.get('reason') or error}")
+        return {
+            "seconds": time.perf_counter() - started,
+            "cpu_s": _cpu_s(resource.RUSAGE_CHILDREN),
+            "peak_rss_mib": _children_rss_mib(),
+        }
+    return {
+        "seconds": time.perf_counter() - started,
+        "cpu_s": _cpu_s(resource.RUSAGE_SELF) - cpu,
+        "peak_rss_mib": _peak_rss_mib(),
+    }
 
 
-def child(kind: str, *paths: Path) -> dict[str, float]:
+def _children_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def child(kind: str, *paths: Path) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, __file__, "--worker", kind, *map(str, paths)],
         capture_output=True,
@@ -82,7 +117,7 @@ def child(kind: str, *paths: Path) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
@@ -100,21 +135,40 @@ def measure(label: str, a: Path, b: Path, xprof: bool, repeat: int = 3) -> bool:
         "(reference)"
     )
     print(
-        f"  analyze : {analyze['seconds']:.2f}s, peak RSS {analyze['peak_rss_mib']:.0f} MiB "
-        f"= {ratio:.2f}x convert (aim <= {TARGET_RATIO:g}x)"
+        f"  analyze : {analyze['seconds']:.2f}s ({analyze['cpu_s']:.2f}s CPU), peak RSS "
+        f"{analyze['peak_rss_mib']:.0f} MiB = {ratio:.2f}x convert (aim <= {TARGET_RATIO:g}x)"
     )
     print(
         f"  compare : {compare['seconds']:.2f}s, peak RSS {compare['peak_rss_mib']:.0f} MiB "
         f"for two captures = {compare['seconds'] / convert['seconds']:.2f}x one convert"
     )
     if xprof:
-        ref = child("xprof", a)
-        print(
-            f"  xprof   : {ref['seconds']:.2f}s for its six tools, peak RSS "
-            f"{ref['peak_rss_mib']:.0f} MiB; analyze is "
-            f"{ref['seconds'] / analyze['seconds']:.2f}x faster than XProf"
-        )
+        measure_xprof(a, analyze)
     return ratio <= TARGET_RATIO
+
+
+def measure_xprof(path: Path, analyze: dict[str, Any]) -> None:
+    """The converters the report runs, each alone, against mlprof's analysis (same run)."""
+    full = child("analyze_xprof", path)
+    if full["over_limit"]:
+        print(f"  XProf   : none run: {full['over_limit']}")
+    cpu, rss = analyze["cpu_s"], analyze["peak_rss_mib"]
+    print(f"  XProf converters the report runs ({len(full['asked'])}), each in its own child:")
+    for tool in full["asked"]:
+        one = child(f"xprof:{tool}", path)
+        print(
+            f"    {tool:<24}: {one['cpu_s']:6.2f}s CPU, peak RSS {one['peak_rss_mib']:6.0f} MiB"
+            f" = {one['cpu_s'] / cpu:5.2f}x mlprof analyze's CPU, "
+            f"{one['peak_rss_mib'] / rss:5.2f}x its peak RSS "
+            f"({one['peak_rss_mib'] * 2**20 / path.stat().st_size:.1f}x the capture's size)"
+        )
+    print(
+        f"  analyze : {cpu:.2f}s CPU without the converters, {full['cpu_s']:.2f}s with them "
+        f"(mlprof and the converters' children) = {full['cpu_s'] / cpu:.2f}x; peak RSS "
+        f"{rss:.0f} MiB without, with them {full['peak_rss_mib']:.0f} MiB and "
+        f"{full['child_peak_rss_mib']:.0f} MiB in the largest child"
+        + ("" if full["available"] or not full["asked"] else " (XProf did not answer)")
+    )
 
 
 def main() -> None:
@@ -138,8 +192,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mlprof-bench-analysis-") as tmp:
         synthetic = [Path(tmp) / f"s{seed}" / "tpu-vm-0.xplane.pb" for seed in (0, 1)]
         for seed, path in enumerate(synthetic):
-            made = write_tpu_capture(
-                path, devices=devices, steps=steps, ops_per_step=ops_per_step, seed=seed
+            made = write_tpu_capture(  # the shape of issue 20's figures
+                path,
+                devices=devices,
+                steps=steps,
+                ops_per_step=ops_per_step,
+                seed=seed,
+                while_every=50,
+                while_body=8,
             )
         print(
             f"synthetic: {made.event_count:,} events, {devices} TPU planes x {steps} steps, "

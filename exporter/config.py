@@ -305,6 +305,15 @@ class Settings(BaseSettings):
     report_xprof: bool = Field(
         True, description="Cross-check reports with XProf's converters when installed."
     )
+    # XProf's converters take about 20x a capture's size in memory: the default keeps
+    # them near 3 GB, inside report_max_memory_mb's 4 GiB (xprof_tools.XPROF_MAX_CAPTURE_MB).
+    report_xprof_max_capture_mb: float = Field(
+        150,
+        gt=0,
+        le=1 << 21,
+        description="No XProf converter runs on a capture larger than this (MB, a session's "
+        "files together): its XProf facts say so.",
+    )
     grafana_url: str | None = Field(
         None, description="Grafana base URL that reports link to (dashboard, Pyroscope)."
     )

@@ -568,6 +568,7 @@ def _memory(facts: CaptureFacts, memory_samples: Sequence[dict[str, Any]]) -> No
     """Peak against capacity: XProf's memory_profile, else the SDK's memory samples."""
     tools = facts.xprof.get("tools", {}) if facts.xprof.get("available") else {}
     allocators = tools.get("memory_profile", {}).get("summary", {}).get("allocators", {})
+    skipped = (facts.xprof.get("skipped") or {}).get("memory")
     best = None
     for name, found in allocators.items():
         peak, capacity = found.get("peak_bytes_in_use"), found.get("capacity_bytes")
@@ -582,10 +583,15 @@ def _memory(facts: CaptureFacts, memory_samples: Sequence[dict[str, Any]]) -> No
             if best is None or share > best[0]:
                 best = (share, peak, capacity, "SDK memory_stats samples")
     if best is None:
+        xprof = (
+            f"XProf's memory_profile did not run ({skipped})"
+            if skipped
+            else f"XProf's memory_profile found no allocator in this {facts.backend.upper()} "
+            "capture"
+        )
         facts.unavailable["memory"] = (
-            "no device memory peak and capacity: XProf's memory_profile found no allocator "
-            f"in this {facts.backend.upper()} capture and no memory_stats() samples were given"
-            + (" (JAX reports none on CPU)" if facts.backend == "cpu" else "")
+            f"no device memory peak and capacity: {xprof} and no memory_stats() samples were "
+            "given" + (" (JAX reports none on CPU)" if facts.backend == "cpu" else "")
         )
         return
     share, peak, capacity, source = best
@@ -602,8 +608,13 @@ def gather_facts(
     *,
     xprof: bool = True,
     memory_samples: Sequence[dict[str, Any]] = (),
+    xprof_max_mb: float | None = None,
 ) -> CaptureFacts:
-    """Every fact of one session's (or one file's) captures; see the module docstring."""
+    """Every fact of one session's (or one file's) captures; see the module docstring.
+
+    ``xprof_max_mb``: no XProf converter runs on captures larger than this (MB, all
+    files together); default the setting ``MLPROF_REPORT_XPROF_MAX_CAPTURE_MB``.
+    """
     from exporter.errors import InputError
 
     if not paths:
@@ -627,14 +638,47 @@ def gather_facts(
     facts.top_ops = _top_ops(device)
     facts.compiler = _compiler(device)
     facts.recompilation = _recompilation(hosts)
+    from exporter.analysis.program_facts import add_program_facts, read_programs
+
+    programs = read_programs(facts, paths)
     started = time.perf_counter()
-    facts.xprof = run_tools(paths) if xprof else {"available": False, "reason": "not asked"}
+    if xprof:
+        _xprof_facts(facts, paths, programs[0], bool(programs[0] or programs[1]), xprof_max_mb)
+    else:
+        facts.xprof = {"available": False, "reason": "not asked"}
     facts.xprof["seconds"] = round(time.perf_counter() - started, 3)
     _memory(facts, memory_samples)
-    from exporter.analysis.program_facts import add_program_facts
-
-    add_program_facts(facts, paths)
+    add_program_facts(facts, paths, programs)
     return facts
+
+
+def _xprof_facts(
+    facts: CaptureFacts,
+    paths: Sequence[Path],
+    programs: dict[str, Any],
+    has_hlo_protos: bool,
+    max_capture_mb: float | None,
+) -> None:
+    """``facts.xprof``: the converters whose facts this capture can have, if not too large."""
+    from exporter.analysis.xprof_tools import capture_limit_mb, plan_tools
+
+    plan = plan_tools(
+        backend=facts.backend,
+        has_steps=facts.steps is not None,
+        has_hlo_protos=has_hlo_protos,
+        ops_without_hlo=sum(
+            1 for top in facts.top_ops if not any(top["name"] in ops for ops in programs.values())
+        ),
+        capture_bytes=sum(p.stat().st_size for p in paths),
+        max_capture_mb=capture_limit_mb() if max_capture_mb is None else max_capture_mb,
+    )
+    facts.xprof = run_tools(paths, plan.tools) | plan.to_json()
+    if plan.over_limit:
+        facts.unavailable["xprof"] = (
+            f"{plan.over_limit}; not checked with XProf: {', '.join(sorted(plan.skipped))}"
+        )
+    elif plan.tools and not facts.xprof.get("available"):
+        facts.unavailable["xprof"] = str(facts.xprof.get("reason"))
 
 
 def _hosts(facts: CaptureFacts, hosts: list[_Host]) -> None:
@@ -661,7 +705,8 @@ def _hosts(facts: CaptureFacts, hosts: list[_Host]) -> None:
         )
 
 
-def run_tools(paths: Sequence[Path]) -> dict[str, Any]:
+def run_tools(paths: Sequence[Path], tools: Sequence[str]) -> dict[str, Any]:
+    """XProf's ``tools`` on ``paths`` in a bounded child (xprof_tools.run_xprof_tools)."""
     from exporter.analysis.xprof_tools import run_xprof_tools
 
-    return run_xprof_tools(paths)
+    return run_xprof_tools(paths, tools)

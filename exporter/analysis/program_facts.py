@@ -35,6 +35,7 @@ __all__ = [
     "hlo_ops",
     "op_category",
     "peak_allocations",
+    "read_programs",
     "roofline",
 ]
 
@@ -465,10 +466,17 @@ def _add_sources(
 # --- XProf's roofline and peak allocations --------------------------------------------
 
 
-def _tool(facts: CaptureFacts, name: str) -> tuple[dict[str, Any] | None, str]:
-    """XProf's answer for one tool, or why there is none."""
+def _tool(facts: CaptureFacts, fact: str) -> tuple[dict[str, Any] | None, str]:
+    """XProf's answer for ``fact`` (from its one tool, xprof_tools.FACT_TOOLS), or why
+    there is none."""
+    from exporter.analysis.xprof_tools import FACT_TOOLS
+
+    skipped = (facts.xprof.get("skipped") or {}).get(fact)
+    if skipped:
+        return None, str(skipped)
     if not facts.xprof.get("available"):
         return None, str(facts.xprof.get("reason") or "XProf's converters did not run")
+    name = FACT_TOOLS[fact]
     answer = (facts.xprof.get("tools") or {}).get(name) or {}
     if "error" in answer:
         return None, f"XProf's {name}: {answer['error']}"
@@ -484,7 +492,7 @@ def _float(value: Any) -> float:
 
 def roofline(facts: CaptureFacts) -> dict[str, Any]:
     """The program's roofline from XProf's ``roofline_model`` (as ``get_roofline_model``)."""
-    summary, reason = _tool(facts, "roofline_model")
+    summary, reason = _tool(facts, "roofline")
     if summary is None:
         return {"available": False, "reason": reason}
     program = summary.get("program")
@@ -511,8 +519,8 @@ def roofline(facts: CaptureFacts) -> dict[str, Any]:
         "VMEM Write": "vmem_write_ridge_point",
     }.get(bound_by)
     custom = float(summary.get("custom_call_share_pct") or 0.0)
-    overview = ((facts.xprof.get("tools") or {}).get("overview_page") or {}).get("summary") or {}
-    mxu = overview.get("mxu_utilization_pct")
+    overview, _ = _tool(facts, "mxu_utilization")
+    mxu = (overview or {}).get("mxu_utilization_pct")
     out: dict[str, Any] = {
         "available": True,
         "source": "XProf roofline_model, program row (FLOPs from XLA's cost model)",
@@ -559,7 +567,7 @@ def _shape(shape: str | None) -> tuple[str | None, list[int] | None]:
 
 def peak_allocations(facts: CaptureFacts) -> dict[str, Any]:
     """The largest buffers at the memory peak (XProf's memory viewer per module)."""
-    summary, reason = _tool(facts, "peak_allocations")
+    summary, reason = _tool(facts, "peak_allocations")  # XProf's memory_viewer
     if summary is None:
         return {"available": False, "reason": reason}
     modules = sorted(
@@ -594,18 +602,33 @@ def peak_allocations(facts: CaptureFacts) -> dict[str, Any]:
     }
 
 
-def add_program_facts(facts: CaptureFacts, paths: Sequence[Path]) -> None:
-    """Fill ``roofline``, ``peak_allocations``, ``op_categories`` and top ops' sources.
+def read_programs(
+    facts: CaptureFacts, paths: Sequence[Path]
+) -> tuple[dict[str, dict[str, HloOp]], dict[str, str]]:
+    """The captures' HLO instructions per program, and the damaged modules (why each).
 
-    Nothing here fails a report: an unreadable HLO proto or an XProf answer of an
-    unexpected shape makes its fact unavailable, with the reason.
+    An unreadable capture's HLO is context, never a report's failure: ``unavailable.hlo``.
     """
     damaged: dict[str, str] = {}
     try:
-        programs = hlo_ops(paths, damaged)
+        return hlo_ops(paths, damaged), damaged
     except Exception as exc:  # a capture's HLO is context: never a report's failure
-        programs = {}
         facts.unavailable["hlo"] = f"the capture's HLO protos could not be read ({exc})"
+        return {}, damaged
+
+
+def add_program_facts(
+    facts: CaptureFacts,
+    paths: Sequence[Path],
+    programs: tuple[dict[str, dict[str, HloOp]], dict[str, str]] | None = None,
+) -> None:
+    """Fill ``roofline``, ``peak_allocations``, ``op_categories`` and top ops' sources.
+
+    ``programs``: what :func:`read_programs` gave for ``paths`` (read here if not given).
+    Nothing here fails a report: an unreadable HLO proto or an XProf answer of an
+    unexpected shape makes its fact unavailable, with the reason.
+    """
+    ops, damaged = programs if programs is not None else read_programs(facts, paths)
     for key, build in (("roofline", roofline), ("peak_allocations", peak_allocations)):
         try:
             found = build(facts)
@@ -614,12 +637,12 @@ def add_program_facts(facts: CaptureFacts, paths: Sequence[Path]) -> None:
         setattr(facts, key, found)
         if not found.get("available"):
             facts.unavailable[key] = found["reason"]
-    facts.op_categories = op_categories(facts.graphs.get("device"), facts.backend, programs)
-    hlo_stats, _ = _tool(facts, "hlo_stats")
-    _add_sources(facts, programs, (hlo_stats or {}).get("ops") or {})
+    facts.op_categories = op_categories(facts.graphs.get("device"), facts.backend, ops)
+    hlo_stats, _ = _tool(facts, "op_sources")
+    _add_sources(facts, ops, (hlo_stats or {}).get("ops") or {})
     from exporter.analysis.neighbourhood import add_neighbourhoods
 
     try:
-        add_neighbourhoods(facts, programs, damaged)
+        add_neighbourhoods(facts, ops, damaged)
     except Exception as exc:  # context, never a report's failure
         facts.unavailable["neighbourhood"] = f"the HLO neighbourhood failed ({exc!r})"

@@ -234,17 +234,22 @@ def analyze(
     baseline_session: str | None = None,
     baseline_reason: str = "given",
     xprof: bool = True,
+    xprof_max_mb: float | None = None,
     memory_samples: Sequence[dict[str, Any]] = (),
     history: Sequence[float] | None = None,
 ) -> Report:
     """Analyse what ``spec`` names; compare against ``baseline`` when one is given.
 
+    ``xprof``: run the XProf converters whose facts the capture can have, unless it is
+    over ``xprof_max_mb`` (default: the setting ``MLPROF_REPORT_XPROF_MAX_CAPTURE_MB``).
     ``history``: earlier runs' median step (ns); their spread judges the step time.
     """
     context = context or SideContext()
     paths, described = capture_paths(spec, context)
     started = time.perf_counter()
-    facts = gather_facts(paths, xprof=xprof, memory_samples=memory_samples)
+    facts = gather_facts(
+        paths, xprof=xprof, memory_samples=memory_samples, xprof_max_mb=xprof_max_mb
+    )
     xprof_s = float(facts.xprof.get("seconds", 0.0))
     timings = {"facts_s": round(time.perf_counter() - started - xprof_s, 3), "xprof_s": xprof_s}
     started = time.perf_counter()

@@ -2,39 +2,81 @@
 
 XProf's converters (``xprof.convert.raw_to_tool_data.xspace_to_tool_data``) write cache
 files beside their input and log to stderr from C++, and they are native code that a
-hostile file could crash: so they run in a child process, on copies in a temporary
-directory, with a deadline. Each tool's answer is reduced to the few numbers a report
-quotes; a tool that fails or has nothing on this backend says so.
+hostile file could crash: so they run in child processes (one per tool), on copies in a
+temporary directory, with a deadline. Each tool's answer is reduced to the few numbers a
+report quotes; a tool that fails or has nothing on this backend says so.
 
-    python -m exporter.analysis.xprof_tools CAPTURE [CAPTURE ...]   # JSON on stdout
+Only the converters whose facts the report will use run (:data:`FACT_TOOLS` maps each
+fact to the one tool it needs; :func:`plan_tools` picks them for a capture), and none
+runs on a capture over :data:`XPROF_MAX_CAPTURE_MB`: the fact is then
+``{"available": false, "reason": ...}``, never a failed report.
+
+    python -m exporter.analysis.xprof_tools [--tools a,b] CAPTURE [CAPTURE ...]  # JSON
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["TOOLS", "XPROF_TIMEOUT_S", "run_xprof_tools"]
+__all__ = [
+    "FACT_TOOLS",
+    "TOOLS",
+    "XPROF_MAX_CAPTURE_MB",
+    "XPROF_TIMEOUT_S",
+    "XProfPlan",
+    "capture_limit_mb",
+    "plan_tools",
+    "run_xprof_tools",
+]
 
-TOOLS: Final = (
-    "overview_page",
-    "input_pipeline_analyzer",
-    "framework_op_stats",
-    "hlo_stats",
-    "memory_profile",
-    "roofline_model",
-)
+# Each fact the report takes from XProf, and the ONE converter it needs. XProf's
+# framework_op_stats is not here: no fact or finding reads it.
+FACT_TOOLS: Final[dict[str, str]] = {
+    # facts.roofline: the program row (program_facts.roofline, MemoryBoundRule)
+    "roofline": "roofline_model",
+    # facts.roofline.mxu_utilization_pct: the TPU's MXU counters, only the overview has them
+    "mxu_utilization": "overview_page",
+    # facts.memory: peak bytes in use against capacity (OomRiskRule)
+    "memory": "memory_profile",
+    # facts.peak_allocations: the largest buffers per HLO module (OomRiskRule's buffers)
+    "peak_allocations": "memory_viewer",
+    # top_ops[i].source / category / framework_op where the capture's HLO protos lack the op
+    "op_sources": "hlo_stats",
+    # XProf's step time beside ours (summary.html's key numbers; the integration tests)
+    "step_time_check": "input_pipeline_analyzer",
+}
+TOOLS: Final = tuple(dict.fromkeys(FACT_TOOLS.values()))
 # XProf takes about 5 s and 700 MiB for a 2-million-event capture (issue 10's figures);
 # a minute leaves room on a loaded machine, and a report never waits longer.
 XPROF_TIMEOUT_S: Final = 60.0
+# The converters' child's address-space bound (MiB); None: the caller's own, which a
+# sidecar's report job has from MLPROF_REPORT_MAX_MEMORY_MB.
+XPROF_MAX_MEMORY_MB: int | None = None
+# XProf's converters hold the whole XSpace and the op stats built from it. Measured
+# (issue 20; write_tpu_capture(devices=4, ops_per_step=10_000, distinct_ops=400,
+# while_every=50, while_body=8), 11 and 45 steps): one tool's peak RSS is 213 MiB for
+# the 8.0 MB capture, 731 MiB for the 32.4 MB one: about 100 MiB plus 22x the capture's
+# size. All five tools in one process reach 1206 MiB (39x: what each leaves behind
+# adds up), so each tool runs in its own child. Under an address-space bound (RLIMIT_AS,
+# as the sidecar's job has) hlo_stats needs 896 MiB for the 32.4 MB capture (768 MiB
+# dies with std::bad_alloc) and 384 MiB for the 8.0 MB one (256 MiB dies): again 22x.
+# 150 MB is then about 3.5 GB, under the sidecar's 4 GiB analysis bound
+# (MLPROF_REPORT_MAX_MEMORY_MB); a 366 MB capture would need 8 GB. Setting:
+# MLPROF_REPORT_XPROF_MAX_CAPTURE_MB (config.py).
+XPROF_MAX_CAPTURE_MB: Final = 150
+LIMIT_ENV: Final = "MLPROF_REPORT_XPROF_MAX_CAPTURE_MB"
+_MB: Final = 1_000_000
 TOP_ROWS: Final = 5
 # Peak allocations: XProf's memory viewer runs once per HLO module, as its CLI's
 # get_peak_allocations does. A capture of a long session can hold hundreds of small
@@ -59,6 +101,87 @@ ROOFLINE_PROGRAM_KEYS: Final = (
     "roofline_efficiency",
     "total_time",
 )
+
+
+@dataclass(frozen=True)
+class XProfPlan:
+    """The converters a report runs on one input, and why each other fact runs none.
+
+    >>> plan_tools(backend="cpu", has_steps=False, has_hlo_protos=False,
+    ...            ops_without_hlo=0, capture_bytes=1).tools
+    ()
+    """
+
+    tools: tuple[str, ...]
+    skipped: dict[str, str] = field(default_factory=dict)  # fact -> why its tool is not run
+    capture_bytes: int = 0
+    limit_mb: float = XPROF_MAX_CAPTURE_MB
+    over_limit: str = ""  # the reason, when the capture is too large for any converter
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "asked": list(self.tools),
+            "skipped": self.skipped,
+            "capture_mb": round(self.capture_bytes / _MB, 1),
+            "limit_mb": self.limit_mb,
+        }
+
+
+def plan_tools(
+    *,
+    backend: str,
+    has_steps: bool,
+    has_hlo_protos: bool,
+    ops_without_hlo: int,
+    capture_bytes: int,
+    max_capture_mb: float = XPROF_MAX_CAPTURE_MB,
+) -> XProfPlan:
+    """The converters whose facts this capture can have (see :data:`FACT_TOOLS`)."""
+    why_not: dict[str, str] = {}
+    if backend == "cpu":
+        why_not["roofline"] = (
+            "XProf's roofline model has no rows for a CPU capture (it models TPU and GPU "
+            "device ops)"
+        )
+        why_not["memory"] = (
+            "XProf's memory_profile has no device allocator in a CPU capture (JAX reports "
+            "none on CPU)"
+        )
+    if backend != "tpu" or "roofline" in why_not:
+        why_not["mxu_utilization"] = "MXU utilisation is a TPU counter (and a roofline figure)"
+    if not has_hlo_protos:
+        why_not["peak_allocations"] = (
+            "the capture has no HLO protos (XProf's memory viewer reads them)"
+        )
+    if not ops_without_hlo:
+        why_not["op_sources"] = (
+            "every top op's source is in the capture's HLO protos"
+            if has_hlo_protos
+            else "no top ops to find sources for"
+        )
+    if not has_steps:
+        why_not["step_time_check"] = (
+            "no step markers: XProf's input pipeline analysis reads the same ones"
+        )
+    wanted = {fact: tool for fact, tool in FACT_TOOLS.items() if fact not in why_not}
+    over = ""
+    if wanted and capture_bytes > max_capture_mb * _MB:
+        over = (
+            f"capture is {capture_bytes / _MB:.0f} MB, over the {max_capture_mb:g} MB limit "
+            f"for XProf's converters ({LIMIT_ENV}): they take about 20x the capture's size "
+            "in memory"
+        )
+        why_not |= dict.fromkeys(wanted, over)
+        wanted = {}
+    tools = tuple(t for t in TOOLS if t in wanted.values())
+    return XProfPlan(tools, why_not, capture_bytes, max_capture_mb, over)
+
+
+def capture_limit_mb() -> float:
+    """The limit in effect: the setting (``MLPROF_REPORT_XPROF_MAX_CAPTURE_MB``)."""
+    from exporter.config import load_settings
+
+    return float(load_settings(None).report_xprof_max_capture_mb)
 
 
 def _table_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
@@ -304,12 +427,15 @@ def _peak_allocations(paths: list[str]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
-def _child(paths: list[str]) -> dict[str, Any]:
-    """In the child: run every tool, answer {tool: {seconds, summary} | {error}}."""
+def _child(paths: list[str], tools: Sequence[str] = TOOLS) -> dict[str, Any]:
+    """In the child: run ``tools``, answer {tool: {seconds, summary} | {error}}."""
     from xprof.convert import raw_to_tool_data
 
     answers: dict[str, Any] = {}
-    for tool in TOOLS:
+    for tool in tools:
+        if tool == "memory_viewer":
+            answers[tool] = _peak_allocations(paths[:1])  # one host, as memory_profile
+            continue
         started = time.perf_counter()
         try:
             inputs = paths[:1] if tool == "memory_profile" else paths  # one host at a time
@@ -324,16 +450,42 @@ def _child(paths: list[str]) -> dict[str, Any]:
             }
         except Exception as exc:  # one tool's failure is reported, the others still run
             answers[tool] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    answers["peak_allocations"] = _peak_allocations(paths[:1])  # one host, as memory_profile
     return answers
 
 
-def run_xprof_tools(paths: Sequence[Path], timeout_s: float = XPROF_TIMEOUT_S) -> dict[str, Any]:
-    """XProf's summaries of ``paths`` (one host's or a session's captures).
+def _memory_bound(memory_mb: int | None) -> Any:
+    if memory_mb is None:
+        return None
 
-    Answers ``{"available": False, "reason": ...}`` when XProf is not installed, times
-    out or crashes; the report then says which facts it could not check with XProf.
+    def bound() -> None:  # in the child, before it starts Python
+        limit = memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return bound
+
+
+def run_xprof_tools(
+    paths: Sequence[Path],
+    tools: Sequence[str] = TOOLS,
+    timeout_s: float | None = None,
+    memory_mb: int | None = None,
+) -> dict[str, Any]:
+    """XProf's summaries of ``paths`` (one host's or a session's captures) by ``tools``.
+
+    Each tool runs in its own child, all within ``timeout_s`` (default
+    :data:`XPROF_TIMEOUT_S`); a child that times out, crashes or runs out of memory
+    (``memory_mb``: each child's address-space bound, default :data:`XPROF_MAX_MEMORY_MB`)
+    makes its tool ``{"error": ...}`` and the others still count. Answers
+    ``{"available": False, "reason": ...}`` when XProf is not installed or no tool
+    answered; the report then says which facts it could not check with XProf.
     """
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown:
+        raise ValueError(f"XProf tools {unknown}: expected some of {', '.join(TOOLS)}")
+    timeout_s = XPROF_TIMEOUT_S if timeout_s is None else timeout_s
+    memory_mb = XPROF_MAX_MEMORY_MB if memory_mb is None else memory_mb
+    if not tools:
+        return {"available": False, "reason": "no fact of this capture needs XProf's converters"}
     try:
         import importlib.util
 
@@ -350,30 +502,70 @@ def run_xprof_tools(paths: Sequence[Path], timeout_s: float = XPROF_TIMEOUT_S) -
             copy = Path(tmp) / f"{i}_{path.name}"
             shutil.copyfile(path, copy)
             copies.append(str(copy))
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GLOG_minloglevel": "3"}
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "exporter.analysis.xprof_tools", *copies],
-                capture_output=True,
-                timeout=timeout_s,
-                env=env,
-                cwd=tmp,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return {"available": False, "reason": f"XProf's converters took over {timeout_s:g}s"}
+        answers: dict[str, Any] = {}
+        failures: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        for tool in tools:  # one child each: see XPROF_MAX_CAPTURE_MB
+            left = deadline - time.monotonic()
+            if left <= 0:
+                failures.append(f"XProf's converters took over {timeout_s:g}s")
+                answers[tool] = {"error": f"not run: {failures[-1]}"}
+                continue
+            answer, failure = _run_child(tool, copies, (left, timeout_s), tmp, memory_mb)
+            answers[tool] = answer
+            if failure:
+                failures.append(failure)
+    if len(failures) == len(tools):  # no tool answered: XProf as a whole did not
+        return {"available": False, "reason": failures[0], "tools": answers}
+    return {"available": True, "tools": answers}
+
+
+def _run_child(
+    tool: str,
+    copies: list[str],
+    timeouts: tuple[float, float],
+    cwd: str,
+    memory_mb: int | None,
+) -> tuple[dict[str, Any], str]:
+    """One tool in its own child: its answer, and why the child failed ('' if it did not).
+
+    ``timeouts``: the seconds left of the converters' deadline, and that deadline.
+    """
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GLOG_minloglevel": "3"}
+    command = [sys.executable, "-m", "exporter.analysis.xprof_tools", "--tools", tool, *copies]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            timeout=timeouts[0],
+            env=env,
+            cwd=cwd,
+            check=False,
+            # None unless a bound is asked for (preexec_fn and threads: tests, bench)
+            preexec_fn=_memory_bound(memory_mb),
+        )
+    except subprocess.TimeoutExpired:
+        failure = f"XProf's converters took over {timeouts[1]:g}s (at {tool})"
+        return {"error": failure}, failure
     if done.returncode != 0:
         tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-        return {
-            "available": False,
-            "reason": f"XProf's converters failed (exit {done.returncode}: {tail[0][:200]})",
-        }
+        killed = " (killed: out of memory or a signal)" if done.returncode < 0 else ""
+        failure = f"XProf's converters failed (exit {done.returncode}{killed}: {tail[0][:200]})"
+        return {"error": failure}, failure
     try:
-        tools = json.loads(done.stdout)
-    except ValueError:
-        return {"available": False, "reason": "XProf's converters answered no JSON"}
-    return {"available": True, "tools": tools}
+        answer = json.loads(done.stdout)[tool]
+    except (ValueError, KeyError, TypeError):
+        failure = "XProf's converters answered no JSON"
+        return {"error": failure}, failure
+    return answer, ""
+
+
+def _main(argv: list[str]) -> None:
+    tools: Sequence[str] = TOOLS
+    if argv[:1] == ["--tools"]:
+        tools, argv = [t for t in argv[1].split(",") if t], argv[2:]
+    json.dump(_child(argv, tools), sys.stdout)
 
 
 if __name__ == "__main__":
-    json.dump(_child(sys.argv[1:]), sys.stdout)
+    _main(sys.argv[1:])

@@ -197,7 +197,7 @@ def test_xprof_tool_errors_become_reasons() -> None:
             "available": True,
             "tools": {
                 "roofline_model": {"error": "ValueError: boom"},
-                "peak_allocations": {"summary": {"modules": []}},
+                "memory_viewer": {"summary": {"modules": []}},
             },
         }
     )
