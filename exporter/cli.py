@@ -97,8 +97,24 @@ def _configure_logging(level: str) -> None:
     )
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from exporter.profiles.xspace import DECODER  # imported here: it loads numpy
+
+    click.echo(f"mlprof {__version__} (XSpace decoder: {DECODER})")
+    ctx.exit()
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="mlprof")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and the XSpace decoder in use (compiled or python), and exit.",
+)
 def main() -> None:
     """mlprof-exporter: ML workload metrics, flame graphs and captures for Grafana."""
 

@@ -34,10 +34,10 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 from pydantic import Field, ValidationError
 
 from exporter.errors import ConfigError, InputError, MlprofError
+from exporter.profiles.capture_files import CAPTURES_NAMED, capture_stem, find_captures
 
 __all__ = ["XPROF_CLI_TOOLS", "ProfileTools", "build_server"]
 
-CAPTURE_SUFFIX: Final = ".xplane.pb"
 RUN_PREFIX: Final = "run:"
 
 # XProf's CLI tools a client may run, each with the flags it may pass. Only tools that
@@ -202,9 +202,9 @@ class ProfileTools:
 
     def _captures(self, session: str) -> list[Path]:
         directory = self._session_dir(session)
-        paths = sorted(p for p in directory.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+        paths = find_captures(directory)
         if not paths:
-            raise InputError(f"session {session!r}: no XProf captures (*{CAPTURE_SUFFIX}) in it")
+            raise InputError(f"session {session!r}: no XProf captures ({CAPTURES_NAMED}) in it")
         return paths
 
     def _report(self, name: str, *, xprof: bool, baseline: str | None = None) -> Any:
@@ -368,7 +368,7 @@ class ProfileTools:
             steps = facts.steps or {}
             hosts.append(
                 {
-                    "name": path.name.removesuffix(CAPTURE_SUFFIX),  # as XProf names hosts
+                    "name": capture_stem(path.name),  # as XProf names hosts
                     "file": str(path),
                     "steps": steps.get("count", 0),
                     "step_median_ms": steps.get("median_ms"),

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import brotli
 
+from exporter.proto import xplane_pb2
+
 BLOCK = 1 << 16
 BLOCK_HEADER = 24
 CHUNK_HEADER = 40
@@ -163,3 +165,39 @@ def write_file(
     data = writer.getvalue()
     path.write_bytes(data)
     return data
+
+
+def chunk_xspace(space: xplane_pb2.XSpace, max_events: int) -> list[bytes]:
+    """Cut ``space`` as ``DestructiveChunkXSpace`` does, by event count instead of bytes.
+
+    First the space without planes, then per plane its header (metadata and stats, no
+    lines), then pieces with copies of that header and a share of the lines; a line of
+    more than ``max_events`` events is cut into pieces with its id, name and timestamp.
+    """
+    head = xplane_pb2.XSpace()
+    head.CopyFrom(space)
+    del head.planes[:]
+    out = [head.SerializeToString()]
+    for plane in space.planes:
+        base = xplane_pb2.XPlane()
+        base.CopyFrom(plane)
+        del base.lines[:]
+        out.append(xplane_pb2.XSpace(planes=[base]).SerializeToString())
+        piece = xplane_pb2.XPlane()
+        piece.CopyFrom(base)
+        count = 0
+        for line in plane.lines:
+            for start in range(0, max(1, len(line.events)), max_events):
+                part = piece.lines.add()
+                part.CopyFrom(line)
+                del part.events[:]
+                part.events.extend(line.events[start : start + max_events])
+                count += len(part.events)
+                if count >= max_events:
+                    out.append(xplane_pb2.XSpace(planes=[piece]).SerializeToString())
+                    piece = xplane_pb2.XPlane()
+                    piece.CopyFrom(base)
+                    count = 0
+        if piece.lines:
+            out.append(xplane_pb2.XSpace(planes=[piece]).SerializeToString())
+    return out

@@ -30,6 +30,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from exporter.profiles.capture_files import CAPTURE_SUFFIXES, capture_stem
+
 __all__ = [
     "STRAGGLER_MAD_FLOOR",
     "STRAGGLER_MIN_HOSTS",
@@ -42,7 +44,7 @@ STRAGGLER_Z: Final = 3.5  # Iglewicz & Hoaglin's outlier cut, XProf's straggler_
 STRAGGLER_MIN_HOSTS: Final = 3  # XProf: "3 hosts is the minimum required"
 STRAGGLER_MAD_FLOOR: Final = 0.05  # of the median host's median step (facts.STEP_MAD_FLOOR)
 SLOWEST_STEPS: Final = 3
-_TRACE_SUFFIXES: Final = (".xplane.pb", ".xspace.pb")
+_TRACE_SUFFIXES: Final = (*CAPTURE_SUFFIXES, ".xspace.pb")
 
 
 def host_name(path: Path | str) -> str:
@@ -114,9 +116,7 @@ def _unique_names(entries: list[dict[str, Any]]) -> None:
             return
         for e in entries:
             if e["name"] in clash:
-                e["name"] = (
-                    Path(e["file"]).name.split(".xplane.pb")[0] if key == "stem" else e["file"]
-                )
+                e["name"] = capture_stem(Path(e["file"]).name) if key == "stem" else e["file"]
 
 
 def host_entries(

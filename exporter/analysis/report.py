@@ -28,13 +28,13 @@ from exporter.analysis.sides import (
     load_sides,
 )
 from exporter.errors import InputError
+from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
 
 __all__ = ["REPORT_VERSION", "Report", "analyze", "baseline_summary", "capture_paths"]
 
 REPORT_VERSION: Final = 1
 OPTIMAL: Final = "OPTIMAL"
 NEEDS_ATTENTION: Final = "NEEDS_ATTENTION"
-CAPTURE_SUFFIX: Final = ".xplane.pb"
 BASELINE_TOP: Final = 5  # entries per list kept in the report's baseline section
 
 
@@ -151,7 +151,7 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
                 r.finished_ok and (r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
             ):
                 continue
-            names = [n for t in r.targets for n in t.files if n.endswith(CAPTURE_SUFFIX)]
+            names = [n for t in r.targets for n in t.files if is_capture_name(n)]
             for name in names:
                 try:
                     # A remote store's session is read from a local copy, as a local one.
@@ -171,9 +171,9 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
     if not path.exists():
         raise InputError(f"{spec}: no such file, directory or session in the store")
     if path.is_dir():
-        paths = sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+        paths = find_captures(path)
         if not paths:
-            raise InputError(f"{path}: no XProf captures (*.xplane.pb) in this directory")
+            raise InputError(f"{path}: no XProf captures ({CAPTURES_NAMED}) in this directory")
         shown = str(path)
         url = context.store or ""
         if path != Path(spec) and "://" in url and not url.startswith("file://"):

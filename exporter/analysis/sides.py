@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from exporter.errors import ConfigError, InputError
-from exporter.profiles.convert import CAPTURE_SUFFIX, KINDS, Kind, is_pprof
+from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
+from exporter.profiles.convert import KINDS, Kind, is_pprof
 from exporter.profiles.flamegraph import FlameGraph
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ def capture_side(
         # the last; their sum is the whole graph.
         from exporter.profiles.steps import StepWindow
 
-        edges = [StepWindow(0, cycles[0].start_ns, None), *cycles,
+        edges = [StepWindow(-_FAR_FUTURE_NS, cycles[0].start_ns, None), *cycles,
                  StepWindow(cycles[-1].end_ns, _FAR_FUTURE_NS, None)]  # fmt: skip
         graphs = list(windowed_flamegraphs(capture, chosen, edges))
         if not graphs or graphs[0].root.total + sum(g.root.total for g in graphs) == 0:
@@ -401,7 +402,7 @@ def load_sides(
     path = resolve_input(spec, context.store)
     plain = not spec.startswith((RUN_PREFIX, PYROSCOPE_PREFIX)) and path.exists()
     captures = (
-        sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+        find_captures(path)
         if plain and path.is_dir()
         else [path]
         if plain and not is_pprof(path)
@@ -465,9 +466,9 @@ def _read_directory(directory: Path, kind: Kind | None, spec: str, source: str) 
         if not found:
             raise InputError(f"{directory}: no device-memory profiles (*.pprof.gz) here")
         return _merge_pprofs(found, kind, spec, source)
-    captures = sorted(p for p in directory.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+    captures = find_captures(directory)
     if not captures:
-        raise InputError(f"{directory}: no XProf captures (*.xplane.pb) in this directory")
+        raise InputError(f"{directory}: no XProf captures ({CAPTURES_NAMED}) in this directory")
     side: Side | None = None
     for path in captures:
         side = _read_capture(path, kind, side)
@@ -516,7 +517,7 @@ def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -
     for record in records:
         for target in record.targets:
             for name in target.files:
-                if not name.endswith(CAPTURE_SUFFIX):
+                if not is_capture_name(name):
                     continue
                 try:
                     # A remote session is copied once (the side's files stay readable).

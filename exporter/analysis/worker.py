@@ -34,6 +34,7 @@ from exporter.analysis.baselines import BaselineStore
 from exporter.analysis.job import REPORT_HTML, REPORT_JSON, run_job
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
+from exporter.profiles.capture_files import is_capture_name
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 ERROR_FILE: Final = "analysis-error.json"
 REPORT_STATUSES: Final = ("OPTIMAL", "NEEDS_ATTENTION", "error")
 COMPARED_TRIGGERS: Final = frozenset({"alert", "snapshot"})
-CAPTURE_SUFFIX: Final = ".xplane.pb"
 # Runs whose newest report's findings are exported; the oldest are dropped beyond this
 # (label cardinality stays bounded on a long-lived sidecar).
 MAX_RUNS_EXPORTED: Final = 200
@@ -201,7 +201,7 @@ class ReportWorker:
         record = self.store.read_record(session_id)
         if record is None:
             return None
-        captures = [n for t in record.targets for n in t.files if n.endswith(CAPTURE_SUFFIX)]
+        captures = [n for t in record.targets for n in t.files if is_capture_name(n)]
         if not captures:
             return None
         workload = self.workload_of(record)
@@ -401,10 +401,7 @@ class ReportWorker:
             return
         record = self.store.read_record(session_id)
         names = [
-            n
-            for t in (record.targets if record else [])
-            for n in t.files
-            if n.endswith(CAPTURE_SUFFIX)
+            n for t in (record.targets if record else []) for n in t.files if is_capture_name(n)
         ]
         if not names:
             yield None

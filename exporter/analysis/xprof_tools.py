@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from exporter.profiles.capture_files import CHUNKED_SUFFIX, XSPACE_SUFFIX, capture_stem
+
 __all__ = [
     "FACT_TOOLS",
     "TOOLS",
@@ -499,8 +501,15 @@ def run_xprof_tools(
     with tempfile.TemporaryDirectory(prefix="mlprof-xprof-") as tmp:
         copies = []
         for i, path in enumerate(paths):
-            copy = Path(tmp) / f"{i}_{path.name}"
-            shutil.copyfile(path, copy)
+            copy = Path(tmp) / f"{i}_{capture_stem(path.name)}{XSPACE_SUFFIX}"
+            if path.name.endswith(CHUNKED_SUFFIX):
+                from exporter.profiles.riegeli import write_xspace
+
+                # Merged as XProf's repository merges it: the converters get one XSpace.
+                with copy.open("wb") as out:
+                    write_xspace(path, out)
+            else:
+                shutil.copyfile(path, copy)
             copies.append(str(copy))
         answers: dict[str, Any] = {}
         failures: list[str] = []

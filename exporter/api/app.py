@@ -21,6 +21,7 @@ from exporter.api.auth import check_bearer
 from exporter.api.captures import router as captures_router
 from exporter.api.ingest import router as ingest_router
 from exporter.api.ui import router as ui_router
+from exporter.profiles import xspace
 from exporter.profiles.memory_watcher import (
     MEMORY_REQUEST_ID,
     answers_to,
@@ -127,7 +128,8 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         """Readiness: each component's state; 503 until the required ones ran once, or
         while one is stalled. ``waiting``: working, no data yet (no workload seen)."""
         ready, components = sidecar.readiness()
-        body = {"ready": ready, "components": components}
+        body = {"ready": ready, "version": __version__, "decoder": xspace.DECODER,
+                "components": components}  # fmt: skip
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["metrics"], dependencies=[Depends(require_metrics_token)])

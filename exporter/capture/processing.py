@@ -21,10 +21,10 @@ from typing import Any, Final
 
 from exporter.capture.session import SessionRecord, utcnow
 from exporter.capture.store import SessionStore
+from exporter.profiles.capture_files import capture_stem, is_capture_name
 from exporter.profiles.flamegraph import FlameGraph
 
 __all__ = [
-    "CAPTURE_SUFFIX",
     "MAX_CONVERSION_STARTS",
     "Convert",
     "Push",
@@ -35,7 +35,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CAPTURE_SUFFIX: Final = ".xplane.pb"
 # A session whose processing raised (the store or the converter failed) is tried again
 # after each of these delays, then left unprocessed, logged, until the next restart.
 RETRY_DELAYS_S: Final = (30.0, 120.0, 600.0)
@@ -186,7 +185,7 @@ class SessionProcessor:
             (target.host, target.run_id, name)
             for target in record.targets
             for name in target.files
-            if name.endswith(CAPTURE_SUFFIX)
+            if is_capture_name(name)
         ]
         starts = _conversion_starts(record)
         artifacts: list[dict[str, Any]] = []
@@ -246,7 +245,7 @@ class SessionProcessor:
         except Exception as exc:  # an unreadable capture is recorded, not fatal
             return [base | {"error": f"cannot convert: {exc}"}]
         artifacts = []
-        stem = name.removesuffix(CAPTURE_SUFFIX)
+        stem = capture_stem(name)
         for source, graph in graphs.items():
             artifact: dict[str, Any] = base | {
                 "profile_source": source,

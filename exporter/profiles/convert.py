@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 from google.protobuf.message import DecodeError
 
 from exporter.errors import InputError
+from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.torch_memory import SNAPSHOT_SUFFIXES, is_torch_snapshot
 
@@ -36,7 +37,6 @@ __all__ = [
 Kind = Literal["device", "host", "memory"]
 KINDS: tuple[Kind, ...] = ("device", "host", "memory")
 FORMATS = ("folded", "pprof", "html")
-CAPTURE_SUFFIX = ".xplane.pb"
 PPROF_SUFFIXES = (".pprof.gz", ".pprof", ".pb.gz")
 MEMORY_SUFFIXES = (*PPROF_SUFFIXES, *SNAPSHOT_SUFFIXES)
 GZIP_MAGIC = b"\x1f\x8b"
@@ -118,7 +118,7 @@ def resolve_input(text: str, store: str | None = None) -> Path:
 
 def is_pprof(path: Path) -> bool:
     """Whether ``path`` is a pprof: by its suffix, else by gzip's magic bytes."""
-    if path.name.endswith(CAPTURE_SUFFIX):
+    if is_capture_name(path.name):
         return False
     if path.name.endswith(PPROF_SUFFIXES):
         return True
@@ -130,7 +130,7 @@ def is_pprof(path: Path) -> bool:
 
 
 def _is_memory_file(path: Path) -> bool:
-    if path.name.endswith(CAPTURE_SUFFIX):
+    if is_capture_name(path.name):
         return False
     return is_pprof(path) or is_torch_snapshot(path)
 
@@ -140,8 +140,8 @@ def _session_files(directory: Path, kind: Kind | None) -> list[Path]:
         found = sorted(p for s in MEMORY_SUFFIXES for p in directory.rglob(f"*{s}"))
         what = "device-memory profiles (*.pprof.gz) or PyTorch memory snapshots (*.pickle)"
     else:
-        found = sorted(directory.rglob(f"*{CAPTURE_SUFFIX}"))
-        what = "XProf captures (*.xplane.pb)"
+        found = find_captures(directory)
+        what = f"XProf captures ({CAPTURES_NAMED})"
     if not found:
         raise InputError(f"{directory}: no {what} in this session directory")
     return found

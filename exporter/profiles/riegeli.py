@@ -71,12 +71,9 @@ from exporter.proto import xplane_pb2
 
 __all__ = [
     "MAX_CHUNK_BYTES",
-    "SNAPSHOT_SUFFIX",
     "iter_records",
     "write_xspace",
 ]
-
-SNAPSHOT_SUFFIX: Final = ".xplane.riegeli"
 
 BLOCK_SIZE: Final = 1 << 16
 BLOCK_HEADER_SIZE: Final = 24

@@ -109,7 +109,8 @@ def _device_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]
                 step = None
                 for name in _STEP_STATS:
                     if name in found:
-                        step = _number(getattr(found[name], found[name].WhichOneof("value")))
+                        kind = found[name].WhichOneof("value")  # None: a stat with no value
+                        step = _number(getattr(found[name], kind)) if kind else None
                         break
                 if step is None:
                     meta = plane.event_metadata.get(event.metadata_id)

@@ -32,27 +32,36 @@ overlap without nesting), and labels are computed once per distinct event kind.
 
 from __future__ import annotations
 
-import os
 import re
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import attrgetter
-from pathlib import Path
-from typing import Any, BinaryIO
 
 import numpy as np
-from google.protobuf.internal import wire_format
-from google.protobuf.internal.decoder import _DecodeVarint as _decode_varint
-from google.protobuf.message import DecodeError
 
-from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph, Frame
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
 from exporter.profiles.nesting import FAR, Nested, aggregate, dense_index, nest, window_self
+from exporter.profiles.xspace import (
+    DEVICE_PLANE_RE,
+    HOST_PLANE,
+    PS_PER_NS,
+    Capture,
+    LineHeader,
+    OpLine,
+    Plane,
+    PlaneRef,
+    event_columns,
+    line_columns,
+    line_headers,
+    load_capture,
+    parse_xspace,
+    read_line,
+    stat_values,
+)
 from exporter.proto import xplane_pb2
 
+# The decoding names (Capture, load_capture, ...) are also this module's: callers that
+# convert a capture open it and build its graphs through one import.
 __all__ = [
     "CUT_FRAME",
     "DEVICE_PLANE_RE",
@@ -72,8 +81,6 @@ __all__ = [
     "read_line",
 ]
 
-DEVICE_PLANE_RE = re.compile(r"^/device:(TPU|GPU):\d+$")
-HOST_PLANE = "/host:CPU"
 XLA_OPS = "XLA Ops"
 XLA_MODULES = "XLA Modules"
 STEPS = "Steps"
@@ -81,7 +88,6 @@ STEPS = "Steps"
 _NON_OP_LINES = frozenset({XLA_MODULES, STEPS, "XLA TraceMe", "Framework Ops",
                            "Framework Name Scope", "Source code", "Host Offload Ops",
                            "SparseCore Steps", "Sparse Core Ops"})  # fmt: skip
-_PS_PER_NS = 1000
 _THREAD_ID_SUFFIX = re.compile(r"/-?\d+$")
 _PROGRAM_ID_SUFFIX = re.compile(r"\(-?\d+\)$")
 UNKNOWN_PROGRAM = "<unknown program>"
@@ -89,360 +95,6 @@ UNKNOWN_PROGRAM = "<unknown program>"
 # bounds the cost of pathological nesting (a 20,000-deep line) to O(events * 1).
 MAX_EVENT_DEPTH = 1000
 CUT_FRAME = f"<events nested deeper than {MAX_EVENT_DEPTH}>"
-# Line timestamps below this (1973) are relative to the profile start (XProf normalises
-# them so in CPU captures), not nanoseconds since the epoch.
-_RELATIVE_BELOW_NS = 10**17
-_INT64 = 1 << 63  # times past it (ns or ps) are corrupt: numpy and pprof hold int64
-
-
-Plane = xplane_pb2.XPlaneByLine
-Reader = Callable[[int, int], bytes]  # (offset, length) -> bytes
-
-
-@dataclass(frozen=True, slots=True)
-class PlaneRef:
-    """Where one plane's bytes are in the capture."""
-
-    name: str
-    start: int
-    end: int
-
-
-def _scan(read: Reader, start: int, end: int, source: str) -> list[tuple[int, int, int]]:
-    """(field number, start, end) of each length-delimited field in ``[start, end)``.
-
-    Only the framing (tag and length varints, decoded by protobuf's own decoder) is read
-    here, so a capture is never held whole: each plane is read and parsed by protobuf
-    when a conversion needs it.
-    """
-    fields: list[tuple[int, int, int]] = []
-    pos = start
-    while pos < end:
-        head = read(pos, min(20, end - pos))
-        try:
-            tag, used = _decode_varint(head, 0)
-            number, wire_type = wire_format.UnpackTag(tag)
-            length, used = _decode_varint(head, used)
-        except (IndexError, ValueError):
-            raise InputError(
-                f"{source}: truncated or corrupt XProf capture (bad field header at byte {pos})"
-            ) from None
-        if wire_type != 2 or number < 1:
-            raise InputError(
-                f"{source}: not an XProf capture (field {number} at byte {pos} has wire "
-                f"type {wire_type}, expected an XSpace)"
-            )
-        body = pos + used
-        if body + length > end:
-            raise InputError(
-                f"{source}: truncated XProf capture (a field at byte {pos} needs "
-                f"{body + length - end} more bytes than the file has)"
-            )
-        fields.append((number, body, body + length))
-        pos = body + length
-    return fields
-
-
-@dataclass(frozen=True, slots=True)
-class OpLine:
-    """One device op line as a conversion reads it (what ``Capture.on_op_line`` gets):
-    the plane, the line's start (ns), its lasting events' metadata ids, starts and ends
-    (ps after the line's start)."""
-
-    ref: PlaneRef
-    plane: Any
-    base_ns: int
-    ids: np.ndarray
-    starts_ps: np.ndarray
-    ends_ps: np.ndarray
-
-
-@dataclass
-class Capture:
-    """An XProf capture opened for conversion; planes are parsed when needed.
-
-    ``source`` (the file or session) is named in every error; ``events_read`` counts
-    the events the conversions have read so far.
-    """
-
-    source: str
-    size: int
-    read: Reader
-    planes: list[PlaneRef] = field(default_factory=list)
-    hostnames: list[str] = field(default_factory=list)
-    events_read: int = 0
-    steps: int = 0  # events on a device plane's Steps line (set by device_flamegraph)
-    handle: BinaryIO | None = None  # the open file planes are read from, if any
-    # Called with each device op line the conversion reads (an OpLine). The analysis
-    # takes device busy and communication time from it rather than reading every op
-    # event a second time.
-    on_op_line: Callable[[OpLine], None] | None = None
-    _start_ns: int | None = None  # profile_start_time, read when first needed
-
-    def close(self) -> None:
-        """Close the file (a capture from bytes has none)."""
-        if self.handle is not None:
-            self.handle.close()
-            self.handle = None
-
-    def __enter__(self) -> Capture:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @classmethod
-    def from_space(cls, space: xplane_pb2.XSpace, source: str = "<memory>") -> Capture:
-        """A capture from an in-memory XSpace (e.g. a synthetic one)."""
-        return parse_xspace(space.SerializeToString(), source)
-
-    @property
-    def device_planes(self) -> list[PlaneRef]:
-        return [p for p in self.planes if DEVICE_PLANE_RE.fullmatch(p.name)]
-
-    @property
-    def host_planes(self) -> list[PlaneRef]:
-        return [p for p in self.planes if p.name == HOST_PLANE]
-
-    @property
-    def plane_names(self) -> list[str]:
-        return [p.name for p in self.planes]
-
-    def plane(self, ref: PlaneRef) -> Plane:
-        """Parse one plane (its lines stay serialized)."""
-        plane = Plane()
-        try:
-            plane.ParseFromString(self.read(ref.start, ref.end - ref.start))
-        except DecodeError:
-            raise InputError(
-                f"{self.source}: corrupt XProf capture (plane {ref.name!r} does not parse)"
-            ) from None
-        return plane
-
-    def _profile_start_ns(self) -> int:
-        for ref in self.planes:
-            if ref.name == "Task Environment":
-                plane = self.plane(ref)
-                names = {m.id: m.name for m in plane.stat_metadata.values()}
-                for stat in plane.stats:
-                    if names.get(stat.metadata_id) == "profile_start_time":
-                        return _stat_int(stat)
-        return 0
-
-    def line_start_ns(self, timestamp_ns: int) -> int:
-        """A line's start in ns since the epoch (relative line times are made absolute)."""
-        if timestamp_ns >= _RELATIVE_BELOW_NS:
-            return timestamp_ns
-        if self._start_ns is None:
-            self._start_ns = self._profile_start_ns()
-        start = self._start_ns + timestamp_ns
-        if not -_INT64 <= start < _INT64:
-            raise InputError(f"{self.source}: corrupt XProf capture (a line starts at {start} ns)")
-        return start
-
-    def time_range(self) -> tuple[int, int]:
-        """(start ns since epoch, duration ns) from ``Task Environment``, else the lines.
-
-        Without a Task Environment plane the range spans the device and host lines'
-        own timestamps and durations; with none of those either, it is (now, 0): a
-        profile stamped 0 would be outside Pyroscope's ingestion window.
-        """
-        for ref in self.planes:
-            if ref.name != "Task Environment":
-                continue
-            plane = self.plane(ref)
-            names = {m.id: m.name for m in plane.stat_metadata.values()}
-            values = {names.get(s.metadata_id): _stat_int(s) for s in plane.stats}
-            start, stop = values.get("profile_start_time"), values.get("profile_stop_time")
-            if not 0 <= (start or 0) < _INT64 or not 0 <= (stop or 0) < _INT64:
-                raise InputError(f"{self.source}: corrupt XProf capture (profile time {start})")
-            if start:
-                return start, max(0, (stop or start) - start)
-        return self._lines_range() or (time.time_ns(), 0)
-
-    def _lines_range(self) -> tuple[int, int] | None:
-        first, last = 0, 0
-        for ref in (*self.device_planes, *self.host_planes):
-            plane = self.plane(ref)
-            for raw in plane.lines:
-                header = xplane_pb2.XLineHeader()
-                try:
-                    header.ParseFromString(raw)
-                except DecodeError:
-                    continue  # the conversion itself names a corrupt line
-                if header.timestamp_ns <= 0:
-                    continue
-                begin = self.line_start_ns(header.timestamp_ns)
-                stop = begin + max(0, header.duration_ps) // _PS_PER_NS
-                first = min(first or begin, begin)
-                last = max(last, stop)
-        return (first, last - first) if first else None
-
-
-def _open(read: Reader, size: int, source: str) -> Capture:
-    capture = Capture(source, size, read)
-    for number, start, end in _scan(read, 0, size, source):
-        if number == 1:
-            header = xplane_pb2.XPlaneHeader()
-            try:
-                header.ParseFromString(read(start, end - start))
-            except DecodeError:
-                raise InputError(
-                    f"{source}: corrupt XProf capture (plane at byte {start} does not parse)"
-                ) from None
-            capture.planes.append(PlaneRef(header.name, start, end))
-        elif number == 4:
-            capture.hostnames.append(read(start, end - start).decode("utf-8", "replace"))
-    if not capture.planes:
-        raise InputError(f"{source}: not an XProf capture (no planes in the XSpace)")
-    return capture
-
-
-@dataclass(frozen=True, slots=True)
-class _LineHeader:
-    index: int
-    id: int
-    name: str
-    display_name: str
-    timestamp_ns: int
-
-
-def line_headers(capture: Capture, plane: Plane) -> list[_LineHeader]:
-    """Each line's index, ids, names and timestamp; the events are not kept."""
-    out = []
-    for index, raw in enumerate(plane.lines):
-        header = xplane_pb2.XLineHeader()
-        try:
-            header.ParseFromString(raw)  # events are skipped (unknown, freed with `header`)
-        except DecodeError:
-            raise InputError(
-                f"{capture.source}: corrupt XProf capture (line {index} of plane "
-                f"{plane.name!r} does not parse)"
-            ) from None
-        out.append(
-            _LineHeader(index, header.id, header.name, header.display_name, header.timestamp_ns)
-        )
-    return out
-
-
-def read_line(capture: Capture, plane: Plane, index: int) -> xplane_pb2.XLine:
-    """Parse line ``index`` of ``plane`` (InputError naming it when corrupt)."""
-    line = xplane_pb2.XLine()
-    try:
-        line.ParseFromString(plane.lines[index])
-    except DecodeError:
-        raise InputError(
-            f"{capture.source}: corrupt XProf capture (line {index} of plane "
-            f"{plane.name!r} does not parse)"
-        ) from None
-    capture.events_read += len(line.events)
-    return line
-
-
-def parse_xspace(data: bytes, source: str) -> Capture:
-    """Open XSpace bytes; InputError naming ``source`` when they are not a capture."""
-    if not data:
-        raise InputError(f"{source}: empty, expected an XProf capture (.xplane.pb)")
-    view = memoryview(data)
-    return _open(lambda start, length: bytes(view[start : start + length]), len(data), source)
-
-
-def load_capture(path: Path) -> Capture:
-    """Open an ``.xplane.pb`` file; its planes are read from disk when needed."""
-    try:
-        size = path.stat().st_size
-        handle = path.open("rb")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read capture ({exc.strerror or exc})") from None
-    if not size:
-        handle.close()
-        raise InputError(f"{path}: empty file, expected an XProf capture (.xplane.pb)")
-    fd = handle.fileno()
-
-    def read(start: int, length: int) -> bytes:
-        data = os.pread(fd, length, start)
-        if len(data) != length:
-            raise InputError(f"{path}: file changed or was truncated while reading")
-        return data
-
-    try:
-        capture = _open(read, size, str(path))
-    except BaseException:
-        handle.close()
-        raise
-    capture.handle = handle  # planes are read from it when a conversion needs them
-    return capture
-
-
-# -- stats ---------------------------------------------------------------------------
-def _stat_int(stat: xplane_pb2.XStat) -> int:
-    kind = stat.WhichOneof("value")
-    if kind in ("int64_value", "uint64_value", "ref_value"):
-        return int(getattr(stat, kind))
-    if kind == "double_value":
-        return int(stat.double_value)
-    if kind == "str_value" and stat.str_value.lstrip("-").isdigit():
-        return int(stat.str_value)
-    return 0
-
-
-def _stat_values(
-    plane: Plane,
-    stats: Iterable[xplane_pb2.XStat],
-    names: dict[int, str] | None = None,
-    wanted: frozenset[str] | None = None,
-) -> dict[str, str | int | float]:
-    """Stats by name (``ref_value`` resolved); ``names`` maps the plane's stat ids."""
-    if names is None:
-        names = {m.id: m.name for m in plane.stat_metadata.values()}
-    out: dict[str, str | int | float] = {}
-    for stat in stats:
-        name = names.get(stat.metadata_id)
-        if name is None or (wanted is not None and name not in wanted):
-            continue
-        kind = stat.WhichOneof("value")
-        if kind == "ref_value":
-            out[name] = names.get(stat.ref_value, "")
-        elif kind is not None and kind != "bytes_value":
-            out[name] = getattr(stat, kind)
-    return out
-
-
-_GET_ID_DUR_OFF = attrgetter("metadata_id", "duration_ps", "offset_ps")
-
-
-def _columns(
-    events: Sequence[xplane_pb2.XEvent], source: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """metadata ids, starts (ps), ends (ps) of the events that last, as int64 arrays.
-
-    One pass: ``attrgetter`` reads the fields in C and ``np.fromiter`` packs them into one
-    int64 array, so no list of Python ints is ever built (24 bytes per event).
-    Instant events (markers, zero duration) carry no time and are left out.
-    """
-    flat = np.fromiter(chain.from_iterable(map(_GET_ID_DUR_OFF, events)), np.int64, 3 * len(events))
-    rows = flat.reshape(-1, 3)
-    ids, starts, ends = _lasting(rows[:, 0], rows[:, 2], rows[:, 1])
-    # Offset + duration wrapped past 2**63 ps, or beyond the FAR edge of every window.
-    if len(ends) and ((ends < starts).any() or starts.min() < -FAR or ends.max() > FAR):
-        raise InputError(f"{source}: corrupt XProf capture (an event lies past 2**62 ps)")
-    return ids, starts, ends
-
-
-def _line_columns(
-    capture: Capture, plane: Plane, index: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_columns` of line ``index``; the parsed line is freed on return."""
-    return _columns(read_line(capture, plane, index).events, capture.source)
-
-
-def _lasting(
-    ids: np.ndarray, offs: np.ndarray, durs: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    keep = durs > 0
-    if not keep.all():
-        ids, durs, offs = ids[keep], durs[keep], offs[keep]
-    return ids, offs, offs + durs
 
 
 # -- frames and their time ------------------------------------------------------------
@@ -549,8 +201,8 @@ class _Frames:
         if self.windows_ns is None:
             windows = np.array([[-FAR, FAR]], np.int64)
         else:
-            rel = np.clip(self.windows_ns - base_ns, -FAR // _PS_PER_NS, FAR // _PS_PER_NS)
-            windows = rel * _PS_PER_NS
+            rel = np.clip(self.windows_ns - base_ns, -FAR // PS_PER_NS, FAR // PS_PER_NS)
+            windows = rel * PS_PER_NS
         self._parts.append(window_self(nested, node, windows))
 
     def self_ns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -572,7 +224,7 @@ class _Frames:
         first = np.r_[True, nodes[1:] != nodes[:-1]]
         group_start = np.maximum.accumulate(np.where(first, np.arange(len(nodes)), 0))
         before = running[group_start] - sums[group_start]
-        rounded = (running - before + _PS_PER_NS // 2) // _PS_PER_NS
+        rounded = (running - before + PS_PER_NS // 2) // PS_PER_NS
         previous = np.where(first, 0, np.r_[0, rounded[:-1]])
         ns = np.maximum(rounded - previous, 0)  # < 0 only where XProf's rule double counts
         return nodes, wins, ns
@@ -648,7 +300,7 @@ def _op_info(plane: Plane, meta_id: int, names: dict[int, str]) -> _OpInfo:
     meta = plane.event_metadata.get(meta_id)
     if meta is None:
         return _OpInfo(None, (), "uncategorized", f"<op {meta_id}>")
-    stats = _stat_values(plane, meta.stats, names, _OP_STATS)
+    stats = stat_values(plane, meta.stats, names, _OP_STATS)
     op = meta.name or meta.display_name or f"<op {meta_id}>"
     category = str(stats.get("hlo_category") or "uncategorized")
     scope = str(stats.get("tf_op") or stats.get("name_scope") or "")
@@ -691,10 +343,13 @@ class _Programs:
 
     def module_of(self, starts: np.ndarray, base_ns: int) -> np.ndarray:
         """Per start (ps after ``base_ns``), the module metadata id around it, else -1."""
-        if self.spans is None:
+        shift = (base_ns - self.base_ns) * PS_PER_NS
+        # No modules, or lines 2**62 ps (53 days) apart: only a corrupt capture has those,
+        # and no module is placed around its ops.
+        if self.spans is None or not len(self.spans[0]) or abs(shift) >= FAR:
             return np.full(len(starts), -1, np.int64)
         m_starts, m_ends, m_ids = self.spans
-        starts = starts + (base_ns - self.base_ns) * _PS_PER_NS
+        starts = starts + shift
         slot = np.searchsorted(m_starts, starts, side="right") - 1
         inside = (slot >= 0) & (starts < m_ends[np.maximum(slot, 0)])
         return np.where(inside, m_ids[np.maximum(slot, 0)], -1)
@@ -715,7 +370,7 @@ def _programs(capture: Capture, plane: Plane, modules_index: int | None) -> _Pro
         return out
     modules = read_line(capture, plane, modules_index)
     out.base_ns = capture.line_start_ns(modules.timestamp_ns)
-    m_ids, m_starts, m_ends = _columns(modules.events, capture.source)
+    m_ids, m_starts, m_ends = event_columns(modules.events, capture.source)
     names = {m.id: m.name for m in plane.stat_metadata.values()}
     for meta_id in set(m_ids.tolist()):
         meta = plane.event_metadata.get(meta_id)
@@ -723,7 +378,7 @@ def _programs(capture: Capture, plane: Plane, modules_index: int | None) -> _Pro
             continue
         name = _program_name(meta.name or meta.display_name)
         out.by_meta[meta_id] = name
-        pid = _stat_values(plane, meta.stats, names, _PROGRAM_STAT).get("program_id")
+        pid = stat_values(plane, meta.stats, names, _PROGRAM_STAT).get("program_id")
         if pid is None:
             match = re.search(r"\((-?\d+)\)$", meta.name)
             pid = int(match.group(1)) if match else None
@@ -805,7 +460,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
             line = read_line(capture, plane, line_index)
             kernel_ids = _gpu_tuple_ids(plane, line, frames, gpu_stats)
-            metas_of, starts, ends = _columns(line.events, capture.source)
+            metas_of, starts, ends = event_columns(line.events, capture.source)
             del line
             if capture.on_op_line is not None:
                 capture.on_op_line(OpLine(ref, plane, base_ns, metas_of, starts, ends))
@@ -817,7 +472,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
                 tuple_ids[i] = frames.tuple_id(frames.tuples[int(nested.label[i])][-1:])
             frames.add_line(base_ns, nested, tuple_ids, 0)
             continue
-        ids, starts, ends = _line_columns(capture, plane, line_index)
+        ids, starts, ends = line_columns(capture, plane, line_index)
         if capture.on_op_line is not None:
             capture.on_op_line(OpLine(ref, plane, base_ns, ids, starts, ends))
         if not len(ids):
@@ -919,7 +574,7 @@ def _host_label(plane: Plane, meta_id: int) -> FrameLabel:
 
 
 def _thread_names(
-    headers: Sequence[_LineHeader], activity: dict[int, tuple[int, int]]
+    headers: Sequence[LineHeader], activity: dict[int, tuple[int, int]]
 ) -> tuple[dict[int, str], list[str]]:
     """The frame of each line with events (by line index), and a comment per ordinal.
 
@@ -940,7 +595,7 @@ def _thread_names(
         if pooled and pooled != name:
             pools.add(header.index)
         names[header.index] = pooled or name
-    same: dict[str, list[_LineHeader]] = {}
+    same: dict[str, list[LineHeader]] = {}
     for header in headers:
         if header.index in names and header.index not in pools:
             same.setdefault(names[header.index], []).append(header)
@@ -966,7 +621,7 @@ def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> list[str]:
     activity: dict[int, tuple[int, int]] = {}
     for header in headers:
         base_ns = capture.line_start_ns(header.timestamp_ns)
-        ids, starts, ends = _line_columns(capture, plane, header.index)
+        ids, starts, ends = line_columns(capture, plane, header.index)
         if not len(ids):
             continue
         activity[header.index] = (len(ids), int((ends - starts).sum()))

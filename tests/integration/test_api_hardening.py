@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import __version__
 from exporter.api.app import create_app
 from exporter.cli import main
 from exporter.sidecar import Sidecar
@@ -93,6 +94,9 @@ def test_readyz_says_waiting_until_a_workload_writes(api: Api) -> None:
         return body["components"] if body["ready"] else {}
 
     first = wait_until(components, timeout=30, what="the sidecar to be ready")
+    body = httpx.get(f"{api.url}/readyz", timeout=5).json()
+    # The dev install builds the compiled decode core (tests/unit/test_decoder.py).
+    assert (body["version"], body["decoder"]) == (__version__, "compiled")
     assert first["step_log"]["state"] == "waiting", first["step_log"]
     assert "no workload" in first["step_log"]["detail"]
     assert first["source.jax"]["state"] == "waiting"  # JAX on CPU writes no memory lines

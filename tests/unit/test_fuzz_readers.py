@@ -470,6 +470,54 @@ def test_random_bytes_as_xspace_are_refused_or_converted(
     run()
 
 
+# Inputs the decoder differential (tests/unit/test_decoder.py) found crashing a reader
+# with other than a refusal: a step stat with no value, an XLA Modules line with no
+# events or 2**62 ps away from the ops, a step before the epoch, a line lasting past
+# 2**63 ns.
+FOUND_ELSEWHERE = [
+    "0a9e0212092f686f73743a4350551a" + "091207584c41204f70731a" * 19 + "1e1207584c41204f70732213"
+    "080110808080808080808080011801220208012a100801120c08011208737465705f6e756d2a0e0800120a"
+    "1208737465705f6e756d",
+    "0a51120d2f6465766963653a5450553a301a091207584c41204f70731a1312055374657073220a08011801"
+    "2202080128002a100801120c08011208737465705f6e756d2a0e0800120a1208737465705f6e756d",
+    "0a4b120d2f6465766963653a5450553a301a111207584c41204f707322060801100018021a17120b584c41"
+    "204d6f64756c657318808090bbbad6adf00d2a0e0800120a1208737465705f6e756d",
+    "0a41120d2f6465766963653a5450553a301a111207584c41204f707322060801100018021a0d120b584c41"
+    "204d6f64756c65732a0e0800120a1208737465705f6e756d",
+]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [bytes.fromhex(h) for h in FOUND_ELSEWHERE],
+    ids=["step-before-epoch", "step-stat-without-value", "modules-far-away", "modules-empty"],
+)
+def test_inputs_found_by_the_decoder_differential(
+    data: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter.analysis.sides import capture_side
+
+    _convert_capture(data, tmp_path / "found.xplane.pb", None, monkeypatch)
+    for kind in (None, "device", "host"):
+        try:
+            side = capture_side(parse_xspace(data, "found"), kind, {})  # type: ignore[arg-type]
+        except InputError:
+            continue
+        for graph in (side[1], *side[2]):
+            encode_pprof(graph)  # times fit pprof's int64 fields
+
+
+def test_a_line_lasting_past_two_to_the_63_ns_still_encodes() -> None:
+    space = xplane_pb2.XSpace()
+    plane = space.planes.add(name="/host:CPU")
+    plane.event_metadata[1].name = "work"
+    line = plane.lines.add(name="python", timestamp_ns=(1 << 63) - 10, duration_ps=INT64_MAX)
+    line.events.add(metadata_id=1, offset_ps=0, duration_ps=5000)
+    graph = host_flamegraph(parse_xspace(space.SerializeToString(), "long"))
+    assert graph is not None and graph.time_nanos + graph.duration_nanos <= INT64_MAX
+    encode_pprof(graph)
+
+
 # -- pprof ---------------------------------------------------------------------------
 STRINGS = ["", "space", "bytes", "allocations", "count", "inuse_space", "inuse_objects",
            "device", "cpu:0", "f", "a.py", "0x1", "kind", "samples", "cpu", "nanoseconds",

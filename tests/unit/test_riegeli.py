@@ -19,7 +19,8 @@ import brotli
 import pytest
 
 from exporter.errors import InputError
-from exporter.profiles.riegeli import SNAPSHOT_SUFFIX, iter_records, write_xspace
+from exporter.profiles.capture_files import CHUNKED_SUFFIX
+from exporter.profiles.riegeli import iter_records, write_xspace
 from exporter.profiles.synthetic import tpu_capture
 from exporter.proto import xplane_pb2
 from tests import riegeli_writer as rw
@@ -109,42 +110,6 @@ def _xprof_merge(records: list[bytes]) -> xplane_pb2.XSpace:
     return merged
 
 
-def _chunks(space: xplane_pb2.XSpace, max_events: int) -> list[bytes]:
-    """Cut ``space`` as ``DestructiveChunkXSpace`` does, by event count instead of bytes.
-
-    First the space without planes, then per plane its header (metadata and stats, no
-    lines), then pieces with copies of that header and a share of the lines; a line of
-    more than ``max_events`` events is cut into pieces with its id, name and timestamp.
-    """
-    head = xplane_pb2.XSpace()
-    head.CopyFrom(space)
-    del head.planes[:]
-    out = [head.SerializeToString()]
-    for plane in space.planes:
-        base = xplane_pb2.XPlane()
-        base.CopyFrom(plane)
-        del base.lines[:]
-        out.append(xplane_pb2.XSpace(planes=[base]).SerializeToString())
-        piece = xplane_pb2.XPlane()
-        piece.CopyFrom(base)
-        count = 0
-        for line in plane.lines:
-            for start in range(0, max(1, len(line.events)), max_events):
-                part = piece.lines.add()
-                part.CopyFrom(line)
-                del part.events[:]
-                part.events.extend(line.events[start : start + max_events])
-                count += len(part.events)
-                if count >= max_events:
-                    out.append(xplane_pb2.XSpace(planes=[piece]).SerializeToString())
-                    piece = xplane_pb2.XPlane()
-                    piece.CopyFrom(base)
-                    count = 0
-        if piece.lines:
-            out.append(xplane_pb2.XSpace(planes=[piece]).SerializeToString())
-    return out
-
-
 def _merged(path: Path) -> xplane_pb2.XSpace:
     out = io.BytesIO()
     written = write_xspace(path, out)
@@ -173,9 +138,9 @@ def _traced(work: Callable[[], T]) -> tuple[T, int]:
 # -- records ----------------------------------------------------------------------------
 @pytest.mark.parametrize("compression", ["brotli", "none"])
 def test_records_come_back_exactly(tmp_path: Path, compression: str) -> None:
-    records = _chunks(tpu_capture(devices=2, steps=3, ops_per_step=500).space, 400)
+    records = rw.chunk_xspace(tpu_capture(devices=2, steps=3, ops_per_step=500).space, 400)
     records[3:3] = [b"", b"\x00" * 70_000, bytes(range(256))]
-    path = tmp_path / f"host{SNAPSHOT_SUFFIX}"
+    path = tmp_path / f"host{CHUNKED_SUFFIX}"
     data = rw.write_file(path, records, compression=compression, per_chunk=3)
     assert len(data) % rw.BLOCK == 0
     assert list(iter_records(path)) == records
@@ -234,7 +199,7 @@ def test_reading_keeps_about_one_chunk_in_memory(tmp_path: Path) -> None:
 # -- the merged XSpace --------------------------------------------------------------------
 def test_a_chunked_capture_merges_back_like_xprof(tmp_path: Path) -> None:
     space = tpu_capture(devices=2, steps=4, ops_per_step=800, distinct_ops=150).space
-    records = _chunks(space, 700)
+    records = rw.chunk_xspace(space, 700)
     assert len(records) > 8
     path = tmp_path / "tpu-vm-0.xplane.riegeli"
     rw.write_file(path, records, per_chunk=2)
@@ -315,7 +280,7 @@ def _expect_input_error(path: Path, *, merge: bool = False) -> str:
 
 @pytest.fixture
 def sample(tmp_path: Path) -> tuple[Path, bytes]:
-    records = _chunks(tpu_capture(devices=2, steps=3, ops_per_step=500).space, 500)
+    records = rw.chunk_xspace(tpu_capture(devices=2, steps=3, ops_per_step=500).space, 500)
     path = tmp_path / "sample.xplane.riegeli"
     data = rw.write_file(path, [*records, random.Random(3).randbytes(150_000)], per_chunk=2)
     assert len(data) > 3 * rw.BLOCK

@@ -1,0 +1,44 @@
+"""Which files are XProf captures: one XSpace (``.xplane.pb``) or XProf's chunked
+captures (``.xplane.riegeli``, :mod:`exporter.profiles.riegeli`).
+
+Every place that finds captures by name (sessions, store records, the analysis and
+the MCP tools) asks here, so a new kind of capture file is added in one place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "CAPTURES_NAMED",
+    "CAPTURE_SUFFIXES",
+    "CHUNKED_SUFFIX",
+    "XSPACE_SUFFIX",
+    "capture_stem",
+    "find_captures",
+    "is_capture_name",
+]
+
+XSPACE_SUFFIX: Final = ".xplane.pb"
+CHUNKED_SUFFIX: Final = ".xplane.riegeli"
+CAPTURE_SUFFIXES: Final = (XSPACE_SUFFIX, CHUNKED_SUFFIX)
+CAPTURES_NAMED: Final = "*.xplane.pb or *.xplane.riegeli"  # for messages
+
+
+def is_capture_name(name: str) -> bool:
+    """Whether a file of this name is an XProf capture."""
+    return name.endswith(CAPTURE_SUFFIXES)
+
+
+def capture_stem(name: str) -> str:
+    """The name without its capture suffix (``host.xplane.riegeli`` -> ``host``)."""
+    for suffix in CAPTURE_SUFFIXES:
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
+
+
+def find_captures(directory: Path) -> list[Path]:
+    """The capture files under ``directory``, sorted."""
+    return sorted(p for s in CAPTURE_SUFFIXES for p in directory.rglob(f"*{s}") if p.is_file())

@@ -1,0 +1,571 @@
+"""XProf captures on the wire: an XSpace opened lazily, its lines decoded to columns.
+
+This is the decoding half of reading a capture (:mod:`exporter.profiles.xplane` builds
+the graphs). A capture is never held whole: the XSpace's top-level fields are framed
+first (planes and host names), a plane's own fields when the plane is first read (its
+metadata parsed by protobuf, its lines left on disk), and each line is read when a
+conversion asks for it, so memory follows the largest line, not the file, and captures
+past protobuf's 2 GiB message limit (which XProf refuses) open like any other.
+
+A line's events become three int64 columns (metadata id, offset, duration) through the
+compiled decode core (``_xwire.c``) where the package was built with a compiler, else
+through protobuf; both give the same columns (``tests/unit/test_decoder.py`` checks
+every fixture both ways), and a line the compiled core does not recognise as canonical
+protobuf is read through protobuf, which names a corrupt one. :data:`DECODER` says
+which is in use (``mlprof --version``, ``/readyz``); ``MLPROF_DECODER=python`` forces
+protobuf.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from google.protobuf.internal.decoder import _DecodeVarint as _decode_varint
+from google.protobuf.message import DecodeError
+
+from exporter.errors import InputError
+from exporter.profiles.capture_files import CAPTURES_NAMED, CHUNKED_SUFFIX
+from exporter.profiles.nesting import FAR
+from exporter.proto import xplane_pb2
+
+try:
+    from exporter.profiles import _xwire  # type: ignore[attr-defined]
+except ImportError:  # installed without a compiler: protobuf reads every line
+    _xwire = None
+
+__all__ = [
+    "DECODER",
+    "DEVICE_PLANE_RE",
+    "HOST_PLANE",
+    "Capture",
+    "LineHeader",
+    "OpLine",
+    "Plane",
+    "PlaneRef",
+    "line_columns",
+    "line_headers",
+    "load_capture",
+    "parse_xspace",
+    "read_line",
+    "stat_int",
+    "stat_values",
+    "use_decoder",
+]
+
+DEVICE_PLANE_RE = re.compile(r"^/device:(TPU|GPU):\d+$")
+HOST_PLANE = "/host:CPU"
+PS_PER_NS = 1000
+# Line timestamps below this (1973) are relative to the profile start (XProf normalises
+# them so in CPU captures), not nanoseconds since the epoch.
+_RELATIVE_BELOW_NS = 10**17
+_INT64 = 1 << 63  # times past it (ns or ps) are corrupt: numpy and pprof hold int64
+# A plane's fields are framed from windows of this size: one read covers the headers
+# of thousands of metadata entries, and a line's body is skipped without reading it.
+_WINDOW = 1 << 20
+_MAX_FIELD_HEADER = 20  # a tag and a length varint: at most 10 bytes each
+_XSPACE_PLANES, _XSPACE_HOSTNAMES, _PLANE_LINES = 1, 4, 3
+
+Reader = Callable[[int, int], bytes]  # (offset, length) -> bytes
+
+DECODER: str = (
+    "compiled" if _xwire is not None and os.environ.get("MLPROF_DECODER") != "python" else "python"
+)
+
+
+@contextmanager
+def use_decoder(name: str) -> Iterator[None]:
+    """Read lines with ``name`` ("compiled" or "python") inside the block (for tests)."""
+    global DECODER
+    if name not in ("compiled", "python") or (name == "compiled" and _xwire is None):
+        raise ValueError(f"decoder {name!r} is not available (this install has {DECODER})")
+    before, DECODER = DECODER, name
+    try:
+        yield
+    finally:
+        DECODER = before
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneRef:
+    """Where one plane's bytes are in the capture."""
+
+    name: str
+    start: int
+    end: int
+
+
+class _Fields:
+    """Frames the fields of ``[start, end)`` through windows of the capture."""
+
+    def __init__(self, read: Reader, start: int, end: int, source: str) -> None:
+        self.read, self.end, self.source = read, end, source
+        self.pos = start
+        self._at, self._buf = start, b""
+
+    def bytes_of(self, start: int, stop: int) -> bytes:
+        """The bytes of ``[start, stop)``, from the window when it holds them."""
+        if self._at <= start and stop <= self._at + len(self._buf):
+            return self._buf[start - self._at : stop - self._at]
+        return self.read(start, stop - start)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """(field number, wire type, field start, body start, end) of each field."""
+        while self.pos < self.end:
+            pos = self.pos
+            if pos + _MAX_FIELD_HEADER > self._at + len(self._buf):
+                self._at, self._buf = pos, self.read(pos, min(_WINDOW, self.end - pos))
+            here = pos - self._at
+            try:
+                tag, used = _decode_varint(self._buf, here)
+                number, wire = tag >> 3, tag & 7
+                if wire == 2:
+                    length, used = _decode_varint(self._buf, used)
+                    body, stop = self._at + used, self._at + used + length
+                elif wire == 0:
+                    _, used = _decode_varint(self._buf, used)
+                    body = stop = self._at + used
+                elif wire in (1, 5):
+                    body = self._at + used
+                    stop = body + (8 if wire == 1 else 4)
+                else:  # groups (deprecated) and invalid types: no XProf writer makes them
+                    raise InputError(
+                        f"{self.source}: not an XProf capture (field {number} at byte {pos} "
+                        f"has wire type {wire})"
+                    )
+            except (IndexError, ValueError, DecodeError):
+                raise InputError(
+                    f"{self.source}: truncated or corrupt XProf capture (bad field header "
+                    f"at byte {pos})"
+                ) from None
+            if number < 1 or stop > self.end:
+                raise InputError(
+                    f"{self.source}: truncated XProf capture (a field at byte {pos} needs "
+                    f"{stop - self.end} more bytes than the file has)"
+                )
+            self.pos = stop
+            yield number, wire, pos, body, stop
+
+
+class _Lines(Sequence[bytes]):
+    """A plane's serialized lines, each read from the capture when asked for."""
+
+    def __init__(self, read: Reader, spans: list[tuple[int, int]]) -> None:
+        self._read, self._spans = read, spans
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def __getitem__(self, index: int) -> bytes:  # type: ignore[override]
+        start, end = self._spans[index]
+        return self._read(start, end - start)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (self._read(start, end - start) for start, end in self._spans)
+
+
+class Plane:
+    """One plane: its metadata and stats parsed, its lines read one at a time."""
+
+    __slots__ = ("_meta", "lines")
+
+    def __init__(self, meta: xplane_pb2.XPlaneByLine, lines: Sequence[bytes]) -> None:
+        self._meta, self.lines = meta, lines
+
+    @property
+    def id(self) -> int:
+        return self._meta.id
+
+    @property
+    def name(self) -> str:
+        return self._meta.name
+
+    @property
+    def event_metadata(self) -> Any:
+        return self._meta.event_metadata
+
+    @property
+    def stat_metadata(self) -> Any:
+        return self._meta.stat_metadata
+
+    @property
+    def stats(self) -> Any:
+        return self._meta.stats
+
+
+@dataclass(frozen=True, slots=True)
+class OpLine:
+    """One device op line as a conversion reads it (what ``Capture.on_op_line`` gets):
+    the plane, the line's start (ns), its lasting events' metadata ids, starts and ends
+    (ps after the line's start)."""
+
+    ref: PlaneRef
+    plane: Plane
+    base_ns: int
+    ids: np.ndarray
+    starts_ps: np.ndarray
+    ends_ps: np.ndarray
+
+
+@dataclass
+class Capture:
+    """An XProf capture opened for conversion; planes are parsed when needed.
+
+    ``source`` (the file or session) is named in every error; ``events_read`` counts
+    the events the conversions have read so far.
+    """
+
+    source: str
+    size: int
+    read: Reader
+    planes: list[PlaneRef] = field(default_factory=list)
+    hostnames: list[str] = field(default_factory=list)
+    events_read: int = 0
+    steps: int = 0  # events on a device plane's Steps line (set by device_flamegraph)
+    handle: BinaryIO | None = None  # the open file planes are read from, if any
+    # Called with each device op line the conversion reads (an OpLine). The analysis
+    # takes device busy and communication time from it rather than reading every op
+    # event a second time.
+    on_op_line: Callable[[OpLine], None] | None = None
+    _start_ns: int | None = None  # profile_start_time, read when first needed
+
+    def close(self) -> None:
+        """Close the file (a capture from bytes has none)."""
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @classmethod
+    def from_space(cls, space: xplane_pb2.XSpace, source: str = "<memory>") -> Capture:
+        """A capture from an in-memory XSpace (e.g. a synthetic one)."""
+        return parse_xspace(space.SerializeToString(), source)
+
+    @property
+    def device_planes(self) -> list[PlaneRef]:
+        return [p for p in self.planes if DEVICE_PLANE_RE.fullmatch(p.name)]
+
+    @property
+    def host_planes(self) -> list[PlaneRef]:
+        return [p for p in self.planes if p.name == HOST_PLANE]
+
+    @property
+    def plane_names(self) -> list[str]:
+        return [p.name for p in self.planes]
+
+    def plane(self, ref: PlaneRef) -> Plane:
+        """Open one plane: its metadata parsed, its lines framed (read when needed)."""
+        fields = _Fields(self.read, ref.start, ref.end, self.source)
+        meta_parts, spans = [], []
+        for number, wire, start, body, stop in fields:
+            if number == _PLANE_LINES and wire == 2:
+                spans.append((body, stop))
+            else:
+                meta_parts.append(fields.bytes_of(start, stop))
+        meta = xplane_pb2.XPlaneByLine()
+        try:
+            meta.ParseFromString(b"".join(meta_parts))
+        except DecodeError:
+            raise InputError(
+                f"{self.source}: corrupt XProf capture (plane {ref.name!r} does not parse)"
+            ) from None
+        return Plane(meta, _Lines(self.read, spans))
+
+    def _profile_start_ns(self) -> int:
+        for ref in self.planes:
+            if ref.name == "Task Environment":
+                plane = self.plane(ref)
+                names = {m.id: m.name for m in plane.stat_metadata.values()}
+                for stat in plane.stats:
+                    if names.get(stat.metadata_id) == "profile_start_time":
+                        return stat_int(stat)
+        return 0
+
+    def line_start_ns(self, timestamp_ns: int) -> int:
+        """A line's start in ns since the epoch (relative line times are made absolute)."""
+        if timestamp_ns >= _RELATIVE_BELOW_NS:
+            return timestamp_ns
+        if self._start_ns is None:
+            self._start_ns = self._profile_start_ns()
+        start = self._start_ns + timestamp_ns
+        if not -_INT64 <= start < _INT64:
+            raise InputError(f"{self.source}: corrupt XProf capture (a line starts at {start} ns)")
+        return start
+
+    def time_range(self) -> tuple[int, int]:
+        """(start ns since epoch, duration ns) from ``Task Environment``, else the lines.
+
+        Without a Task Environment plane the range spans the device and host lines'
+        own timestamps and durations; with none of those either, it is (now, 0): a
+        profile stamped 0 would be outside Pyroscope's ingestion window.
+        """
+        for ref in self.planes:
+            if ref.name != "Task Environment":
+                continue
+            plane = self.plane(ref)
+            names = {m.id: m.name for m in plane.stat_metadata.values()}
+            values = {names.get(s.metadata_id): stat_int(s) for s in plane.stats}
+            start, stop = values.get("profile_start_time"), values.get("profile_stop_time")
+            if not 0 <= (start or 0) < _INT64 or not 0 <= (stop or 0) < _INT64:
+                raise InputError(f"{self.source}: corrupt XProf capture (profile time {start})")
+            if start:
+                return start, max(0, (stop or start) - start)
+        return self._lines_range() or (time.time_ns(), 0)
+
+    def _lines_range(self) -> tuple[int, int] | None:
+        first, last = 0, 0
+        for ref in (*self.device_planes, *self.host_planes):
+            plane = self.plane(ref)
+            for index in range(len(plane.lines)):
+                try:
+                    header = line_header(self, plane, index)
+                except InputError:
+                    continue  # the conversion itself names a corrupt line
+                if header.timestamp_ns <= 0:
+                    continue
+                begin = self.line_start_ns(header.timestamp_ns)
+                stop = begin + max(0, header.duration_ps) // PS_PER_NS
+                first = min(first or begin, begin)
+                last = max(last, stop)
+        # A corrupt line may claim to last past 2**63 ns; pprof holds int64.
+        return (first, min(last, _INT64 - 1) - first) if first else None
+
+
+def _open(read: Reader, size: int, source: str) -> Capture:
+    capture = Capture(source, size, read)
+    fields = _Fields(read, 0, size, source)
+    for number, wire, start, body, stop in fields:
+        if wire != 2:
+            raise InputError(
+                f"{source}: not an XProf capture (field {number} at byte {start} has wire "
+                f"type {wire}, expected an XSpace)"
+            )
+        if number == _XSPACE_PLANES:
+            header = xplane_pb2.XPlaneHeader()
+            try:
+                header.ParseFromString(_plane_head(fields, body, stop))
+            except DecodeError:
+                raise InputError(
+                    f"{source}: corrupt XProf capture (plane at byte {body} does not parse)"
+                ) from None
+            capture.planes.append(PlaneRef(header.name, body, stop))
+        elif number == _XSPACE_HOSTNAMES:
+            capture.hostnames.append(fields.bytes_of(body, stop).decode("utf-8", "replace"))
+    if not capture.planes:
+        raise InputError(f"{source}: not an XProf capture (no planes in the XSpace)")
+    return capture
+
+
+def _plane_head(fields: _Fields, start: int, end: int) -> bytes:
+    """A plane's name field, framed up to it (the rest of the plane is not read)."""
+    for number, _wire, field_start, _body, stop in _Fields(fields.read, start, end, fields.source):
+        if number == 2:  # XPlane.name; writers put it before the lines
+            return fields.read(field_start, stop - field_start)
+    return b""
+
+
+@dataclass(frozen=True, slots=True)
+class LineHeader:
+    index: int
+    id: int
+    name: str
+    display_name: str
+    timestamp_ns: int
+    duration_ps: int = 0
+
+
+def _corrupt_line(capture: Capture, plane: Plane, index: int) -> InputError:
+    return InputError(
+        f"{capture.source}: corrupt XProf capture (line {index} of plane "
+        f"{plane.name!r} does not parse)"
+    )
+
+
+def line_header(capture: Capture, plane: Plane, index: int) -> LineHeader:
+    """Line ``index``'s ids, names and times; its events are skipped, not decoded."""
+    raw = plane.lines[index]
+    if DECODER == "compiled":
+        found = _xwire.line_header(raw)
+        if found is not None:
+            try:
+                return LineHeader(
+                    index, found[0], found[2].decode(), found[3].decode(), found[4], found[5]
+                )
+            except UnicodeDecodeError:
+                pass  # protobuf's verdict on the names, below
+    header = xplane_pb2.XLineHeader()
+    try:
+        header.ParseFromString(raw)  # events are skipped (unknown, freed with `header`)
+    except DecodeError:
+        raise _corrupt_line(capture, plane, index) from None
+    return LineHeader(
+        index, header.id, header.name, header.display_name, header.timestamp_ns,
+        header.duration_ps,
+    )  # fmt: skip
+
+
+def line_headers(capture: Capture, plane: Plane) -> list[LineHeader]:
+    """Each line's index, ids, names and times; the events are not kept."""
+    return [line_header(capture, plane, index) for index in range(len(plane.lines))]
+
+
+def read_line(capture: Capture, plane: Plane, index: int) -> xplane_pb2.XLine:
+    """Parse line ``index`` of ``plane`` (InputError naming it when corrupt)."""
+    line = xplane_pb2.XLine()
+    try:
+        line.ParseFromString(plane.lines[index])
+    except DecodeError:
+        raise _corrupt_line(capture, plane, index) from None
+    capture.events_read += len(line.events)
+    return line
+
+
+def parse_xspace(data: bytes, source: str) -> Capture:
+    """Open XSpace bytes; InputError naming ``source`` when they are not a capture."""
+    if not data:
+        raise InputError(f"{source}: empty, expected an XProf capture ({CAPTURES_NAMED})")
+    view = memoryview(data)
+    return _open(lambda start, length: bytes(view[start : start + length]), len(data), source)
+
+
+def load_capture(path: Path) -> Capture:
+    """Open a capture file; its planes are read from disk when needed.
+
+    An ``.xplane.pb`` is read in place. An ``.xplane.riegeli`` (XProf's chunked capture)
+    is first merged into one XSpace, as XProf merges it, in an anonymous temporary file
+    (``TMPDIR``; gone when the capture is closed), which is then read the same way.
+    """
+    try:
+        size = path.stat().st_size
+        handle: BinaryIO = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read capture ({exc.strerror or exc})") from None
+    if not size:
+        handle.close()
+        raise InputError(f"{path}: empty file, expected an XProf capture ({CAPTURES_NAMED})")
+    if path.name.endswith(CHUNKED_SUFFIX):
+        handle.close()
+        handle = _merged(path)
+        size = os.fstat(handle.fileno()).st_size
+    fd = handle.fileno()
+
+    def read(start: int, length: int) -> bytes:
+        data = os.pread(fd, length, start)
+        if len(data) != length:
+            raise InputError(f"{path}: file changed or was truncated while reading")
+        return data
+
+    try:
+        capture = _open(read, size, str(path))
+    except BaseException:
+        handle.close()
+        raise
+    capture.handle = handle  # planes are read from it when a conversion needs them
+    return capture
+
+
+def _merged(path: Path) -> BinaryIO:
+    """``path``'s records merged into one XSpace, in an unnamed temporary file."""
+    from exporter.profiles import riegeli
+
+    merged = tempfile.TemporaryFile(prefix="mlprof-xspace-")  # noqa: SIM115 (the caller closes it)
+    try:
+        riegeli.write_xspace(path, merged)
+        merged.flush()
+    except OSError as exc:
+        merged.close()
+        raise InputError(f"{path}: cannot read capture ({exc.strerror or exc})") from None
+    except BaseException:
+        merged.close()
+        raise
+    return merged
+
+
+# -- stats ---------------------------------------------------------------------------
+def stat_int(stat: xplane_pb2.XStat) -> int:
+    """A stat's value as an int (0 when it holds none)."""
+    kind = stat.WhichOneof("value")
+    if kind in ("int64_value", "uint64_value", "ref_value"):
+        return int(getattr(stat, kind))
+    if kind == "double_value":
+        return int(stat.double_value)
+    if kind == "str_value" and stat.str_value.lstrip("-").isdigit():
+        return int(stat.str_value)
+    return 0
+
+
+def stat_values(
+    plane: Plane,
+    stats: Iterable[xplane_pb2.XStat],
+    names: dict[int, str] | None = None,
+    wanted: frozenset[str] | None = None,
+) -> dict[str, str | int | float]:
+    """Stats by name (``ref_value`` resolved); ``names`` maps the plane's stat ids."""
+    if names is None:
+        names = {m.id: m.name for m in plane.stat_metadata.values()}
+    out: dict[str, str | int | float] = {}
+    for stat in stats:
+        name = names.get(stat.metadata_id)
+        if name is None or (wanted is not None and name not in wanted):
+            continue
+        kind = stat.WhichOneof("value")
+        if kind == "ref_value":
+            out[name] = names.get(stat.ref_value, "")
+        elif kind is not None and kind != "bytes_value":
+            out[name] = getattr(stat, kind)
+    return out
+
+
+# -- events as columns ----------------------------------------------------------------
+_GET_ID_OFF_DUR = attrgetter("metadata_id", "offset_ps", "duration_ps")
+Columns = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def event_columns(events: Sequence[xplane_pb2.XEvent], source: str) -> Columns:
+    """metadata ids, starts (ps), ends (ps) of parsed events that last (see below)."""
+    flat = np.fromiter(chain.from_iterable(map(_GET_ID_OFF_DUR, events)), np.int64, 3 * len(events))
+    rows = flat.reshape(-1, 3)
+    return _lasting(rows[:, 0], rows[:, 1], rows[:, 2], source)
+
+
+def line_columns(capture: Capture, plane: Plane, index: int) -> Columns:
+    """metadata ids, starts (ps), ends (ps) of line ``index``'s events that last.
+
+    Instant events (markers, zero duration) carry no time and are left out. Through the
+    compiled core the line's bytes become the columns in one pass; through protobuf
+    ``attrgetter`` reads the parsed events' fields and ``np.fromiter`` packs them, so no
+    list of Python ints is built either way.
+    """
+    if DECODER == "compiled":
+        found = _xwire.line_events(plane.lines[index])
+        if found is not None:
+            ids, offs, durs = (np.frombuffer(column, np.int64) for column in found)
+            capture.events_read += len(ids)
+            return _lasting(ids, offs, durs, capture.source)
+    return event_columns(read_line(capture, plane, index).events, capture.source)
+
+
+def _lasting(ids: np.ndarray, offs: np.ndarray, durs: np.ndarray, source: str) -> Columns:
+    keep = durs > 0
+    if not keep.all():
+        ids, durs, offs = ids[keep], durs[keep], offs[keep]
+    ends = offs + durs
+    # Offset + duration wrapped past 2**63 ps, or beyond the FAR edge of every window.
+    if len(ends) and ((ends < offs).any() or offs.min() < -FAR or ends.max() > FAR):
+        raise InputError(f"{source}: corrupt XProf capture (an event lies past 2**62 ps)")
+    return ids, offs, ends

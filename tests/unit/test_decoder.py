@@ -1,0 +1,280 @@
+"""The compiled decode core and protobuf give the same graphs, steps and sides.
+
+Every conversion a capture goes through (device and host flame graphs, step windows,
+the per-step sides a comparison reads, the XLA-on-host view) runs once with each
+decoder (:func:`exporter.profiles.xspace.use_decoder`) on every kind of capture the
+suite has: synthetic TPU captures (while loops, collectives), a hand-made GPU capture,
+real JAX CPU captures from separate processes, lines written in encodings only
+protobuf reads, and generated XSpaces with bytes flipped. Outputs are compared as
+serialized pprof bytes, so a frame, a value, an order or a label that differs fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from exporter import __version__
+from exporter.analysis import xla_host
+from exporter.analysis.sides import capture_side
+from exporter.errors import InputError
+from exporter.profiles import xspace
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.pprof import to_pprof
+from exporter.profiles.steps import step_windows
+from exporter.profiles.synthetic import tpu_capture
+from exporter.profiles.xplane import Capture, device_flamegraph, host_flamegraph, parse_xspace
+from exporter.proto import xplane_pb2
+from tests.analysis_captures import AnalysisCaptures
+from tests.unit.test_fuzz_readers import FUZZ, mutated, serialised, xspaces
+from tests.xspace_builder import PlaneBuilder
+
+
+def _graph(graph: FlameGraph | None) -> bytes | None:
+    return None if graph is None else to_pprof(graph).SerializeToString(deterministic=True)
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    """What ``call`` returns, or the project's refusal as ("refused", message).
+
+    Other errors are outcomes too (both decoders must fail alike); that no reader fails
+    other than by refusing is tests/unit/test_fuzz_readers.py's to show.
+    """
+    try:
+        return call()
+    except InputError as exc:
+        return ("refused", str(exc))
+    except (ValueError, TypeError, OverflowError, IndexError) as exc:
+        return ("failed", type(exc).__name__, str(exc))
+
+
+def _sides(capture: Capture, kind: Any) -> tuple[Any, ...]:
+    chosen, whole, steps, lengths, source, view = capture_side(capture, kind, {})
+    return chosen, _graph(whole), [_graph(g) for g in steps], lengths, source, view
+
+
+def _xla(capture: Capture) -> tuple[Any, ...]:
+    events = xla_host.xla_host_events(capture)
+    return (events.start.tolist(), events.end.tolist(), events.path_index.tolist(),
+            events.parent.tolist(), events.paths)  # fmt: skip
+
+
+def _columns(capture: Capture) -> list[Any]:
+    """Every line's header and event columns, to the picosecond."""
+    out = []
+    for ref in capture.planes:
+        plane = capture.plane(ref)
+        for index in range(len(plane.lines)):
+            header = _outcome(partial(xspace.line_header, capture, plane, index))
+            if isinstance(header, tuple):  # refused: no conversion asks for its events
+                out.append((ref.name, header, None))
+                continue
+            columns = _outcome(partial(xspace.line_columns, capture, plane, index))
+            if not isinstance(columns[0], str):  # not a refusal
+                columns = [column.tolist() for column in columns]
+            out.append((ref.name, header, columns))
+    return out
+
+
+def _everything(data: bytes) -> dict[str, Any]:
+    """Every conversion of ``data``, each from a freshly opened capture."""
+
+    def fresh(convert: Callable[[Capture], Any]) -> Any:
+        def call() -> Any:
+            capture = parse_xspace(data, "capture")
+            out = convert(capture)
+            return out, capture.events_read
+
+        return _outcome(call)
+
+    return {
+        "columns": fresh(_columns),
+        "device": fresh(lambda c: _graph(device_flamegraph(c))),
+        "host": fresh(lambda c: _graph(host_flamegraph(c))),
+        "steps": fresh(step_windows),
+        "sides": fresh(lambda c: _sides(c, None)),
+        "sides_device": fresh(lambda c: _sides(c, "device")),
+        "sides_host": fresh(lambda c: _sides(c, "host")),
+        "xla_host": fresh(_xla),
+    }
+
+
+def _both(data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    # A capture with no times at all is stamped "now": the same now for both reads.
+    with mock.patch.object(xspace, "time", SimpleNamespace(time_ns=lambda: 1 << 60)):
+        with xspace.use_decoder("compiled"):
+            compiled = _everything(data)
+        with xspace.use_decoder("python"):
+            python = _everything(data)
+    return compiled, python
+
+
+def _assert_identical(data: bytes) -> dict[str, Any]:
+    compiled, python = _both(data)
+    for key in python:
+        assert compiled[key] == python[key], f"{key}: compiled and protobuf differ"
+    return python
+
+
+def test_the_compiled_core_is_built_and_used_by_default() -> None:
+    # The dev install builds it with the machine's compiler; a missing build must fail
+    # here rather than leave the suite silently testing protobuf against itself.
+    assert xspace._xwire is not None, "exporter.profiles._xwire was not built"
+    assert xspace.DECODER == "compiled"
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"devices": 2, "steps": 4, "ops_per_step": 400, "distinct_ops": 60},
+        {
+            "devices": 1,
+            "steps": 3,
+            "ops_per_step": 300,
+            "distinct_ops": 40,
+            "while_every": 7,
+            "while_body": 3,
+        },
+        {"devices": 2, "steps": 3, "ops_per_step": 200, "distinct_ops": 30, "collectives": True},
+        {"devices": 1, "steps": 2, "ops_per_step": 50, "distinct_ops": 16, "host": False},
+    ],
+)
+def test_synthetic_tpu_captures_read_the_same(shape: dict[str, Any]) -> None:
+    out = _assert_identical(tpu_capture(**shape).space.SerializeToString())
+    assert out["device"][0] is not None and out["steps"][0][0]  # there was something to compare
+
+
+def test_a_gpu_capture_reads_the_same() -> None:
+    space = xplane_pb2.XSpace()
+    gpu = PlaneBuilder(space, "/device:GPU:0")
+    stream = gpu.line("Stream #14(Compute)")
+    dot = {"hlo_module": "jit_train_step(123)", "hlo_op": "dot.7",
+           "tf_op": "jit(train_step)/mlp/dot_general"}  # fmt: skip
+    for step in range(5):
+        gpu.event(stream, "sm90_gemm_bf16_kernel", step * 1000, 50 + step, **dot)
+        gpu.event(stream, "loop_add_fusion", step * 1000 + 100, 10, hlo_op="fusion.2")
+    host = PlaneBuilder(space, "/host:CPU")
+    python = host.line("python")
+    for step in range(5):
+        host.event(python, "train", step * 1000, 900, step_num=step)
+    out = _assert_identical(space.SerializeToString())
+    assert out["device"][0] is not None and out["host"][0] is not None
+
+
+def test_real_jax_cpu_captures_read_the_same(analysis_captures: AnalysisCaptures) -> None:
+    for path in (analysis_captures.compute, analysis_captures.compute_again,
+                 analysis_captures.heavy, analysis_captures.demo_slow,
+                 analysis_captures.recompiling):  # fmt: skip
+        out = _assert_identical(path.read_bytes())
+        assert out["host"][0] is not None, path
+        assert out["xla_host"][0][0], path  # the XLA-on-host view had events
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, wire: int, body: bytes) -> bytes:
+    if wire == 2:
+        body = _varint(len(body)) + body
+    return _varint(number << 3 | wire) + body
+
+
+def _line_with(events: list[bytes]) -> bytes:
+    header = _field(1, 0, _varint(1)) + _field(2, 2, b"XLA Ops")
+    return header + b"".join(_field(4, 2, e) for e in events)
+
+
+def _canonical_event(meta: int, offset: int, duration: int) -> bytes:
+    fields = ((1, meta), (2, offset), (3, duration))
+    return b"".join(_field(number, 0, _varint(value)) for number, value in fields)
+
+
+@pytest.mark.parametrize(
+    ("event", "canonical"),
+    [
+        # Fields out of order, repeated (the last wins), a padded varint: still read here.
+        (_field(3, 0, _varint(9)) + _field(1, 0, _varint(2)) + _field(3, 0, _varint(40)), True),
+        (_field(1, 0, b"\x82\x80\x00") + _field(3, 0, _varint(40)), True),
+        # num_occurrences after offset_ps clears the offset (one oneof).
+        (_canonical_event(2, 70, 40) + _field(5, 0, _varint(3)), True),
+        # A known field with another wire type: protobuf keeps it as an unknown field.
+        (
+            _field(1, 0, _varint(2))
+            + _field(2, 1, (70).to_bytes(8, "little"))
+            + _field(3, 0, _varint(40)),
+            False,
+        ),
+    ],
+    ids=["reordered-repeated", "padded-varint", "oneof-cleared", "wrong-wire-type"],
+)
+def test_unusual_encodings_read_the_same(event: bytes, canonical: bool) -> None:
+    """What protobuf reads, the compiled core reads alike or hands back to protobuf."""
+    from exporter.profiles import _xwire  # type: ignore[attr-defined]
+
+    line = _line_with([_canonical_event(1, 0, 500), event])
+    assert (_xwire.line_events(line) is not None) is canonical
+    space = xplane_pb2.XSpace()
+    device = PlaneBuilder(space, "/device:TPU:0")
+    device.meta("fusion.1", hlo_op="fusion.1")
+    device.meta("fusion.2", hlo_op="fusion.2")
+    plane = space.planes[0].SerializeToString() + _field(3, 2, line)
+    out = _assert_identical(_field(1, 2, plane))
+    assert out["device"][0] is not None
+
+
+def test_generated_and_damaged_xspaces_read_the_same() -> None:
+    """Where protobuf converts a capture, the compiled core gives the same output."""
+
+    # No explain phase: on Python 3.11 it traces every line and takes minutes.
+    @settings(FUZZ, max_examples=80, phases=[Phase.generate, Phase.shrink])
+    @given(space=xspaces(), data=st.data())
+    def run(space: xplane_pb2.XSpace, data: st.DataObject) -> None:
+        sent = data.draw(mutated(data.draw(serialised(space))))
+        compiled, python = _both(sent)
+        for key, expected in python.items():
+            if isinstance(expected, tuple) and expected[:1] == ("refused",):
+                # The compiled core does not parse what no conversion reads (an event's
+                # stats on an op line), so it may convert what protobuf refuses.
+                continue
+            assert compiled[key] == expected, key
+
+    run()
+
+
+def test_a_file_reads_the_same_as_its_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "tpu-vm-0.xplane.pb"
+    data = tpu_capture(devices=1, steps=3, ops_per_step=200, distinct_ops=30).space
+    path.write_bytes(data.SerializeToString())
+    expected = _assert_identical(path.read_bytes())["device"][0]
+    for name in ("compiled", "python"):
+        with xspace.use_decoder(name), xspace.load_capture(path) as capture:
+            assert _graph(device_flamegraph(capture)) == expected
+
+
+def test_version_says_which_decoder_is_in_use() -> None:
+    def version(env: dict[str, str]) -> str:
+        run = subprocess.run([sys.executable, "-m", "exporter.cli", "--version"], env=env,
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        return run.stdout.strip()
+
+    env = {k: v for k, v in os.environ.items() if k != "MLPROF_DECODER"}
+    assert version(env) == f"mlprof {__version__} (XSpace decoder: compiled)"
+    forced = version(env | {"MLPROF_DECODER": "python"})
+    assert forced == f"mlprof {__version__} (XSpace decoder: python)"
