@@ -177,10 +177,13 @@ def run_loop(stack: Stack) -> dict[str, Any]:
         f"session created to capture start {(started - created).total_seconds() * 1000:.0f} ms)"
     )
     written = parse_time(report["written_at"])
+    captured = parse_time(target["finished"])  # the profiler answered: the window is over
     print(
         f"alert→report: ALERT-TO-REPORT LATENCY {(written - fired).total_seconds():.2f}s "
-        f"(firing to analysis.json written; the analysis itself took "
-        f"{report['analysis_seconds']:.2f}s: {report.get('timings')})"
+        f"(firing to analysis.json written, of which the {E2E_OVERRIDES.name} capture window "
+        f"and group_wait end {(captured - fired).total_seconds():.2f}s after firing; "
+        f"CAPTURE-TO-REPORT {(written - captured).total_seconds():.2f}s; the analysis "
+        f"itself took {report['analysis_seconds']:.2f}s: {report.get('timings')})"
     )
 
     return {"session_id": session_id, "pushed": len(series), "run": run, "report": report}
