@@ -148,7 +148,11 @@ class _Fields:
                     f"{self.source}: truncated or corrupt XProf capture (bad field header "
                     f"at byte {pos})"
                 ) from None
-            if number < 1 or stop > self.end:
+            if number < 1:
+                raise InputError(
+                    f"{self.source}: not an XProf capture (field number 0 at byte {pos})"
+                )
+            if stop > self.end:
                 raise InputError(
                     f"{self.source}: truncated XProf capture (a field at byte {pos} needs "
                     f"{stop - self.end} more bytes than the file has)"
