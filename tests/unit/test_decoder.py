@@ -37,6 +37,7 @@ from exporter.profiles.synthetic import tpu_capture
 from exporter.profiles.xplane import Capture, device_flamegraph, host_flamegraph, parse_xspace
 from exporter.proto import xplane_pb2
 from tests.analysis_captures import AnalysisCaptures
+from tests.riegeli_writer import varint
 from tests.unit.test_fuzz_readers import FUZZ, mutated, serialised, xspaces
 from tests.xspace_builder import PlaneBuilder
 
@@ -181,44 +182,35 @@ def test_real_jax_cpu_captures_read_the_same(analysis_captures: AnalysisCaptures
         assert out["xla_host"][0][0], path  # the XLA-on-host view had events
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _field(number: int, wire: int, body: bytes) -> bytes:
     if wire == 2:
-        body = _varint(len(body)) + body
-    return _varint(number << 3 | wire) + body
+        body = varint(len(body)) + body
+    return varint(number << 3 | wire) + body
 
 
 def _line_with(events: list[bytes]) -> bytes:
-    header = _field(1, 0, _varint(1)) + _field(2, 2, b"XLA Ops")
+    header = _field(1, 0, varint(1)) + _field(2, 2, b"XLA Ops")
     return header + b"".join(_field(4, 2, e) for e in events)
 
 
 def _canonical_event(meta: int, offset: int, duration: int) -> bytes:
     fields = ((1, meta), (2, offset), (3, duration))
-    return b"".join(_field(number, 0, _varint(value)) for number, value in fields)
+    return b"".join(_field(number, 0, varint(value)) for number, value in fields)
 
 
 @pytest.mark.parametrize(
     ("event", "canonical"),
     [
         # Fields out of order, repeated (the last wins), a padded varint: still read here.
-        (_field(3, 0, _varint(9)) + _field(1, 0, _varint(2)) + _field(3, 0, _varint(40)), True),
-        (_field(1, 0, b"\x82\x80\x00") + _field(3, 0, _varint(40)), True),
+        (_field(3, 0, varint(9)) + _field(1, 0, varint(2)) + _field(3, 0, varint(40)), True),
+        (_field(1, 0, b"\x82\x80\x00") + _field(3, 0, varint(40)), True),
         # num_occurrences after offset_ps clears the offset (one oneof).
-        (_canonical_event(2, 70, 40) + _field(5, 0, _varint(3)), True),
+        (_canonical_event(2, 70, 40) + _field(5, 0, varint(3)), True),
         # A known field with another wire type: protobuf keeps it as an unknown field.
         (
-            _field(1, 0, _varint(2))
+            _field(1, 0, varint(2))
             + _field(2, 1, (70).to_bytes(8, "little"))
-            + _field(3, 0, _varint(40)),
+            + _field(3, 0, varint(40)),
             False,
         ),
     ],
