@@ -6,6 +6,12 @@
  * ids, offsets and durations straight into three int64 arrays (returned as bytes for
  * numpy.frombuffer), and the line's header fields are read by skipping over its events.
  *
+ * A line need not be in memory whole: scan_line reads the whole fields at the start of
+ * a window of its bytes and says how far it got, so the caller (xspace.py) walks a line
+ * of any size through windows of bounded size. Protobuf writes a line's header fields
+ * around its events (duration_ps and display_name after them), so headers are also
+ * gathered across windows.
+ *
  * Only the canonical encoding protobuf writers produce is decoded (the field numbers
  * and wire types of exporter/proto/xplane.proto, fields in any order, unknown fields
  * skipped). Anything else -- a known field with another wire type, a group, a varint
@@ -76,17 +82,6 @@ static inline int read_tag(const uint8_t **p, const uint8_t *end, uint64_t *numb
     return *number >= 1 && *number <= 0x1fffffff;
 }
 
-/* Reads a length-delimited field's body bounds. */
-static inline int read_len(const uint8_t **p, const uint8_t *end, const uint8_t **body,
-                           const uint8_t **body_end) {
-    uint64_t n;
-    if (!read_varint(p, end, &n) || n > (uint64_t)(end - *p)) return 0;
-    *body = *p;
-    *body_end = *p + n;
-    *p += n;
-    return 1;
-}
-
 /* Decodes one XEvent; protobuf's rules: the last value of a field wins, and the
  * offset_ps / num_occurrences oneof keeps the last member set (the other reads 0). */
 static int decode_event(const uint8_t *p, const uint8_t *end, int64_t *meta, int64_t *off,
@@ -115,72 +110,154 @@ static int decode_event(const uint8_t *p, const uint8_t *end, int64_t *meta, int
     return 1;
 }
 
-/* The line's events as a count, or -1 when the line is not canonical. */
-static Py_ssize_t count_events(const uint8_t *p, const uint8_t *end) {
-    Py_ssize_t n = 0;
-    while (p < end) {
-        uint64_t number;
-        unsigned wire;
-        if (!read_tag(&p, end, &number, &wire)) return -1;
-        if (number == LINE_EVENTS) {
-            if (wire != WIRE_LEN || !skip_value(&p, end, wire)) return -1;
-            n++;
-        } else if (!skip_value(&p, end, wire)) {
-            return -1;
-        }
+/* One top-level field of a line at *p: its number and wire type, a varint's value or a
+ * length-delimited body's bounds. 1: a whole field, *p moved past it; 0: the field runs
+ * past end and more bytes may follow (only when !final); -1: not canonical protobuf. A
+ * varint cut by end is "more bytes" only while fewer than 10 bytes remain. */
+static int next_field(const uint8_t **p, const uint8_t *end, int final, uint64_t *number,
+                      unsigned *wire, uint64_t *value, const uint8_t **body) {
+    const uint8_t *q = *p;
+    uint64_t tag;
+    if (!read_varint(&q, end, &tag)) return !final && end - q < 10 ? 0 : -1;
+    *number = tag >> 3;
+    *wire = (unsigned)(tag & 7);
+    if (*number < 1 || *number > 0x1fffffff) return -1;
+    switch (*wire) {
+    case WIRE_VARINT:
+        if (!read_varint(&q, end, value)) return !final && end - q < 10 ? 0 : -1;
+        break;
+    case WIRE_FIXED64:
+    case WIRE_FIXED32: {
+        Py_ssize_t size = *wire == WIRE_FIXED64 ? 8 : 4;
+        if (end - q < size) return final ? -1 : 0;
+        q += size;
+        break;
     }
-    return n;
+    case WIRE_LEN:
+        if (!read_varint(&q, end, value)) return !final && end - q < 10 ? 0 : -1;
+        if (*value > (uint64_t)(end - q)) return final ? -1 : 0;
+        *body = q;
+        q += *value;
+        break;
+    default:
+        return -1;
+    }
+    *p = q;
+    return 1;
 }
 
-PyDoc_STRVAR(line_events_doc,
-"line_events(line, /)\n--\n\n"
-"(metadata ids, offsets ps, durations ps) of a serialized XLine's events, each the\n"
-"bytes of an int64 array in event order; None when the line is not canonical protobuf.");
+/* What a scan of a line's bytes found: header fields (the last value of each wins, as
+ * in protobuf), the events' count, and where the whole fields end. */
+typedef struct {
+    int64_t ints[4]; /* id, display_id, timestamp_ns, duration_ps */
+    int seen;        /* bit i: ints[i] was set; bit 4: name; bit 5: display_name */
+    const uint8_t *name, *name_end, *display, *display_end;
+    Py_ssize_t events;
+    const uint8_t *stop; /* past the last whole field */
+} Scan;
 
-static PyObject *line_events(PyObject *self, PyObject *arg) {
+/* Frames the whole fields of [p, end): 0, or -1 when they are not canonical. With
+ * columns (sized for scan->events of an earlier pass), decodes each event into them. */
+static int scan(const uint8_t *p, const uint8_t *end, int final, Scan *out, int64_t *m,
+                int64_t *o, int64_t *d) {
+    memset(out, 0, sizeof *out);
+    out->stop = p;
+    for (;;) {
+        uint64_t number, value = 0;
+        unsigned wire;
+        const uint8_t *body = NULL;
+        int found = p < end ? next_field(&p, end, final, &number, &wire, &value, &body) : 0;
+        if (found < 0) return -1;
+        if (found == 0) return 0;
+        out->stop = p;
+        int slot = number == LINE_ID ? 0 : number == LINE_DISPLAY_ID ? 1
+                 : number == LINE_TIMESTAMP_NS ? 2 : number == LINE_DURATION_PS ? 3 : -1;
+        if (slot >= 0) {
+            if (wire != WIRE_VARINT) return -1;
+            out->ints[slot] = (int64_t)value;
+            out->seen |= 1 << slot;
+        } else if (number == LINE_NAME || number == LINE_DISPLAY_NAME) {
+            if (wire != WIRE_LEN) return -1;
+            if (number == LINE_NAME) {
+                out->name = body, out->name_end = body + value, out->seen |= 1 << 4;
+            } else {
+                out->display = body, out->display_end = body + value, out->seen |= 1 << 5;
+            }
+        } else if (number == LINE_EVENTS) {
+            if (wire != WIRE_LEN) return -1;
+            if (m != NULL) {
+                Py_ssize_t i = out->events;
+                if (!decode_event(body, body + value, &m[i], &o[i], &d[i])) return -1;
+            }
+            out->events++;
+        }
+    }
+}
+
+PyDoc_STRVAR(scan_line_doc,
+"scan_line(data, final, events, /)\n--\n\n"
+"Reads the whole fields at the start of a serialized XLine's bytes ``data`` (all of\n"
+"the line when ``final``; else a window of it, whose last field may be cut). Returns\n"
+"None when they are not canonical protobuf, else (consumed, (id, display_id,\n"
+"timestamp_ns, duration_ps), seen, name, display_name, event count, columns):\n"
+"``consumed`` the bytes of the whole fields read, ``seen`` a bitmask of the header\n"
+"fields present (bits 0-3 the ints, 4 name, 5 display_name; the last value wins),\n"
+"names as bytes, and with ``events`` the columns (metadata ids, offsets ps,\n"
+"durations ps) as the bytes of three int64 arrays in event order, else None.");
+
+static PyObject *scan_line(PyObject *self, PyObject *args) {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int final, events;
+    if (!PyArg_ParseTuple(args, "y*pp:scan_line", &view, &final, &events)) return NULL;
     const uint8_t *start = view.buf, *end = start + view.len;
-    PyObject *result = NULL, *ids = NULL, *offs = NULL, *durs = NULL;
-    Py_ssize_t n;
-    int ok = 1;
+    PyObject *result = NULL, *ids = NULL, *offs = NULL, *durs = NULL, *columns = NULL;
+    Scan found;
+    int status;
     Py_BEGIN_ALLOW_THREADS
-    n = count_events(start, end);
+    status = scan(start, end, final, &found, NULL, NULL, NULL);
     Py_END_ALLOW_THREADS
-    if (n < 0) {
+    if (status < 0) {
         PyBuffer_Release(&view);
         Py_RETURN_NONE;
     }
-    ids = PyBytes_FromStringAndSize(NULL, n * 8);
-    offs = PyBytes_FromStringAndSize(NULL, n * 8);
-    durs = PyBytes_FromStringAndSize(NULL, n * 8);
-    if (ids == NULL || offs == NULL || durs == NULL) goto done;
-    int64_t *m = (int64_t *)PyBytes_AS_STRING(ids);
-    int64_t *o = (int64_t *)PyBytes_AS_STRING(offs);
-    int64_t *d = (int64_t *)PyBytes_AS_STRING(durs);
-    Py_BEGIN_ALLOW_THREADS
-    const uint8_t *p = start;
-    Py_ssize_t i = 0;
-    while (ok && p < end) {
-        uint64_t number;
-        unsigned wire;
-        read_tag(&p, end, &number, &wire); /* checked by count_events */
-        if (number == LINE_EVENTS) {
-            const uint8_t *body, *body_end;
-            read_len(&p, end, &body, &body_end);
-            ok = decode_event(body, body_end, &m[i], &o[i], &d[i]);
-            i++;
-        } else {
-            skip_value(&p, end, wire);
+    if (events) {
+        Py_ssize_t n = found.events;
+        ids = PyBytes_FromStringAndSize(NULL, n * 8);
+        offs = PyBytes_FromStringAndSize(NULL, n * 8);
+        durs = PyBytes_FromStringAndSize(NULL, n * 8);
+        if (ids == NULL || offs == NULL || durs == NULL) goto done;
+        int64_t *m = (int64_t *)PyBytes_AS_STRING(ids);
+        int64_t *o = (int64_t *)PyBytes_AS_STRING(offs);
+        int64_t *d = (int64_t *)PyBytes_AS_STRING(durs);
+        Py_BEGIN_ALLOW_THREADS
+        status = scan(start, found.stop, 1, &found, m, o, d);
+        Py_END_ALLOW_THREADS
+        if (status < 0) {  /* an event that is not canonical */
+            result = Py_NewRef(Py_None);
+            goto done;
         }
+        columns = PyTuple_Pack(3, ids, offs, durs);
+        if (columns == NULL) goto done;
+    } else {
+        columns = Py_NewRef(Py_None);
     }
-    Py_END_ALLOW_THREADS
-    if (!ok) {
-        result = Py_NewRef(Py_None);
-        goto done;
+    PyObject *name = found.name
+        ? PyBytes_FromStringAndSize((const char *)found.name, found.name_end - found.name)
+        : Py_NewRef(Py_None);
+    PyObject *display = found.display
+        ? PyBytes_FromStringAndSize((const char *)found.display,
+                                    found.display_end - found.display)
+        : Py_NewRef(Py_None);
+    if (name != NULL && display != NULL) {
+        result = Py_BuildValue(
+            "(n(LLLL)iOOnO)", (Py_ssize_t)(found.stop - start), (long long)found.ints[0],
+            (long long)found.ints[1], (long long)found.ints[2], (long long)found.ints[3],
+            found.seen, name, display, found.events, columns);
     }
-    result = PyTuple_Pack(3, ids, offs, durs);
+    Py_XDECREF(name);
+    Py_XDECREF(display);
 done:
+    Py_XDECREF(columns);
     Py_XDECREF(ids);
     Py_XDECREF(offs);
     Py_XDECREF(durs);
@@ -188,62 +265,8 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(line_header_doc,
-"line_header(line, /)\n--\n\n"
-"(id, display_id, name, display_name, timestamp_ns, duration_ps, events) of a\n"
-"serialized XLine, names as UTF-8 bytes; None when the line is not canonical protobuf.");
-
-static PyObject *line_header(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    const uint8_t *p = view.buf, *end = p + view.len;
-    const uint8_t *name = NULL, *name_end = NULL, *display = NULL, *display_end = NULL;
-    int64_t ints[4] = {0, 0, 0, 0}; /* id, display_id, timestamp_ns, duration_ps */
-    Py_ssize_t events = 0;
-    int ok = 1;
-    Py_BEGIN_ALLOW_THREADS
-    while (ok && p < end) {
-        uint64_t number, value;
-        unsigned wire;
-        if (!read_tag(&p, end, &number, &wire)) {
-            ok = 0;
-            break;
-        }
-        int slot = number == LINE_ID ? 0 : number == LINE_DISPLAY_ID ? 1
-                 : number == LINE_TIMESTAMP_NS ? 2 : number == LINE_DURATION_PS ? 3 : -1;
-        if (slot >= 0) {
-            ok = wire == WIRE_VARINT && read_varint(&p, end, &value);
-            ints[slot] = (int64_t)value;
-        } else if (number == LINE_NAME) {
-            ok = wire == WIRE_LEN && read_len(&p, end, &name, &name_end);
-        } else if (number == LINE_DISPLAY_NAME) {
-            ok = wire == WIRE_LEN && read_len(&p, end, &display, &display_end);
-        } else if (number == LINE_EVENTS) {
-            ok = wire == WIRE_LEN && skip_value(&p, end, wire);
-            events++;
-        } else {
-            ok = skip_value(&p, end, wire);
-        }
-    }
-    Py_END_ALLOW_THREADS
-    PyObject *result;
-    if (!ok) {
-        result = Py_NewRef(Py_None);
-    } else {
-        result = Py_BuildValue(
-            "(LLy#y#LLn)", (long long)ints[0], (long long)ints[1],
-            name ? (const char *)name : "", (Py_ssize_t)(name ? name_end - name : 0),
-            display ? (const char *)display : "",
-            (Py_ssize_t)(display ? display_end - display : 0), (long long)ints[2],
-            (long long)ints[3], events);
-    }
-    PyBuffer_Release(&view);
-    return result;
-}
-
 static PyMethodDef methods[] = {
-    {"line_events", line_events, METH_O, line_events_doc},
-    {"line_header", line_header, METH_O, line_header_doc},
+    {"scan_line", scan_line, METH_VARARGS, scan_line_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -51,8 +51,8 @@ from exporter.profiles.xspace import (
     Plane,
     PlaneRef,
     event_columns,
-    line_columns,
     line_headers,
+    line_pieces,
     load_capture,
     parse_xspace,
     read_line,
@@ -437,6 +437,80 @@ def _gpu_tuple_ids(
     return np.asarray(out, np.int64)
 
 
+def _op_piece(
+    plane: Plane,
+    programs: _Programs,
+    base_ns: int,
+    piece: tuple[np.ndarray, np.ndarray, np.ndarray],
+    frames: _Frames,
+    infos: dict[int, _OpInfo],
+) -> None:
+    """Add one piece of an op line (events no other piece's cross) to ``frames``."""
+    ids, starts, ends = piece
+    metas, meta_index = dense_index(ids)
+    stat_names: dict[int, str] | None = None
+    for meta_id in metas.tolist():
+        if meta_id not in infos:
+            if stat_names is None:
+                stat_names = {m.id: m.name for m in plane.stat_metadata.values()}
+            infos[meta_id] = _op_info(plane, meta_id, stat_names)
+    line_infos = [infos[m] for m in metas.tolist()]
+    # Each event's program: its metadata's program_id, else the module run around it.
+    names = [
+        UNKNOWN_PROGRAM,
+        *sorted(set(programs.by_id.values()) | set(programs.by_meta.values())),
+    ]
+    name_index = {n: i for i, n in enumerate(names)}
+    by_meta_program = np.array(
+        [
+            name_index[programs.by_id[x.program_id]] if x.program_id in programs.by_id else -1
+            for x in line_infos
+        ],
+        np.int64,
+    )
+    if (by_meta_program >= 0).all() and (by_meta_program == by_meta_program[0]).all():
+        # Every op names the same program (the common case): classes are the ops.
+        classes = by_meta_program[0] * len(metas) + np.arange(len(metas), dtype=np.int64)
+        label = meta_index
+    else:
+        program = by_meta_program[meta_index]
+        unnamed = program < 0
+        if unnamed.any():
+            module = programs.module_of(starts[unnamed], base_ns)
+            program[unnamed] = programs.names_of(module, name_index)
+        classes, label = dense_index(program * len(metas) + meta_index)
+        del program
+    del ids, meta_index
+    nested = nest(starts, ends, label, "contain")
+    del starts, ends, label
+    class_program = (classes // len(metas)).tolist()
+    class_info = [line_infos[int(c)] for c in (classes % len(metas)).tolist()]
+    top = nested.parent < 0
+    root_ids = np.array(
+        [
+            frames.op_tuple(info, names[p], None)
+            for p, info in zip(class_program, class_info, strict=True)
+        ],
+        np.int64,
+    )
+    tuple_ids = root_ids[nested.label]  # top-level ops; nested ones are set below
+    if not top.all():
+        nested_in = ~top
+        width = len(classes)
+        pairs, pair_index = dense_index(
+            nested.label[nested.parent[nested_in]] * width + nested.label[nested_in]
+        )
+        pair_ids = np.array(
+            [
+                frames.op_tuple(class_info[k % width], None, class_info[k // width])
+                for k in pairs.tolist()
+            ],
+            np.int64,
+        )
+        tuple_ids[nested_in] = pair_ids[pair_index]
+    frames.add_line(base_ns, nested, tuple_ids, 0)
+
+
 def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
     """Add one device plane's op time to ``frames``."""
     plane = capture.plane(ref)
@@ -454,7 +528,6 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
         del steps
     programs = _programs(capture, plane, by_name.get(XLA_MODULES))
     infos: dict[int, _OpInfo] = {}
-    stat_names: dict[int, str] | None = None
     for line_index in op_lines:
         base_ns = capture.line_start_ns(headers[line_index].timestamp_ns)
         if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
@@ -463,7 +536,8 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
             metas_of, starts, ends = event_columns(line.events, capture.source)
             del line
             if capture.on_op_line is not None:
-                capture.on_op_line(OpLine(ref, plane, base_ns, metas_of, starts, ends))
+                sole = len(op_lines) == 1
+                capture.on_op_line(OpLine(ref, plane, base_ns, metas_of, starts, ends, sole))
             del metas_of
             nested = nest(starts, ends, kernel_ids, "contain")
             tuple_ids = nested.label.copy()
@@ -472,72 +546,11 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
                 tuple_ids[i] = frames.tuple_id(frames.tuples[int(nested.label[i])][-1:])
             frames.add_line(base_ns, nested, tuple_ids, 0)
             continue
-        ids, starts, ends = line_columns(capture, plane, line_index)
-        if capture.on_op_line is not None:
-            capture.on_op_line(OpLine(ref, plane, base_ns, ids, starts, ends))
-        if not len(ids):
-            continue
-        metas, meta_index = dense_index(ids)
-        if stat_names is None:
-            stat_names = {m.id: m.name for m in plane.stat_metadata.values()}
-        for meta_id in metas.tolist():
-            if meta_id not in infos:
-                infos[meta_id] = _op_info(plane, meta_id, stat_names)
-        line_infos = [infos[m] for m in metas.tolist()]
-        # Each event's program: its metadata's program_id, else the module run around it.
-        names = [
-            UNKNOWN_PROGRAM,
-            *sorted(set(programs.by_id.values()) | set(programs.by_meta.values())),
-        ]
-        name_index = {n: i for i, n in enumerate(names)}
-        by_meta_program = np.array(
-            [
-                name_index[programs.by_id[x.program_id]] if x.program_id in programs.by_id else -1
-                for x in line_infos
-            ],
-            np.int64,
-        )
-        if (by_meta_program >= 0).all() and (by_meta_program == by_meta_program[0]).all():
-            # Every op names the same program (the common case): classes are the ops.
-            classes = by_meta_program[0] * len(metas) + np.arange(len(metas), dtype=np.int64)
-            label = meta_index
-        else:
-            program = by_meta_program[meta_index]
-            unnamed = program < 0
-            if unnamed.any():
-                module = programs.module_of(starts[unnamed], base_ns)
-                program[unnamed] = programs.names_of(module, name_index)
-            classes, label = dense_index(program * len(metas) + meta_index)
-            del program
-        del ids, meta_index
-        nested = nest(starts, ends, label, "contain")
-        del starts, ends, label
-        class_program = (classes // len(metas)).tolist()
-        class_info = [line_infos[int(c)] for c in (classes % len(metas)).tolist()]
-        top = nested.parent < 0
-        root_ids = np.array(
-            [
-                frames.op_tuple(info, names[p], None)
-                for p, info in zip(class_program, class_info, strict=True)
-            ],
-            np.int64,
-        )
-        tuple_ids = root_ids[nested.label]  # top-level ops; nested ones are set below
-        if not top.all():
-            nested_in = ~top
-            width = len(classes)
-            pairs, pair_index = dense_index(
-                nested.label[nested.parent[nested_in]] * width + nested.label[nested_in]
-            )
-            pair_ids = np.array(
-                [
-                    frames.op_tuple(class_info[k % width], None, class_info[k // width])
-                    for k in pairs.tolist()
-                ],
-                np.int64,
-            )
-            tuple_ids[nested_in] = pair_ids[pair_index]
-        frames.add_line(base_ns, nested, tuple_ids, 0)
+        for piece in line_pieces(capture, plane, line_index):  # a long line, bounded
+            if capture.on_op_line is not None:
+                capture.on_op_line(OpLine(ref, plane, base_ns, *piece, sole=len(op_lines) == 1))
+            if len(piece[0]):
+                _op_piece(plane, programs, base_ns, piece, frames, infos)
 
 
 def device_flamegraph(capture: Capture) -> FlameGraph | None:
@@ -610,6 +623,29 @@ def _thread_names(
     return names, comments
 
 
+def _host_tuple_ids(
+    plane: Plane, nested: Nested, frames: _Frames, labels: dict[int, FrameLabel]
+) -> np.ndarray:
+    """Each host segment's frame tuple (``labels``: the plane's labels made so far)."""
+    metas, index = dense_index(nested.label)
+    line_labels = []
+    for meta_id in metas.tolist():
+        label = labels.get(meta_id)
+        if label is None:
+            label = labels[meta_id] = _host_label(plane, meta_id)
+        line_labels.append(label)
+    own = np.array([frames.tuple_id((x,)) for x in line_labels], np.int64)
+    tuple_ids: np.ndarray = own[index]
+    # Adjacent identical frames fold into one (a TraceMe inside a TraceMe of the same
+    # name, e.g. PjitFunction(update) twice); Python frames keep their recursion.
+    inner = np.flatnonzero(nested.parent >= 0)
+    same = tuple_ids[inner] == tuple_ids[nested.parent[inner]]
+    if same.any():
+        fold = np.array([not x.file for x in line_labels], bool)[index[inner]]
+        tuple_ids[inner[same & fold]] = FOLD
+    return tuple_ids
+
+
 def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> list[str]:
     """Add a host plane's lines to ``frames``; returns the thread comments."""
     plane = capture.plane(ref)
@@ -621,31 +657,18 @@ def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> list[str]:
     activity: dict[int, tuple[int, int]] = {}
     for header in headers:
         base_ns = capture.line_start_ns(header.timestamp_ns)
-        ids, starts, ends = line_columns(capture, plane, header.index)
-        if not len(ids):
-            continue
-        activity[header.index] = (len(ids), int((ends - starts).sum()))
-        nested = nest(starts, ends, ids, "split")
-        del ids, starts, ends
-        metas, index = dense_index(nested.label)
-        line_labels = []
-        for meta_id in metas.tolist():
-            label = labels.get(meta_id)
-            if label is None:
-                label = labels[meta_id] = _host_label(plane, meta_id)
-            line_labels.append(label)
-        own = np.array([frames.tuple_id((x,)) for x in line_labels], np.int64)
-        tuple_ids = own[index]
-        # Adjacent identical frames fold into one (a TraceMe inside a TraceMe of the same
-        # name, e.g. PjitFunction(update) twice); Python frames keep their recursion.
-        inner = np.flatnonzero(nested.parent >= 0)
-        same = tuple_ids[inner] == tuple_ids[nested.parent[inner]]
-        if same.any():
-            fold = np.array([not x.file for x in line_labels], bool)[index[inner]]
-            tuple_ids[inner[same & fold]] = FOLD
-        placeholder = FrameLabel(f"\0line {ref!r} {header.index}")
-        roots[header.index] = frames.tuple_id((placeholder,))
-        frames.add_line(base_ns, nested, tuple_ids, frames.node(0, roots[header.index]))
+        for ids, starts, ends in line_pieces(capture, plane, header.index):
+            if not len(ids):
+                continue
+            count, busy = activity.get(header.index, (0, 0))
+            activity[header.index] = (count + len(ids), busy + int((ends - starts).sum()))
+            nested = nest(starts, ends, ids, "split")
+            del ids, starts, ends
+            if header.index not in roots:
+                placeholder = FrameLabel(f"\0line {ref!r} {header.index}")
+                roots[header.index] = frames.tuple_id((placeholder,))
+            root = frames.node(0, roots[header.index])
+            frames.add_line(base_ns, nested, _host_tuple_ids(plane, nested, frames, labels), root)
     names, comments = _thread_names(headers, activity)
     for line_index, tuple_id in roots.items():
         frames.tuples[tuple_id] = (FrameLabel(names[line_index]),)  # same name: one frame

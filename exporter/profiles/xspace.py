@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, pairwise
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,6 +48,7 @@ __all__ = [
     "DECODER",
     "DEVICE_PLANE_RE",
     "HOST_PLANE",
+    "LINE_WINDOW",
     "Capture",
     "LineHeader",
     "OpLine",
@@ -55,6 +56,7 @@ __all__ = [
     "PlaneRef",
     "line_columns",
     "line_headers",
+    "line_pieces",
     "load_capture",
     "parse_xspace",
     "read_line",
@@ -75,6 +77,10 @@ _INT64 = 1 << 63  # times past it (ns or ps) are corrupt: numpy and pprof hold i
 _WINDOW = 1 << 20
 _MAX_FIELD_HEADER = 20  # a tag and a length varint: at most 10 bytes each
 _XSPACE_PLANES, _XSPACE_HOSTNAMES, _PLANE_LINES = 1, 4, 3
+# A line longer than this is read through windows of it (see line_pieces), so memory
+# follows the window, not the line: a 2.5 GB capture's op lines are 620 MB each. At
+# about 18 bytes per op event, a window is about 0.9 M events.
+LINE_WINDOW = 1 << 24
 
 Reader = Callable[[int, int], bytes]  # (offset, length) -> bytes
 
@@ -167,6 +173,13 @@ class _Lines(Sequence[bytes]):
     def __init__(self, read: Reader, spans: list[tuple[int, int]]) -> None:
         self._read, self._spans = read, spans
 
+    def span(self, index: int) -> tuple[int, int]:
+        """Where line ``index``'s bytes are in the capture: [start, end)."""
+        return self._spans[index]
+
+    def read(self, start: int, length: int) -> bytes:
+        return self._read(start, length)
+
     def __len__(self) -> int:
         return len(self._spans)
 
@@ -183,7 +196,7 @@ class Plane:
 
     __slots__ = ("_meta", "lines")
 
-    def __init__(self, meta: xplane_pb2.XPlaneByLine, lines: Sequence[bytes]) -> None:
+    def __init__(self, meta: xplane_pb2.XPlaneByLine, lines: _Lines) -> None:
         self._meta, self.lines = meta, lines
 
     @property
@@ -211,7 +224,9 @@ class Plane:
 class OpLine:
     """One device op line as a conversion reads it (what ``Capture.on_op_line`` gets):
     the plane, the line's start (ns), its lasting events' metadata ids, starts and ends
-    (ps after the line's start)."""
+    (ps after the line's start). A long line arrives in pieces (:func:`line_pieces`),
+    one call each; ``sole`` says the line is the plane's only op line, so no other
+    line's events overlap its pieces."""
 
     ref: PlaneRef
     plane: Plane
@@ -219,6 +234,7 @@ class OpLine:
     ids: np.ndarray
     starts_ps: np.ndarray
     ends_ps: np.ndarray
+    sole: bool = True
 
 
 @dataclass
@@ -400,21 +416,48 @@ def _corrupt_line(capture: Capture, plane: Plane, index: int) -> InputError:
     )
 
 
+class _NotCanonicalError(Exception):
+    """A line the compiled core hands back to protobuf."""
+
+
+def _scans(plane: Plane, index: int, events: bool) -> Iterator[tuple[Any, ...]]:
+    """The compiled core's reading of line ``index``, a window of at most
+    :data:`LINE_WINDOW` bytes at a time (bigger only for one field bigger than that)."""
+    pos, end = plane.lines.span(index)
+    window = LINE_WINDOW
+    while True:
+        final = end - pos <= window
+        found = _xwire.scan_line(plane.lines.read(pos, min(window, end - pos)), final, events)
+        if found is None:
+            raise _NotCanonicalError
+        yield found
+        if final:
+            return
+        pos += found[0]
+        if not found[0]:  # one field longer than the window: read it whole
+            window *= 2
+
+
+def _scanned_header(plane: Plane, index: int) -> LineHeader:
+    ints, names = [0, 0, 0, 0], [b"", b""]
+    for _, values, seen, name, display, _, _ in _scans(plane, index, events=False):
+        for slot in range(4):  # the last value of a field wins, as in protobuf
+            if seen >> slot & 1:
+                ints[slot] = values[slot]
+        names = [name if seen & 16 else names[0], display if seen & 32 else names[1]]
+    return LineHeader(index, ints[0], names[0].decode(), names[1].decode(), ints[2], ints[3])
+
+
 def line_header(capture: Capture, plane: Plane, index: int) -> LineHeader:
     """Line ``index``'s ids, names and times; its events are skipped, not decoded."""
-    raw = plane.lines[index]
     if DECODER == "compiled":
-        found = _xwire.line_header(raw)
-        if found is not None:
-            try:
-                return LineHeader(
-                    index, found[0], found[2].decode(), found[3].decode(), found[4], found[5]
-                )
-            except UnicodeDecodeError:
-                pass  # protobuf's verdict on the names, below
+        try:
+            return _scanned_header(plane, index)
+        except (_NotCanonicalError, UnicodeDecodeError):
+            pass  # protobuf's verdict on the line, below
     header = xplane_pb2.XLineHeader()
     try:
-        header.ParseFromString(raw)  # events are skipped (unknown, freed with `header`)
+        header.ParseFromString(plane.lines[index])  # events skipped (unknown, freed with it)
     except DecodeError:
         raise _corrupt_line(capture, plane, index) from None
     return LineHeader(
@@ -556,12 +599,54 @@ def line_columns(capture: Capture, plane: Plane, index: int) -> Columns:
     list of Python ints is built either way.
     """
     if DECODER == "compiled":
-        found = _xwire.line_events(plane.lines[index])
+        start, end = plane.lines.span(index)
+        found = _xwire.scan_line(plane.lines.read(start, end - start), True, True)
         if found is not None:
-            ids, offs, durs = (np.frombuffer(column, np.int64) for column in found)
-            capture.events_read += len(ids)
-            return _lasting(ids, offs, durs, capture.source)
+            return _columns(capture, found[6])
     return event_columns(read_line(capture, plane, index).events, capture.source)
+
+
+def _columns(capture: Capture, raw: tuple[bytes, bytes, bytes]) -> Columns:
+    ids, offs, durs = (np.frombuffer(column, np.int64) for column in raw)
+    capture.events_read += len(ids)
+    return _lasting(ids, offs, durs, capture.source)
+
+
+def line_pieces(capture: Capture, plane: Plane, index: int) -> Iterator[Columns]:
+    """Line ``index``'s columns (as :func:`line_columns`) in pieces that no event crosses.
+
+    Every event of a piece ends at or before every event of a later piece starts, so
+    each piece nests on its own and sums of per-piece results equal the whole line's.
+    A line up to :data:`LINE_WINDOW` bytes is one piece. A longer one is read twice
+    through windows of that size: first to find where the windows may be cut (after a
+    window when everything before it ends before anything after it starts), then each
+    piece is decoded, so memory follows the window, not the line. A line no window
+    boundary can cut (one event spanning it), the pure-Python decoder and a
+    non-canonical line give one piece.
+    """
+    start, end = plane.lines.span(index)
+    if DECODER != "compiled" or end - start <= LINE_WINDOW:
+        yield line_columns(capture, plane, index)
+        return
+    bounds, lows, highs = [start], [], []
+    try:
+        for found in _scans(plane, index, events=True):
+            ids, offs, durs = (np.frombuffer(c, np.int64) for c in found[6])
+            _, offs, ends = _lasting(ids, offs, durs, capture.source)
+            bounds.append(bounds[-1] + found[0])
+            lows.append(int(offs.min()) if len(offs) else FAR)
+            highs.append(int(ends.max()) if len(ends) else -FAR)
+    except _NotCanonicalError:
+        yield line_columns(capture, plane, index)
+        return
+    before = np.maximum.accumulate(highs)[:-1]  # latest end up to each window
+    after = np.minimum.accumulate(lows[::-1])[::-1][1:]  # earliest start after it
+    cuts = [start, *(bounds[i + 1] for i in np.flatnonzero(before <= after).tolist()), end]
+    for lo, hi in pairwise(cuts):
+        found = _xwire.scan_line(plane.lines.read(lo, hi - lo), True, True)
+        if found is None:  # read whole-field by whole-field above: the file changed
+            raise _corrupt_line(capture, plane, index)
+        yield _columns(capture, found[6])
 
 
 def _lasting(ids: np.ndarray, offs: np.ndarray, durs: np.ndarray, source: str) -> Columns:
