@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from exporter.profiles.capture_files import capture_bytes
 from exporter.profiles.flamegraph import FlameGraph
 
 if TYPE_CHECKING:
@@ -676,7 +677,7 @@ def _xprof_facts(
         ops_without_hlo=sum(
             1 for top in facts.top_ops if not any(top["name"] in ops for ops in programs.values())
         ),
-        capture_bytes=sum(p.stat().st_size for p in paths),
+        capture_bytes=sum(capture_bytes(p) for p in paths),
         max_capture_mb=capture_limit_mb() if max_capture_mb is None else max_capture_mb,
     )
     facts.xprof = run_tools(paths, plan.tools) | plan.to_json()

@@ -15,6 +15,7 @@ __all__ = [
     "CAPTURE_SUFFIXES",
     "CHUNKED_SUFFIX",
     "XSPACE_SUFFIX",
+    "capture_bytes",
     "capture_stem",
     "find_captures",
     "is_capture_name",
@@ -42,3 +43,17 @@ def capture_stem(name: str) -> str:
 def find_captures(directory: Path) -> list[Path]:
     """The capture files under ``directory``, sorted."""
     return sorted(p for s in CAPTURE_SUFFIXES for p in directory.rglob(f"*{s}") if p.is_file())
+
+
+def capture_bytes(path: Path) -> int:
+    """The capture's size as one XSpace: the file's size, or a chunked capture's records.
+
+    What a reader of the whole XSpace (XProf's converters) holds in proportion to; a
+    ``.xplane.riegeli`` is brotli-compressed, so its file size understates that several
+    times (:func:`exporter.profiles.riegeli.records_bytes` reads it from chunk headers).
+    """
+    if path.name.endswith(CHUNKED_SUFFIX):
+        from exporter.profiles.riegeli import records_bytes
+
+        return records_bytes(path)
+    return path.stat().st_size

@@ -72,6 +72,7 @@ from exporter.proto import xplane_pb2
 __all__ = [
     "MAX_CHUNK_BYTES",
     "iter_records",
+    "records_bytes",
     "write_xspace",
 ]
 
@@ -318,8 +319,28 @@ def _simple_chunk(
         start = end
 
 
-def iter_records(path: Path, *, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> Iterator[bytes]:
-    """Yield the records of the Riegeli/records file ``path`` in order."""
+@dataclass(frozen=True)
+class _Chunk:
+    """A chunk's header fields, its position checked against the file."""
+
+    begin: int
+    end: int
+    kind: int  # chunk_type
+    data_size: int
+    num_records: int
+    decoded_size: int
+
+    @property
+    def where(self) -> str:
+        return f"chunk at byte {self.begin}"
+
+
+def _chunks(path: Path) -> Iterator[tuple[_File, _Chunk]]:
+    """Each chunk of the Riegeli/records file ``path``, its header and block headers checked.
+
+    The file is positioned after the chunk's header; the caller may read its data, and
+    the next chunk is read from the chunk's end whatever the caller did.
+    """
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -333,36 +354,62 @@ def iter_records(path: Path, *, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> Itera
             raise data.fail("the first 64 bytes are not the Riegeli/records signature")
         while data.pos < size:
             chunk_begin = data.pos
-            where = f"chunk at byte {chunk_begin}"
             header = data.read(CHUNK_HEADER_SIZE)
             data_size = _u64(header, 8)
-            chunk_type = header[24]
             num_records = int.from_bytes(header[25:32], "little")
-            decoded_size = _u64(header, 32)
-            chunk_end = _chunk_end(chunk_begin, data_size, num_records)
-            if chunk_end > size:
+            chunk = _Chunk(
+                begin=chunk_begin,
+                end=_chunk_end(chunk_begin, data_size, num_records),
+                kind=header[24],
+                data_size=data_size,
+                num_records=num_records,
+                decoded_size=_u64(header, 32),
+            )
+            if chunk.end > size:
                 raise data.fail(
-                    f"{where} claims {data_size} data bytes and {num_records} records, "
-                    f"ending at byte {chunk_end}, past the file's end at {size}"
+                    f"{chunk.where} claims {data_size} data bytes and {num_records} records, "
+                    f"ending at byte {chunk.end}, past the file's end at {size}"
                 )
-            data.check_block_headers(chunk_begin, chunk_end)
-            if chunk_type == _SIMPLE:
-                yield from _simple_chunk(
-                    data, where, data_size, num_records, decoded_size, max_chunk_bytes
-                )
-            elif chunk_type in (_SIGNATURE, _PADDING):
-                if num_records or decoded_size or (chunk_type == _SIGNATURE and data_size):
-                    raise data.fail(f"{where}: {chr(chunk_type)!r} chunk with nonzero sizes")
-            elif chunk_type == _METADATA:
+            data.check_block_headers(chunk_begin, chunk.end)
+            if chunk.kind in (_SIGNATURE, _PADDING):
+                if num_records or chunk.decoded_size or (chunk.kind == _SIGNATURE and data_size):
+                    raise data.fail(f"{chunk.where}: {chr(chunk.kind)!r} chunk with nonzero sizes")
+            elif chunk.kind == _METADATA:
                 if num_records:
-                    raise data.fail(f"{where}: metadata chunk claims {num_records} records")
-            elif chunk_type == _TRANSPOSED:
+                    raise data.fail(f"{chunk.where}: metadata chunk claims {num_records} records")
+            elif chunk.kind == _TRANSPOSED:
                 raise data.fail(
-                    f"{where}: transposed chunk (not read: XProf's writer makes simple chunks)"
+                    f"{chunk.where}: transposed chunk (not read: XProf's writer makes simple "
+                    "chunks)"
                 )
-            else:
-                raise data.fail(f"{where}: unknown chunk type 0x{chunk_type:02x}")
-            data.pos = chunk_end
+            elif chunk.kind != _SIMPLE:
+                raise data.fail(f"{chunk.where}: unknown chunk type 0x{chunk.kind:02x}")
+            yield data, chunk
+            data.pos = chunk.end
+
+
+def iter_records(path: Path, *, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> Iterator[bytes]:
+    """Yield the records of the Riegeli/records file ``path`` in order."""
+    for data, chunk in _chunks(path):
+        if chunk.kind == _SIMPLE:
+            yield from _simple_chunk(
+                data,
+                chunk.where,
+                chunk.data_size,
+                chunk.num_records,
+                chunk.decoded_size,
+                max_chunk_bytes,
+            )
+
+
+def records_bytes(path: Path) -> int:
+    """The records' size once decoded: what the chunked capture is as XSpaces.
+
+    Read from the chunk headers alone (nothing is decompressed), so it costs a seek per
+    chunk. A brotli-compressed capture is several times its file size once decoded, and
+    XProf's converters take memory in proportion to that, not to the file.
+    """
+    return sum(chunk.decoded_size for _, chunk in _chunks(path) if chunk.kind == _SIMPLE)
 
 
 # -- protobuf wire format ---------------------------------------------------------------

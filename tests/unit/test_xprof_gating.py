@@ -147,6 +147,28 @@ def test_the_limit_is_the_setting(
     assert len(children.asked) == 5
 
 
+def test_a_chunked_capture_is_gated_on_its_decoded_size(
+    tpu_capture: Path, children: Children, tmp_path: Path
+) -> None:
+    # XProf's converters get the merged XSpace, so its size is what the limit bounds: a
+    # brotli-compressed .xplane.riegeli is several times smaller as a file.
+    from exporter.profiles.capture_files import capture_bytes
+    from exporter.proto import xplane_pb2
+    from tests import riegeli_writer as rw
+
+    space = xplane_pb2.XSpace.FromString(tpu_capture.read_bytes())
+    records = rw.chunk_xspace(space, 20_000)
+    chunked = tmp_path / "tpu-vm-0.xplane.riegeli"
+    rw.write_file(chunked, records, per_chunk=4)
+    decoded = sum(len(r) for r in records)
+    assert capture_bytes(chunked) == decoded
+    assert chunked.stat().st_size * 3 < decoded  # what the file size alone would miss
+    limit_mb = (chunked.stat().st_size + decoded) / 2 / 1e6  # the file under, XSpace over
+    facts = analyze(str(chunked), xprof_max_mb=limit_mb).to_json()["facts"]
+    assert children.asked == []
+    assert facts["roofline"]["reason"].startswith(f"capture is {decoded / 1e6:.0f} MB, over")
+
+
 needs_xprof = pytest.mark.skipif(
     importlib.util.find_spec("xprof") is None, reason="XProf ships with the dev install"
 )
