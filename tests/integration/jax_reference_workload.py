@@ -51,11 +51,21 @@ def main() -> None:
     with jax.profiler.trace(str(out / "logs"), profiler_options=options):
         for number in (1, 2):
             step(x, number)
-        workers = [threading.Thread(target=step, args=(x, 10 + i), name="python") for i in range(2)]
-        for worker in workers:  # alive together: distinct thread ids, one name
-            worker.start()
-        for worker in workers:
-            worker.join()
+        # Alive together, so their ids differ (one name, two threads): neither ends before
+        # both have stepped. Python's threads are detached, so an ended thread's id can be
+        # the next one's, which a loaded machine made happen when the first ended early.
+        together = threading.Barrier(2, timeout=60)
+
+        def worker(number: int) -> None:
+            together.wait()
+            step(x, number)
+            together.wait()
+
+        workers = [threading.Thread(target=worker, args=(10 + i,), name="python") for i in range(2)]
+        for worker_thread in workers:
+            worker_thread.start()
+        for worker_thread in workers:
+            worker_thread.join()
     kept = [alloc_a.make(256), alloc_b.make(128), alloc_b.make(64)]
     jax.profiler.save_device_memory_profile(str(out / "memory.prof"))
     print("READY", sum(a.nbytes for a in kept), flush=True)
