@@ -29,6 +29,7 @@ loudly instead of being measured.
     .venv/bin/python bench/huge_capture.py --gb 0.05   # a quick check of the writer
     .venv/bin/python bench/huge_capture.py             # 2.5 GB: a few minutes, 5 GB disk
     .venv/bin/python bench/huge_capture.py --keep /tmp/huge   # keep the capture
+    .venv/bin/python bench/huge_capture.py --gb 0.37 --glibc-defaults  # exporter.heap's gain
 """
 
 from __future__ import annotations
@@ -400,7 +401,9 @@ def _status_mib(pid: int | str, field: str) -> float | None:
     return int(found.group(1)) / 1024 if found else None
 
 
-def measure(cmd: list[str], memory_mb: int | None, timeout_s: float) -> dict[str, Any]:
+def measure(
+    cmd: list[str], memory_mb: int | None, timeout_s: float, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run ``cmd`` (bounded as run_job bounds an analysis); its exit code, CPU, wall,
     ru_maxrss (os.wait4 of its pid) and polled VmPeak / VmHWM."""
     limit = (memory_mb or 0) * 1024 * 1024
@@ -408,7 +411,7 @@ def measure(cmd: list[str], memory_mb: int | None, timeout_s: float) -> dict[str
     def bound() -> None:  # in the child before exec, as exporter/analysis/job.py does
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **(extra_env or {})}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
@@ -443,6 +446,7 @@ def measure(cmd: list[str], memory_mb: int | None, timeout_s: float) -> dict[str
         return {
             "rc": child.returncode,
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "sys_s": after.ru_stime - before.ru_stime,
             "wait4_cpu_s": usage.ru_utime + usage.ru_stime,
             "wall_s": wall,
             "maxrss_mib": usage.ru_maxrss / 1024,
@@ -531,6 +535,21 @@ def bench(name: str, path: Path, facts: dict[str, Any], args: argparse.Namespace
         run = runs[kind] = measure(cmd, args.memory_mb, args.timeout)
         print(_line(kind, run, facts["events"]))
         ok &= _check(kind, run, outs[kind], facts)
+    if args.glibc_defaults:
+        # The reference for exporter.heap: the same commands with glibc's own settings.
+        for kind, cmd in cmds.items():
+            run = runs[f"{kind} (glibc)"] = measure(
+                cmd, args.memory_mb, args.timeout, {"MLPROF_MALLOC": "default"}
+            )
+            print(_line(f"{kind} (glibc defaults, MLPROF_MALLOC=default)", run, facts["events"]))
+            ok &= _check(kind, run, outs[kind], facts)
+            mine = runs[kind]
+            if not (run["rc"] or mine["rc"]):
+                print(
+                    f"    {kind}: CPU {mine['cpu_s'] / run['cpu_s']:.2f}x of glibc's defaults "
+                    f"(sys {mine['sys_s']:.2f} vs {run['sys_s']:.2f} s), peak RSS "
+                    f"{mine['maxrss_mib'] / run['maxrss_mib']:.2f}x"
+                )
     for kind, cmd in cmds.items():
         if runs[kind]["rc"] != 0 and args.memory_mb:
             # The bound was hit: the same command without it, for its peaks (and checked).
@@ -547,6 +566,9 @@ def main() -> None:
     parser.add_argument("--memory-mb", type=int, default=DEFAULT_MEMORY_MB,
                         help="RLIMIT_AS of each command, MiB (0: none)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="also run each command with MLPROF_MALLOC=default (exporter.heap's "
+                        "reference)")  # fmt: skip
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -590,7 +612,7 @@ def main() -> None:
         f"{big['facts']['events'] / ref['facts']['events']:.1f}x"
     )
     for kind in big["runs"]:
-        a, b = ref["runs"].get(kind.split(" ")[0]), big["runs"][kind]
+        a, b = ref["runs"].get(kind) or ref["runs"].get(kind.split(" ")[0]), big["runs"][kind]
         if a is None or a["rc"] or b["rc"]:
             print(f"  {kind:<10}: (failed, no ratio)")
             continue

@@ -385,6 +385,9 @@ def flamegraph(
 ) -> None:
     """Flame graph (self/total) of an .xplane.pb, a memory pprof, a session (dir or id)
     or run:<run_id> (its finished sessions' captures, added up)."""
+    from exporter.heap import keep_freed_memory
+
+    keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
     from exporter.profiles.convert import flamegraph_from_path, render, resolve_input
     from exporter.profiles.flamegraph import format_value
     from exporter.profiles.pprof import InflateLimits

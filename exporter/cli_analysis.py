@@ -127,7 +127,9 @@ def compare(
     from exporter.analysis.compare import compare_sides
     from exporter.analysis.render import comparison_html, comparison_text
     from exporter.analysis.sides import load_side
+    from exporter.heap import keep_freed_memory
 
+    keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
     context = _context(_settings(store), time_from, time_until, profile_type)
     base_side = load_side(base, kind, context)  # type: ignore[arg-type]
     # The head is read as the base was: its kind, or the step view when the base has one.
@@ -197,7 +199,9 @@ def analyze(
     """Analysis report of an .xplane.pb, a session (directory or id) or run:<run_id>."""
     from exporter.analysis.render import report_html, report_text
     from exporter.analysis.report import analyze as run_analysis
+    from exporter.heap import keep_freed_memory
 
+    keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
     context = _context(_settings(store))
     report = run_analysis(input_text, context, baseline=baseline, xprof=not no_xprof)
     if fmt == "json":

@@ -264,6 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-profile-ratio", type=float)
     ns = parser.parse_args(argv)
     from exporter.errors import MlprofError
+    from exporter.heap import keep_freed_memory
+
+    # This child converts or analyses one input and exits: its large numpy temporaries
+    # reuse pages already faulted in (exporter.heap). The sidecar that starts it does not.
+    keep_freed_memory()
 
     try:
         *specs, out_text = ns.inputs

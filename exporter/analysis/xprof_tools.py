@@ -570,6 +570,9 @@ def _run_child(
 
 
 def _main(argv: list[str]) -> None:
+    from exporter.heap import keep_freed_memory
+
+    keep_freed_memory()  # a child that converts one capture and exits (exporter.heap)
     tools: Sequence[str] = TOOLS
     if argv[:1] == ["--tools"]:
         tools, argv = [t for t in argv[1].split(",") if t], argv[2:]
