@@ -108,6 +108,7 @@ class CaptureFacts:
     roofline: dict[str, Any] | None = None  # program_facts.roofline
     peak_allocations: dict[str, Any] | None = None  # program_facts.peak_allocations
     op_categories: dict[str, Any] | None = None  # program_facts.op_categories
+    gpu_kernels: dict[str, Any] | None = None  # gpu_kernels.gpu_kernel_facts
     xprof: dict[str, Any] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
     graphs: dict[str, FlameGraph] = field(default_factory=dict)  # not in the JSON
@@ -128,6 +129,7 @@ class CaptureFacts:
             "roofline": self.roofline,
             "peak_allocations": self.peak_allocations,
             "op_categories": self.op_categories,
+            "gpu_kernels": self.gpu_kernels,
             "xprof": self.xprof,
             "unavailable": self.unavailable,
         }
@@ -148,6 +150,7 @@ class _Host:
     communication: np.ndarray | None = None  # per cycle, ns in collectives (mean/device)
     kinds: dict[str, float] = field(default_factory=dict)  # communication ns per op kind
     overlap: dict[str, Any] | None = None  # async collectives' windows (collectives.py)
+    gpu: Any = None  # gpu_kernels.CaptureKernels of the GPU planes, None without any
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -323,6 +326,7 @@ def _host_communication(
 def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
     from exporter.analysis import xla_host
     from exporter.analysis.collectives import CommunicationRecorder, overlap_facts
+    from exporter.analysis.gpu_kernels import read_kernels
     from exporter.analysis.sides import step_cycles
     from exporter.profiles.steps import step_windows
     from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
@@ -375,6 +379,7 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
             if len(starts) and len(c_starts):
                 c_starts, c_ends = _subtract(c_starts, c_ends, starts, ends)
         compile_phase = _covered(c_starts, c_ends, cycles)
+        gpu = read_kernels(capture, cycles) if capture.device_planes else None
         graphs = {"device": device, "host": host_flamegraph(capture)}
         for kind, whole in graphs.items():
             if whole is None:
@@ -400,6 +405,7 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
         np.asarray(communication, float),
         kinds,
         overlap,
+        gpu,
     )
 
 
@@ -646,6 +652,9 @@ def gather_facts(
     facts.top_ops = _top_ops(device)
     facts.compiler = _compiler(device)
     facts.recompilation = _recompilation(hosts)
+    from exporter.analysis.gpu_kernels import gpu_kernel_facts
+
+    facts.gpu_kernels = gpu_kernel_facts([h.gpu for h in hosts], facts.backend)
     from exporter.analysis.program_facts import add_program_facts, read_programs
 
     programs = read_programs(facts, paths)

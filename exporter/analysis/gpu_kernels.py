@@ -1,0 +1,616 @@
+"""GPU kernels of a capture (``facts.gpu_kernels``): per-kernel counts, time and launch
+configuration, and the device time lost waiting for kernel launches.
+
+**Kernels.** A kernel is a lasting event on a stream line of a ``/device:GPU:N`` plane
+that carries ``kernel_details`` (CUPTI's launch configuration), as XProf's
+``GpuEventStats::IsKernel`` decides; a memcpy or memset (``memcpy_details``) is not.
+A plane whose stat table has no ``kernel_details`` at all (hand-made captures, tracers
+that do not record it) counts every lasting event without ``memcpy_details`` as a
+kernel, with no launch configuration (``kernel_basis`` says which). Derived lines
+(``XLA Ops``, ``Steps``, XProf's ids from ``0xdeadbeef``) are not streams.
+
+Kernels are aggregated as XProf's ``kernel_stats`` aggregates them, by name and launch
+configuration (grid, block, registers, static and dynamic shared memory; occupancy is
+the first occurrence's, as there), and, where the events say, by the HLO module and op
+they ran for (``hlo_module``, ``hlo_op``): XProf keys the third part by the framework
+op it finds in the capture's HLO protos instead, so its rows are ours summed over
+module and op. Each event's duration is its picoseconds divided down to whole
+nanoseconds, as XProf's ``DurationNs``, so counts, totals, minima and maxima agree
+exactly (``tests/unit/test_gpu_kernels.py``).
+
+**Launch overhead.** On each stream, kernels in start order; the gap before a kernel is
+the time from the latest end of the kernels before it to its start. Its launch call is
+the host event of the same ``correlation_id`` on a host plane (``cuLaunchKernel``,
+``cudaLaunchKernel``, ``hipLaunchKernel``, graph launches, ...). Within a gap, the time
+from the later of (the stream going idle, the call's start) to the kernel's start is
+spent waiting for the launch; the time before the call starts, for the host to begin
+it. ``launch_overhead_ms`` is the launch-wait time during which *no* kernel ran on any
+stream of the device (device idle, not one stream idle while another works), summed
+over devices; its share is of the devices' kernel span (first kernel start to last
+kernel end on each device), or of the step cycles when the capture has steps.
+A kernel's launch latency is its start minus its call's start.
+
+Memory: each stream line is parsed on its own (protobuf objects for one line at a
+time) and reduced to int64 columns and per-kernel sums; what is kept across lines is
+one aggregate per distinct kernel and, per device, the merged busy intervals and the
+launch-wait intervals.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+from exporter.profiles.nesting import FAR
+
+if TYPE_CHECKING:
+    from exporter.profiles.xspace import Capture, Plane
+
+__all__ = [
+    "GPU_PLANE_RE",
+    "LAUNCH_API_RE",
+    "TOP_KERNELS",
+    "CaptureKernels",
+    "LaunchConfig",
+    "gpu_kernel_facts",
+    "parse_kernel_details",
+    "read_kernels",
+]
+
+GPU_PLANE_RE: Final = re.compile(r"^/device:GPU:\d+$")
+# CUDA driver and runtime launch calls (cuLaunchKernel, cuLaunchKernelEx,
+# cudaLaunchKernel, cudaLaunchKernelExC_v11060, cuLaunchCooperativeKernel,
+# cu(da)GraphLaunch) and their HIP twins, as XLA's CUPTI / roctracer collectors name
+# the host events; not cudaLaunchHostFunc (a host callback, no kernel).
+LAUNCH_API_RE: Final = re.compile(r"^(cu|cuda|hip)(Ext)?(Module)?(Graph)?Launch(?!HostFunc)\w*$")
+TOP_KERNELS: Final = 20  # kernel rows in the report (by total time); XProf keeps 1000
+TOP_LATENCY: Final = 5  # kernels named for their launch latency
+# XProf's derived lines (XLA Ops, Steps, ...) have ids from kThreadIdDerivedMin
+# (0xdeadbeef, tsl/profiler/utils/xplane_schema.h); they repeat the kernels' time.
+_DERIVED_LINE_MIN: Final = 0xDEADBEEF
+_DERIVED_LINE_MAX: Final = _DERIVED_LINE_MIN + 0xFF
+_NOT_STREAMS: Final = frozenset(
+    {"XLA Ops", "XLA Modules", "Steps", "XLA TraceMe", "Framework Ops", "Framework Name Scope",
+     "Source code", "Launch Stats", "TensorFlow Ops", "TensorFlow Name Scope"}
+)  # fmt: skip
+_MAX_DETAILS: Final = 1024  # a longer kernel_details string is not CUPTI's: not parsed
+_UINT32: Final = 1 << 32
+_PS_PER_NS: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfig:
+    """A kernel's launch configuration, parsed as XProf's ``ParseKernelLaunchParams``:
+    unknown or malformed tokens are skipped, dimensions default to 1,1,1."""
+
+    registers_per_thread: int = 0
+    static_shared_memory_bytes: int = 0
+    dynamic_shared_memory_bytes: int = 0
+    grid: tuple[int, int, int] = (1, 1, 1)
+    block: tuple[int, int, int] = (1, 1, 1)
+    occupancy_pct: float | None = None
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What XProf aggregates by (not occupancy)."""
+        return (self.registers_per_thread, self.static_shared_memory_bytes,
+                self.dynamic_shared_memory_bytes, self.grid, self.block)  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "registers_per_thread": self.registers_per_thread,
+            "static_shared_memory_bytes": self.static_shared_memory_bytes,
+            "dynamic_shared_memory_bytes": self.dynamic_shared_memory_bytes,
+            "grid": list(self.grid),
+            "block": list(self.block),
+            "threads_per_block": self.block[0] * self.block[1] * self.block[2],
+            "occupancy_pct": self.occupancy_pct,
+        }
+
+
+def _uint32(text: str) -> int | None:
+    return int(text) if text.isdigit() and int(text) < _UINT32 else None
+
+
+def parse_kernel_details(details: str) -> LaunchConfig | None:
+    """``regs:32 static_shared:0 dynamic_shared:0 grid:1,1,1 block:256,1,1 occ_pct:50``
+    as a :class:`LaunchConfig`; None for an empty or oversized string."""
+    if not details or len(details) > _MAX_DETAILS:
+        return None
+    ints = {"regs": 0, "static_shared": 0, "dynamic_shared": 0}
+    dims = {"grid": (1, 1, 1), "block": (1, 1, 1)}
+    occupancy = None
+    for token in re.split(r"[ \n]", details):
+        parts = token.split(":")
+        if len(parts) != 2:
+            continue
+        key, value = parts
+        if key in ints and (number := _uint32(value)) is not None:
+            ints[key] = number
+        elif key in dims:
+            xyz = [_uint32(v) for v in value.split(",")]
+            if len(xyz) == 3 and all(v is not None for v in xyz):
+                dims[key] = (int(xyz[0] or 0), int(xyz[1] or 0), int(xyz[2] or 0))
+        elif key == "occ_pct":
+            try:
+                pct = float(value)
+            except ValueError:
+                continue
+            if math.isfinite(pct):  # NaN and inf are not a share
+                occupancy = pct
+    return LaunchConfig(ints["regs"], ints["static_shared"], ints["dynamic_shared"],
+                        dims["grid"], dims["block"], occupancy)  # fmt: skip
+
+
+@dataclass
+class _Kernel:
+    """One aggregated kernel row (durations in whole ns, as XProf's)."""
+
+    name: str
+    config: LaunchConfig | None
+    module: str
+    op: str
+    occurrences: int = 0
+    total_ns: int = 0
+    min_ns: int = 0
+    max_ns: int = 0
+    latency_count: int = 0
+    latency_total_ns: int = 0
+    latency_max_ns: int = 0
+
+    def add(self, count: int, total: int, low: int, high: int) -> None:
+        self.min_ns = low if not self.occurrences else min(self.min_ns, low)
+        self.max_ns = high if not self.occurrences else max(self.max_ns, high)
+        self.occurrences += count
+        self.total_ns += total
+
+    def add_latency(self, count: int, total: int, high: int) -> None:
+        self.latency_max_ns = high if not self.latency_count else max(self.latency_max_ns, high)
+        self.latency_count += count
+        self.latency_total_ns += total
+
+
+@dataclass
+class _Device:
+    """One GPU plane's kernel intervals and launch waits (absolute ns)."""
+
+    name: str
+    busy: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    launch: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    first_ns: int | None = None
+    last_ns: int | None = None
+    streams: int = 0
+
+
+@dataclass
+class CaptureKernels:
+    """What one capture file's GPU planes give (combined over files by
+    :func:`gpu_kernel_facts`)."""
+
+    kernels: dict[tuple[object, ...], _Kernel] = field(default_factory=dict)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    gaps_ns: list[np.ndarray] = field(default_factory=list)  # every positive gap
+    launch_gaps_ns: list[np.ndarray] = field(default_factory=list)  # call begun before
+    launches: int = 0  # launch calls found on host planes
+    correlated: int = 0  # kernels whose launch call was found
+    basis: set[str] = field(default_factory=set)
+    skipped: int = 0  # events left out (corrupt times)
+    cycle_ns: int = 0  # step cycles' time (per device) inside which overhead is counted
+    cycles: int = 0
+
+
+def _is_stream(line_id: int, name: str) -> bool:
+    return not (_DERIVED_LINE_MIN <= line_id <= _DERIVED_LINE_MAX) and name not in _NOT_STREAMS
+
+
+def _stat_text(stat: Any, names: dict[int, str]) -> str:
+    return names.get(stat.ref_value, "") if stat.ref_value else stat.str_value
+
+
+def _stat_int(stat: Any) -> int:
+    kind = stat.WhichOneof("value")
+    if kind in ("int64_value", "uint64_value"):
+        return int(getattr(stat, kind))
+    if kind == "str_value" and stat.str_value.isdigit():
+        return int(stat.str_value)
+    return -1
+
+
+def _launch_calls(capture: Capture) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Correlation ids (sorted), start and end ns of the launch calls on host planes.
+
+    Only planes whose event metadata names a launch call are read (a ``/host:CPU``
+    plane of TraceMes is skipped without reading its lines).
+    """
+    from exporter.profiles.xspace import line_headers, read_line
+
+    ids: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for ref in capture.planes:
+        if not ref.name.startswith("/host:") or ref.name == "/host:metadata":
+            continue
+        plane = capture.plane(ref)
+        calls = {m for m, meta in plane.event_metadata.items()
+                 if LAUNCH_API_RE.match(meta.name or meta.display_name)}  # fmt: skip
+        corr = {m.id for m in plane.stat_metadata.values() if m.name == "correlation_id"}
+        if not calls or not corr:
+            continue
+        for header in line_headers(capture, plane):
+            line = read_line(capture, plane, header.index)
+            base_ns = capture.line_start_ns(line.timestamp_ns)
+            for event in line.events:
+                if event.metadata_id not in calls or event.duration_ps < 0:
+                    continue
+                if not -FAR < event.offset_ps < FAR or event.duration_ps > FAR:
+                    continue
+                found = next((_stat_int(s) for s in event.stats if s.metadata_id in corr), -1)
+                if found < 0:
+                    continue
+                start = base_ns + event.offset_ps // _PS_PER_NS
+                ids.append(found)
+                starts.append(start)
+                ends.append(start + event.duration_ps // _PS_PER_NS)
+            del line
+    order = np.argsort(np.asarray(ids, np.int64), kind="stable")
+    return (np.asarray(ids, np.int64)[order], np.asarray(starts, np.int64)[order],
+            np.asarray(ends, np.int64)[order])  # fmt: skip
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from exporter.analysis.facts import _union as union
+
+    return union(starts, ends)
+
+
+def _length(starts: np.ndarray, ends: np.ndarray) -> int:
+    return int((ends - starts).sum()) if len(starts) else 0
+
+
+class _Reader:
+    """Reads one capture's GPU planes into a :class:`CaptureKernels`."""
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+        self.out = CaptureKernels()
+        self.calls = _launch_calls(capture)
+        self.out.launches = len(self.calls[0])
+        self._keys: dict[tuple[object, ...], int] = {}
+        self._rows: list[_Kernel] = []
+        self._configs: dict[str, LaunchConfig | None] = {}
+
+    def _config(self, details: str) -> LaunchConfig | None:
+        if details not in self._configs:
+            self._configs[details] = parse_kernel_details(details)
+        return self._configs[details]
+
+    def _row(self, name: str, details: str, module: str, op: str) -> int:
+        config = self._config(details)
+        key = (name, config.key if config else None, module, op)
+        found = self._keys.get(key)
+        if found is None:
+            found = self._keys[key] = len(self._rows)
+            self._rows.append(_Kernel(name, config, module, op))
+            self.out.kernels[key] = self._rows[found]
+        return found
+
+    def plane(self, plane: Plane, device: _Device) -> None:
+        from exporter.profiles.xspace import line_headers, read_line
+
+        names = {m.id: m.name for m in plane.stat_metadata.values()}
+        by_name = {name: sid for sid, name in names.items()}
+        details_id = by_name.get("kernel_details", -1)
+        memcpy_ids = {by_name.get("memcpy_details", -1), by_name.get("memset_details", -1)} - {-1}
+        module_id, op_id = by_name.get("hlo_module", -1), by_name.get("hlo_op", -1)
+        corr_id = by_name.get("correlation_id", -1)
+        self.out.basis.add("kernel_details" if details_id >= 0 else "lasting events")
+        # Stats on the event metadata hold for every event of it (XProf's visitor reads
+        # both); the event's own stats win.
+        meta_stats: dict[int, tuple[str, str, str, bool]] = {}
+        for meta_id, meta in plane.event_metadata.items():
+            d = m = o = ""
+            copy = False
+            for stat in meta.stats:
+                sid = stat.metadata_id
+                if sid == details_id:
+                    d = _stat_text(stat, names)
+                elif sid == module_id:
+                    m = _stat_text(stat, names)
+                elif sid == op_id:
+                    o = _stat_text(stat, names)
+                elif sid in memcpy_ids:
+                    copy = True
+            meta_stats[meta_id] = (d, m, o, copy)
+        for header in line_headers(self.capture, plane):
+            if not _is_stream(header.id, header.name):
+                continue
+            line = read_line(self.capture, plane, header.index)
+            base_ns = self.capture.line_start_ns(line.timestamp_ns)
+            rows: list[int] = []
+            offs: list[int] = []
+            durs: list[int] = []
+            corrs: list[int] = []
+            for event in line.events:
+                if event.duration_ps <= 0:
+                    continue  # instants carry no time (XProf: DurationNs() == 0)
+                if not -FAR < event.offset_ps < FAR or event.duration_ps > FAR:
+                    self.out.skipped += 1
+                    continue
+                d, m, o, copy = meta_stats.get(event.metadata_id, ("", "", "", False))
+                corr = -1
+                for stat in event.stats:
+                    sid = stat.metadata_id
+                    if sid == details_id:
+                        d = _stat_text(stat, names)
+                    elif sid == module_id:
+                        m = _stat_text(stat, names)
+                    elif sid == op_id:
+                        o = _stat_text(stat, names)
+                    elif sid == corr_id:
+                        corr = _stat_int(stat)
+                    elif sid in memcpy_ids:
+                        copy = True
+                if (details_id >= 0 and not d) or (details_id < 0 and copy):
+                    continue
+                meta = plane.event_metadata.get(event.metadata_id)
+                name = (meta.name or meta.display_name) if meta else ""
+                rows.append(self._row(name or f"<kernel {event.metadata_id}>", d, m, o))
+                offs.append(event.offset_ps)
+                durs.append(event.duration_ps)
+                corrs.append(corr)
+            del line
+            if rows:
+                device.streams += 1
+                self._stream(device, base_ns, np.asarray(rows, np.int64),
+                             np.asarray(offs, np.int64), np.asarray(durs, np.int64),
+                             np.asarray(corrs, np.int64))  # fmt: skip
+
+    def _stream(self, device: _Device, base_ns: int, rows: np.ndarray, offs: np.ndarray,
+                durs: np.ndarray, corrs: np.ndarray) -> None:  # fmt: skip
+        dur_ns = durs // _PS_PER_NS  # as XProf's DurationNs
+        for row, count, total, low, high in _per_row(rows, dur_ns):
+            self._rows[row].add(count, total, low, high)
+        start = base_ns + offs // _PS_PER_NS
+        end = start + dur_ns
+        order = np.argsort(start, kind="stable")
+        start, end, rows, corrs = start[order], end[order], rows[order], corrs[order]
+        device.busy.append(_union(start, end))
+        lo, hi = int(start[0]), int(end.max())
+        device.first_ns = lo if device.first_ns is None else min(device.first_ns, lo)
+        device.last_ns = hi if device.last_ns is None else max(device.last_ns, hi)
+        # Each kernel's launch call, by correlation id (-1: none found).
+        ids, call_starts, _ = self.calls
+        call = np.full(len(start), -1, np.int64)
+        if len(ids):
+            pos = np.minimum(np.searchsorted(ids, corrs), len(ids) - 1)
+            hit = (ids[pos] == corrs) & (corrs >= 0)
+            call = np.where(hit, call_starts[pos], -1)
+            linked = hit & (call <= start)  # a call after its kernel is not its launch
+            self.out.correlated += int(linked.sum())
+            for row, count, total, _, high in _per_row(rows[linked], (start - call)[linked]):
+                self._rows[row].add_latency(count, total, high)
+            call = np.where(linked, call, -1)
+        if len(start) < 2:
+            return
+        idle_from = np.maximum.accumulate(end)[:-1]  # the stream's latest end before each
+        nxt, nxt_call = start[1:], call[1:]
+        gap = nxt - idle_from
+        open_ = gap > 0
+        self.out.gaps_ns.append(gap[open_])
+        known = open_ & (nxt_call >= 0)
+        wait_from = np.maximum(idle_from, nxt_call)[known]
+        device.launch.append((wait_from, nxt[known]))
+        self.out.launch_gaps_ns.append(gap[known & (nxt_call <= idle_from)])
+
+
+def _per_row(rows: np.ndarray, values: np.ndarray) -> Iterable[tuple[int, int, int, int, int]]:
+    """(row, count, sum, min, max) of ``values`` per distinct row."""
+    if not len(rows):
+        return []
+    unique, inverse = np.unique(rows, return_inverse=True)
+    count = np.bincount(inverse, minlength=len(unique))
+    total = np.zeros(len(unique), np.int64)
+    np.add.at(total, inverse, values)
+    low = np.full(len(unique), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(low, inverse, values)
+    high = np.full(len(unique), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(high, inverse, values)
+    return zip(unique.tolist(), count.tolist(), total.tolist(), low.tolist(), high.tolist(),
+               strict=True)  # fmt: skip
+
+
+def read_kernels(capture: Capture, cycles: Sequence[tuple[int, int]] = ()) -> CaptureKernels | None:
+    """The GPU kernels of one capture; None when it has no GPU plane.
+
+    ``cycles`` (absolute ns) are the step cycles: launch overhead is also counted
+    inside them, for a per-step figure.
+    """
+    from exporter.analysis.facts import _covered, _subtract
+
+    gpus = [ref for ref in capture.planes if GPU_PLANE_RE.fullmatch(ref.name)]
+    if not gpus:
+        return None
+    reader = _Reader(capture)
+    out = reader.out
+    for ref in gpus:
+        device = _Device(ref.name)
+        reader.plane(capture.plane(ref), device)
+        if device.first_ns is None or device.last_ns is None:
+            continue
+        busy = _union(*(np.concatenate(parts) for parts in zip(*device.busy, strict=True)))
+        span = device.last_ns - device.first_ns
+        entry: dict[str, Any] = {
+            "device": ref.name,
+            "streams": device.streams,
+            "span_ms": round(span / 1e6, 6),
+            "busy_ms": round(_length(*busy) / 1e6, 6),
+        }
+        if device.launch:
+            waits = _union(*(np.concatenate(parts) for parts in zip(*device.launch, strict=True)))
+            keep = waits[1] > waits[0]
+            waits = (waits[0][keep], waits[1][keep])
+            # Launch waits while no kernel ran on any stream of the device.
+            idle = _subtract(waits[0], waits[1], *busy)
+            overhead = _length(*idle)
+            entry["launch_overhead_ms"] = round(overhead / 1e6, 6)
+            entry["launch_share_pct"] = round(100 * overhead / span, 3) if span else 0.0
+            if cycles:
+                inside = int(_covered(*idle, cycles).sum())
+                entry["launch_overhead_in_steps_ms"] = round(inside / 1e6, 6)
+        out.devices.append(entry)
+    if cycles:
+        out.cycles = len(cycles)
+        out.cycle_ns = sum(hi - lo for lo, hi in cycles)
+    return out
+
+
+def _kernel_json(kernel: _Kernel, total_ns: int) -> dict[str, Any]:
+    n = kernel.occurrences
+    return {
+        "name": kernel.name,
+        "hlo_module": kernel.module or None,
+        "hlo_op": kernel.op or None,
+        "occurrences": n,
+        "total_ns": kernel.total_ns,
+        "min_ns": kernel.min_ns,
+        "max_ns": kernel.max_ns,
+        "total_ms": round(kernel.total_ns / 1e6, 6),
+        "mean_us": round(kernel.total_ns / n / 1e3, 3) if n else None,
+        "min_us": round(kernel.min_ns / 1e3, 3),
+        "max_us": round(kernel.max_ns / 1e3, 3),
+        "share_pct": round(100 * kernel.total_ns / total_ns, 3) if total_ns else 0.0,
+        "launch": kernel.config.to_json() if kernel.config else None,
+        "launch_latency_mean_us": (
+            round(kernel.latency_total_ns / kernel.latency_count / 1e3, 3)
+            if kernel.latency_count
+            else None
+        ),
+        "launch_latency_max_us": (
+            round(kernel.latency_max_ns / 1e3, 3) if kernel.latency_count else None
+        ),
+    }
+
+
+def _median_us(parts: list[np.ndarray]) -> float | None:
+    values = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return round(float(np.median(values)) / 1e3, 3) if len(values) else None
+
+
+def _launch_json(found: Sequence[CaptureKernels], kernels: list[_Kernel]) -> dict[str, Any]:
+    launches = sum(f.launches for f in found)
+    correlated = sum(f.correlated for f in found)
+    if not launches or not correlated:
+        return {
+            "available": False,
+            "reason": (
+                "no kernel launch calls (cuLaunchKernel, cudaLaunchKernel, hipLaunchKernel, "
+                "...) with a correlation_id on a host plane"
+                if not launches
+                else f"{launches} launch calls on the host planes, but no kernel's "
+                "correlation_id matches one"
+            )
+            + ": the gaps between kernels cannot be told apart from host idle time",
+        }
+    devices = [d for f in found for d in f.devices if "launch_overhead_ms" in d]
+    overhead = sum(d["launch_overhead_ms"] for d in devices)
+    span = sum(d["span_ms"] for d in devices)
+    gaps = [g for f in found for g in f.gaps_ns]
+    launch_gaps = [g for f in found for g in f.launch_gaps_ns]
+    count = int(sum(len(g) for g in gaps))
+    launched = int(sum(len(g) for g in launch_gaps))
+    out: dict[str, Any] = {
+        "available": True,
+        "launch_overhead_ms": round(overhead, 6),
+        "share_pct": round(100 * overhead / span, 3) if span else 0.0,
+        "denominator": "the GPUs' kernel span (first kernel start to last kernel end, "
+        "summed over devices)",
+        "gaps": count,
+        "launch_gaps": launched,
+        "host_gaps": count - launched,
+        "median_gap_us": _median_us(gaps),
+        "median_launch_gap_us": _median_us(launch_gaps),
+        "launch_calls": launches,
+        "correlated_kernels": correlated,
+        "per_step": None,
+        "top_latency": [
+            {
+                "name": k.name,
+                "hlo_op": k.op or None,
+                "launches": k.latency_count,
+                "mean_us": round(k.latency_total_ns / k.latency_count / 1e3, 3),
+                "max_us": round(k.latency_max_ns / 1e3, 3),
+            }
+            for k in sorted(
+                (k for k in kernels if k.latency_count),
+                key=lambda k: -k.latency_total_ns / k.latency_count,
+            )[:TOP_LATENCY]
+        ],
+    }
+    stepped = [f for f in found if f.cycles]
+    if stepped:
+        inside = sum(d.get("launch_overhead_in_steps_ms", 0.0) for f in stepped for d in f.devices)
+        # Each device's step time is the host's cycles: the denominator counts them once
+        # per device whose overhead is summed.
+        window = sum(f.cycle_ns / 1e6 * len(f.devices) for f in stepped)
+        steps = sum(f.cycles for f in stepped)
+        per_device = sum(f.cycles * len(f.devices) for f in stepped)
+        out["per_step"] = {
+            "steps": steps,
+            "launch_overhead_ms_per_step": round(inside / per_device, 6) if per_device else 0.0,
+            "share_of_step_pct": round(100 * inside / window, 3) if window else 0.0,
+        }
+    return out
+
+
+def gpu_kernel_facts(
+    found: Sequence[CaptureKernels | None], backend: str, top: int = TOP_KERNELS
+) -> dict[str, Any]:
+    """``facts.gpu_kernels`` from each capture's :func:`read_kernels` (``top`` rows)."""
+    read = [f for f in found if f is not None]
+    if not read:
+        return {"available": False,
+                "reason": f"no GPU device plane (/device:GPU:N) in this {backend.upper()} "
+                          "capture: there are no CUDA kernels to count"}  # fmt: skip
+    merged: dict[tuple[object, ...], _Kernel] = {}
+    for f in read:
+        for key, kernel in f.kernels.items():
+            into = merged.get(key)
+            if into is None:
+                merged[key] = into = _Kernel(kernel.name, kernel.config, kernel.module, kernel.op)
+            into.add(kernel.occurrences, kernel.total_ns, kernel.min_ns, kernel.max_ns)
+            if kernel.latency_count:
+                into.add_latency(kernel.latency_count, kernel.latency_total_ns,
+                                 kernel.latency_max_ns)  # fmt: skip
+    kernels = [k for k in merged.values() if k.occurrences]
+    if not kernels:
+        return {"available": False,
+                "reason": "the GPU planes have no kernel events (no lasting event with "
+                          "kernel_details on a stream line)"}  # fmt: skip
+    total = sum(k.total_ns for k in kernels)
+    kernels.sort(key=lambda k: (-k.total_ns, k.name, k.module, k.op))
+    basis = set().union(*(f.basis for f in read))
+    return {
+        "available": True,
+        "source": "kernel events on the stream lines of the GPU planes",
+        "kernel_basis": (
+            "events with kernel_details (XProf's kernel test)"
+            if basis == {"kernel_details"}
+            else "every lasting event of a stream line that is no memcpy (a plane without "
+            "kernel_details)"
+        ),
+        "devices": sum(len(f.devices) for f in read),
+        "streams": sum(d["streams"] for f in read for d in f.devices),
+        "kernel_count": sum(k.occurrences for k in kernels),
+        "distinct_kernels": len(kernels),
+        "total_ms": round(total / 1e6, 6),
+        "denominator": "all kernel time on the GPU planes (durations summed, every stream)",
+        "skipped_events": sum(f.skipped for f in read),
+        "kernels": [_kernel_json(k, total) for k in kernels[:top]],
+        "devices_detail": [d for f in read for d in f.devices],
+        "launch_overhead": _launch_json(read, kernels),
+    }
