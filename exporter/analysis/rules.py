@@ -28,6 +28,7 @@ __all__ = [
     "Finding",
     "HostWaitRule",
     "InputWaitRule",
+    "LaunchBoundRule",
     "MemoryBoundRule",
     "OomRiskRule",
     "RecompilationRule",
@@ -95,6 +96,18 @@ MEMORY_BOUND_P1_RIDGE_SHARE: Final = 0.25
 # XLA's cost model counts custom calls as 0 FLOPs: when they take half the device time
 # the program's intensity says little about the program, so the rule stays silent.
 MEMORY_BOUND_MAX_CUSTOM_PCT: Final = 50.0
+# Launch-bound GPU steps: device time spent idle waiting for kernel launches
+# (gpu_kernels: from the launch call's start, or the stream going idle, to the kernel's
+# start, while no kernel runs on the device), as a share of step time (of the kernel
+# span without steps). XProf's input-pipeline analysis calls a GPU step "moderately"
+# kernel-launch bound from 3 % of step time and "highly" from 15 %
+# (op_stats_to_input_pipeline_analysis.cc, kModeratelyKernelLaunchBoundThresholdInPercent
+# and kHighlyKernelLaunchBoundThresholdInPercent); XProf's figure is host time inside
+# the launch calls, ours the device idle time they cause, so the levels are borrowed,
+# not measured: no GPU runs here, and the rule's detection power and false-alarm rate
+# on real GPU captures are unknown. There is no P0: XProf has no third level.
+LAUNCH_BOUND_P2_PCT: Final = 3.0
+LAUNCH_BOUND_P1_PCT: Final = 15.0
 # A significant regression against the baseline: P0 when a frame grew by a fifth of its
 # side's total or the step got half again as slow, else P1.
 BASELINE_P0_PTS: Final = 20.0
@@ -794,6 +807,72 @@ class BaselineRegressionRule(Rule):
         )
 
 
+class LaunchBoundRule(Rule):
+    """GPU kernels wait for the host to launch them: the device idles between kernels."""
+
+    name = "LaunchBoundRule"
+
+    @staticmethod
+    def share(facts: CaptureFacts) -> tuple[float, str] | None:
+        """The launch overhead's share and its denominator, None when unknown."""
+        kernels = facts.gpu_kernels or {}
+        launch = kernels.get("launch_overhead") or {}
+        if not kernels.get("available") or not launch.get("available"):
+            return None
+        per_step = launch.get("per_step")
+        if per_step:
+            return float(per_step["share_of_step_pct"]), "step time"
+        return float(launch["share_pct"]), "the kernels' span"
+
+    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+        found = self.share(facts)
+        return found is not None and found[0] >= LAUNCH_BOUND_P2_PCT
+
+    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+        found = self.share(facts)
+        assert found is not None and facts.gpu_kernels is not None
+        share, of = found
+        launch = facts.gpu_kernels["launch_overhead"]
+        per_step = launch.get("per_step")
+        evidence: dict[str, float | int] = {
+            "launch_overhead_pct": round(share, 2),
+            "launch_overhead_ms": launch["launch_overhead_ms"],
+            "gaps": launch["gaps"],
+            "launch_gaps": launch["launch_gaps"],
+            "host_gaps": launch["host_gaps"],
+            "kernels": facts.gpu_kernels["kernel_count"],
+            "kernel_time_ms": facts.gpu_kernels["total_ms"],
+        }
+        if launch.get("median_gap_us") is not None:
+            evidence["median_gap_us"] = launch["median_gap_us"]
+        where = f"{launch['launch_overhead_ms']:.3f} ms"
+        if per_step:
+            evidence["launch_overhead_ms_per_step"] = per_step["launch_overhead_ms_per_step"]
+            evidence["steps"] = per_step["steps"]
+            where = f"{per_step['launch_overhead_ms_per_step']:.3f} ms per step"
+        top = launch.get("top_latency") or []
+        named = ", ".join(f"{t['name']} ({t['mean_us']:.1f} us)" for t in top[:3])
+        return Finding(
+            _priority(share, LAUNCH_BOUND_P2_PCT, LAUNCH_BOUND_P1_PCT, float("inf")),
+            self.name,
+            f"GPU kernels wait for their launches: the device idles {share:.1f}% of {of} ({where})",
+            f"{launch['gaps']} gaps between {facts.gpu_kernels['kernel_count']} kernels on the "
+            f"GPU streams (median {launch['median_gap_us']} us); in {launch['launch_gaps']} of "
+            "them the kernel's launch call had begun when the stream went idle, in "
+            f"{launch['host_gaps']} the host began it later. While no kernel ran, the device "
+            f"waited {where} for launches in progress."
+            + (f" Largest launch latency (kernel start - call start): {named}." if named else ""),
+            evidence,
+            f"Launching ahead of the device would make steps up to "
+            f"{100 / max(1e-9, 100 - share):.2f}x faster.",
+            "Launch fewer, larger kernels: capture the step in a CUDA graph "
+            "(XLA: --xla_gpu_enable_command_buffer; PyTorch: torch.cuda.graphs / "
+            "torch.compile mode='reduce-overhead'), let XLA fuse more, and keep Python work "
+            "between launches off the launching thread.",
+            {"top_latency": top},
+        )
+
+
 RULES: Sequence[Rule] = (
     BaselineRegressionRule(),
     InputWaitRule(),
@@ -805,6 +884,7 @@ RULES: Sequence[Rule] = (
     StepTimeSpreadRule(),
     StragglerRule(),
     CommunicationBoundRule(),
+    LaunchBoundRule(),
 )
 
 
