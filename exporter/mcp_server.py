@@ -2,7 +2,7 @@
 
 A stdio MCP server (the ``mcp`` SDK's ``MCPServer``) over one session store, so an agent
 can do the managed platform's "targeted follow-ups" offline: list sessions and runs,
-analyse, compare, top ops, a flame-graph subtree, hosts, the memory peak, and a fixed
+analyse, compare, top ops, GPU kernels, a flame-graph subtree, hosts, the memory peak, and a fixed
 allow-list of XProf's own CLI tools (``xprof get_step_trace`` ...) on a session's
 captures. Each answer is the JSON the CLI prints (``mlprof analyze --format json``,
 ``mlprof compare --format json``), made by the same functions.
@@ -296,6 +296,14 @@ class ProfileTools:
             answer["unavailable"] = facts.unavailable["device"]
         return answer
 
+    def gpu_kernels(self, session: str, limit: int = 20) -> dict[str, Any]:
+        """The report's ``facts.gpu_kernels``: kernels by total time (``limit`` rows, of
+        the report's 20), launch configuration and launch overhead."""
+        found = dict(self._report(session, xprof=False).facts.gpu_kernels or {})
+        if "kernels" in found:
+            found["kernels"] = found["kernels"][:limit]
+        return {"session": session, "gpu_kernels": found}
+
     def flamegraph_subtree(
         self,
         session: str,
@@ -537,8 +545,8 @@ def build_server(tools: ProfileTools, *, allow_capture: bool = False) -> Any:
         version=__version__,
         instructions=(
             "Analyse XProf captures in the mlprof session store: list_sessions, then analyze "
-            "a session; follow up with top_ops, flamegraph_subtree, hosts, memory_peak, "
-            "compare against another session, or xprof (XProf's own CLI tools)."
+            "a session; follow up with top_ops, gpu_kernels, flamegraph_subtree, hosts, "
+            "memory_peak, compare against another session, or xprof (XProf's own CLI tools)."
         ),
         log_level="WARNING",
     )
@@ -593,6 +601,12 @@ def build_server(tools: ProfileTools, *, allow_capture: bool = False) -> Any:
     def top_ops(session: Input, limit: Annotated[int, Field(ge=1, le=1000)] = 20) -> JSON:
         """The XLA ops with the most device self time (the report's facts.top_ops)."""
         return answer(lambda: tools.top_ops(session, limit))
+
+    @server.tool(annotations=read_only)
+    def gpu_kernels(session: Input, limit: Annotated[int, Field(ge=1, le=1000)] = 20) -> JSON:
+        """GPU kernels by total time with launch configuration, and the device time lost
+        waiting for kernel launches (the report's facts.gpu_kernels)."""
+        return answer(lambda: tools.gpu_kernels(session, limit))
 
     @server.tool(annotations=read_only)
     def flamegraph_subtree(

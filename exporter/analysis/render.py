@@ -334,6 +334,8 @@ def _program_tables(f: Any) -> str:
             '<h3>Top ops</h3><table id="top-ops"><tr><th>op</th><th>share</th>'
             f"<th>category</th><th>source</th></tr>{body}</table>"
         )
+    out.append(_kernel_table(f.gpu_kernels or {}))
+    out.append(_kernel_table(f.gpu_kernels or {}))
     peak = f.peak_allocations or {}
     if peak.get("available") and peak.get("largest"):
         body = "".join(
@@ -348,6 +350,58 @@ def _program_tables(f: Any) -> str:
             f"<th>shape</th><th>source</th></tr>{body}</table>"
         )
     return "".join(out)
+
+
+def _launch_text(k: dict[str, Any]) -> str:
+    """One launch configuration, as CUDA writes it: grid x block, registers, shared."""
+    if not k:
+        return ""
+    occupancy = k.get("occupancy_pct")
+    shared = k["static_shared_memory_bytes"] + k["dynamic_shared_memory_bytes"]
+    return (
+        f"grid {','.join(map(str, k['grid']))} block {','.join(map(str, k['block']))}, "
+        f"{k['registers_per_thread']} regs, {shared} B shared"
+        + (f", occupancy {occupancy:g}%" if occupancy is not None else "")
+    )
+
+
+def _launch_overhead_text(launch: dict[str, Any]) -> str:
+    if not launch.get("available"):
+        return f"launch overhead unknown: {launch.get('reason', '')}"
+    per_step = launch.get("per_step")
+    share = (
+        f"{per_step['share_of_step_pct']:.1f}% of step time, "
+        f"{per_step['launch_overhead_ms_per_step']:.3f} ms per step"
+        if per_step
+        else f"{launch['share_pct']:.1f}% of the kernels' span"
+    )
+    return (
+        f"launch overhead {launch['launch_overhead_ms']:.3f} ms ({share}); {launch['gaps']} "
+        f"gaps between kernels ({launch['launch_gaps']} waiting for a launch under way, "
+        f"{launch['host_gaps']} for the host to begin one), median {launch['median_gap_us']} us"
+    )
+
+
+def _kernel_table(g: dict[str, Any]) -> str:
+    """The GPU kernels by total time, with launch configuration and launch latency."""
+    if not g.get("available"):
+        return ""
+    body = "".join(
+        f"<tr><td>{_esc(k['name'])}</td><td>{_esc(k.get('hlo_op') or '')}</td>"
+        f'<td class="num">{k["occurrences"]}</td><td class="num">{k["total_ms"]:.3f}</td>'
+        f'<td class="num">{k["mean_us"]:.2f}</td><td class="num">{k["share_pct"]:.1f}%</td>'
+        f"<td>{_esc(_launch_text(k.get('launch') or {}))}</td>"
+        f'<td class="num">{_esc(k.get("launch_latency_mean_us") or "")}</td></tr>'
+        for k in g["kernels"]
+    )
+    return (
+        f"<h3>GPU kernels ({g['kernel_count']} kernels, {g['distinct_kernels']} distinct, "
+        f"{g['total_ms']:.3f} ms; share of {_esc(g['denominator'])})</h3>"
+        f'<p id="launch-overhead">{_esc(_launch_overhead_text(g["launch_overhead"]))}</p>'
+        '<table id="gpu-kernels"><tr><th>kernel</th><th>HLO op</th><th>count</th>'
+        "<th>total ms</th><th>mean us</th><th>share</th><th>launch configuration</th>"
+        f"<th>launch latency us</th></tr>{body}</table>"
+    )
 
 
 def _findings(report: Report) -> str:
@@ -500,4 +554,17 @@ def _program_text(f: Any) -> list[str]:
     for o in f.top_ops[:5]:
         if o.get("source"):
             lines.append(f"top op {o['name']} ({o.get('category')}): {o['source']}")
+    g = f.gpu_kernels or {}
+    if g.get("available"):
+        lines.append(
+            f"GPU kernels: {g['kernel_count']} ({g['distinct_kernels']} distinct), "
+            f"{g['total_ms']:.3f} ms; {_launch_overhead_text(g['launch_overhead'])}"
+        )
+        for k in g["kernels"][:5]:
+            launch = _launch_text(k.get("launch") or {})
+            lines.append(
+                f"  kernel {k['name']}{' (' + k['hlo_op'] + ')' if k.get('hlo_op') else ''}: "
+                f"{k['occurrences']} x {k['mean_us']:.2f} us = {k['total_ms']:.3f} ms, "
+                f"{k['share_pct']:.1f}%" + (f"; {launch}" if launch else "")
+            )
     return lines

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.integration
 
 SHAPE = {"devices": 2, "steps": 8, "ops_per_step": 300, "distinct_ops": 60}
 READ_TOOLS = {
-    "list_sessions", "list_runs", "analyze", "compare", "top_ops", "flamegraph_subtree",
-    "hosts", "memory_peak", "xprof",
+    "list_sessions", "list_runs", "analyze", "compare", "top_ops", "gpu_kernels",
+    "flamegraph_subtree", "hosts", "memory_peak", "xprof",
 }  # fmt: skip
 
 
@@ -106,6 +106,7 @@ async def _session_calls(root: Path, *extra: str) -> dict[str, Any]:
         out["analyze"] = await call("analyze", {"session": "slow", "xprof": False})
         out["compare"] = await call("compare", {"base": "base", "head": "slow"})
         out["top_ops"] = await call("top_ops", {"session": "slow", "limit": 3})
+        out["gpu"] = await call("gpu_kernels", {"session": "slow"})
         out["root"] = await call("flamegraph_subtree", {"session": "base", "limit": 5})
         out["hosts"] = await call("hosts", {"session": "pair"})
         out["memory"] = await call("memory_peak", {"session": "base"})
@@ -173,6 +174,9 @@ def test_the_mcp_server_answers_the_sdk_client_with_the_cli_json(
 
     ops = out["top_ops"].structured_content["top_ops"]
     assert ops == report["facts"]["top_ops"][:3] and len(ops) == 3
+    # A TPU session: no kernels, and the report's reason rather than an empty table.
+    gpu = out["gpu"].structured_content["gpu_kernels"]
+    assert gpu == report["facts"]["gpu_kernels"] and gpu["available"] is False, gpu
 
     root_frame = out["root"].structured_content
     assert root_frame["path"] == [] and root_frame["total"] == root_frame["graph_total"] > 0
@@ -210,6 +214,29 @@ def test_the_mcp_server_answers_the_sdk_client_with_the_cli_json(
     assert "no session 'no-such-session'" in _error_line(out["missing"])
     assert "limit: Input should be greater than or equal to 1" in _error_line(out["bad_limit"])
     assert "no frame 'no-such-frame'" in _error_line(out["bad_frame"])
+
+
+def test_gpu_kernels_of_a_gpu_session_are_the_reports(tmp_path: Path) -> None:
+    from exporter.mcp_server import ProfileTools
+    from exporter.profiles.synthetic_gpu import write_gpu_capture
+
+    root = tmp_path / "store"
+    sessions = SessionStore(str(root))
+    directory = sessions.local_dir("gpu")
+    assert directory is not None
+    directory.mkdir(parents=True)
+    write_gpu_capture(directory / "gpu-vm-0.xplane.pb", steps=3, gemm_every=0)
+    sessions.write_record(SessionRecord(id="gpu", status="done", run_id="run-g", targets=[
+        TargetResult(address="gpu-vm-0:9999", host="gpu-vm-0", run_id="run-g", status="ok",
+                     files=["gpu-vm-0.xplane.pb"])]))  # fmt: skip
+    tools = ProfileTools(str(root))
+    found = tools.gpu_kernels("gpu", limit=2)["gpu_kernels"]
+    report = _cli_json("analyze", str(directory), "--no-xprof", "--format", "json")
+    whole = report["facts"]["gpu_kernels"]
+    assert found["available"] is True and len(found["kernels"]) == 2
+    assert found["kernels"] == whole["kernels"][:2]
+    assert found["launch_overhead"] == whole["launch_overhead"]
+    assert found["launch_overhead"]["launch_overhead_ms"] > 0
 
 
 def test_the_capture_tool_is_there_only_with_allow_capture(

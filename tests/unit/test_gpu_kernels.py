@@ -351,3 +351,23 @@ def test_kernel_details_parse_as_xprof_parses_them() -> None:
     assert odd is not None and odd.registers_per_thread == 0 and odd.grid == (1, 1, 1)
     assert parse_kernel_details("") is None and parse_kernel_details("x" * 5000) is None
     assert parse_kernel_details("occ_pct:nan") == parse_kernel_details("regs:0")
+
+
+def test_the_report_shows_the_kernel_table_and_launch_overhead(tmp_path: Path) -> None:
+    from exporter.analysis.render import report_html, report_text
+    from exporter.analysis.report import analyze
+
+    path = tmp_path / "gpu.xplane.pb"
+    write_gpu_capture(path, steps=3, kernels_per_step=20, gemm_every=0)
+    report = analyze(str(path), xprof=False)
+    kernels = report.to_json()["facts"]["gpu_kernels"]
+    top = kernels["kernels"][0]
+    page = report_html(report)
+    assert '<table id="gpu-kernels">' in page and top["name"] in page
+    assert "grid 1024,1,1 block 128,1,1, 16 regs, 0 B shared, occupancy 100%" in page
+    text = report_text(report)
+    assert f"GPU kernels: {kernels['kernel_count']} (" in text
+    assert f"  kernel {top['name']} ({top['hlo_op']}): {top['occurrences']} x " in text
+    per_step = kernels["launch_overhead"]["per_step"]
+    assert f"{per_step['share_of_step_pct']:.1f}% of step time" in text
+    assert "LaunchBoundRule" in {f.rule for f in report.findings}
