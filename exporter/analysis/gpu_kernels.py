@@ -33,7 +33,9 @@ A kernel's launch latency is its start minus its call's start.
 Memory: each stream line is parsed on its own (protobuf objects for one line at a
 time) and reduced to int64 columns and per-kernel sums; what is kept across lines is
 one aggregate per distinct kernel and, per device, the merged busy intervals and the
-launch-wait intervals.
+launch-wait intervals. Cost: about 6 us of CPU a kernel (200,000 kernels on 4 GPUs, a
+13.6 MB synthetic capture, in 1.2 s on the 2-core development machine), mostly the
+Python loop over each event's stats, which the compiled decoder's columns do not carry.
 """
 
 from __future__ import annotations
