@@ -265,8 +265,281 @@ done:
     return result;
 }
 
+/* -- nesting and self time (exporter/profiles/nesting.py's numpy twins) --------------- */
+
+/* The int64 array in a buffer of n * 8 bytes; n in *n. 0 (with ValueError) otherwise. */
+static int int64_array(Py_buffer *view, Py_ssize_t *n) {
+    if (view->len % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "an int64 array's bytes are a multiple of 8");
+        return 0;
+    }
+    *n = view->len / 8;
+    return 1;
+}
+
+PyDoc_STRVAR(contain_doc,
+"contain(start, end, /)\n--\n\n"
+"Nests one line's events by the ``contain`` rule: ``start`` and ``end`` are the bytes\n"
+"of int64 arrays sorted by start (longer first on ties). Each event's parent is the\n"
+"innermost open event that contains it; an open event that ends before it does not\n"
+"contain it and is closed. Returns (parent, depth, laminar): parent (-1 at the top) and\n"
+"depth as int64 array bytes, and whether the events nest properly (no event ends\n"
+"inside another that it overlaps), when the ``split`` rule gives the same nesting.");
+
+static PyObject *contain(PyObject *self, PyObject *args) {
+    Py_buffer sv, ev;
+    if (!PyArg_ParseTuple(args, "y*y*:contain", &sv, &ev)) return NULL;
+    PyObject *parent = NULL, *depth = NULL, *result = NULL;
+    int64_t *stack = NULL;
+    Py_ssize_t n, n_end;
+    if (!int64_array(&sv, &n) || !int64_array(&ev, &n_end)) goto done;
+    if (n != n_end) {
+        PyErr_SetString(PyExc_ValueError, "start and end differ in length");
+        goto done;
+    }
+    parent = PyBytes_FromStringAndSize(NULL, n * 8);
+    depth = PyBytes_FromStringAndSize(NULL, n * 8);
+    stack = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (parent == NULL || depth == NULL || stack == NULL) {
+        if (stack == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *start = sv.buf, *end = ev.buf;
+    int64_t *p = (int64_t *)PyBytes_AS_STRING(parent), *d = (int64_t *)PyBytes_AS_STRING(depth);
+    int laminar = 1;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t top = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        while (top > 0 && end[stack[top - 1]] < end[i]) {
+            if (end[stack[top - 1]] > start[i]) laminar = 0;  /* overlaps, not contained */
+            top--;
+        }
+        p[i] = top ? stack[top - 1] : -1;
+        d[i] = top;
+        stack[top++] = i;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("(OOO)", parent, depth, laminar ? Py_True : Py_False);
+done:
+    PyMem_RawFree(stack);
+    Py_XDECREF(parent);
+    Py_XDECREF(depth);
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&ev);
+    return result;
+}
+
+/* The nodes a line's segments reach, made in order; node 0 is the line's root. */
+typedef struct {
+    int64_t *parent, *tuple, *level;
+    uint64_t *self;  /* unsigned: sums wrap as numpy's int64 does, never undefined */
+    Py_ssize_t count, capacity;
+    /* Open addressing, (parent node, tuple) + 1 -> node; 0 marks an empty slot. Lines
+     * reach few distinct nodes (thousands for millions of segments), so both the map and
+     * the arrays start small and double. */
+    uint64_t *keys;
+    int64_t *values;
+    size_t mask;
+} Nodes;
+
+static inline uint64_t mix(uint64_t x) {  /* splitmix64's finaliser */
+    x ^= x >> 30, x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27, x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static inline size_t slot_of(const Nodes *nodes, uint64_t key) {
+    size_t at = mix(key) & nodes->mask;
+    while (nodes->keys[at] && nodes->keys[at] != key) at = (at + 1) & nodes->mask;
+    return at;
+}
+
+static int nodes_init(Nodes *nodes) {
+    nodes->capacity = 1024;
+    nodes->mask = 2048 - 1;
+    nodes->parent = PyMem_RawMalloc(1024 * sizeof(int64_t));
+    nodes->tuple = PyMem_RawMalloc(1024 * sizeof(int64_t));
+    nodes->level = PyMem_RawMalloc(1024 * sizeof(int64_t));
+    nodes->self = PyMem_RawMalloc(1024 * sizeof(uint64_t));
+    nodes->keys = PyMem_RawCalloc(2048, sizeof(uint64_t));
+    nodes->values = PyMem_RawMalloc(2048 * sizeof(int64_t));
+    return nodes->parent && nodes->tuple && nodes->level && nodes->self && nodes->keys &&
+           nodes->values;
+}
+
+static void nodes_free(Nodes *nodes) {
+    PyMem_RawFree(nodes->parent);
+    PyMem_RawFree(nodes->tuple);
+    PyMem_RawFree(nodes->level);
+    PyMem_RawFree(nodes->self);
+    PyMem_RawFree(nodes->keys);
+    PyMem_RawFree(nodes->values);
+}
+
+/* Doubles the arrays and the map; 0 when out of memory (nothing lost: the old ones stay). */
+static int nodes_grow(Nodes *nodes) {
+    size_t capacity = (size_t)nodes->capacity * 2, slots = (nodes->mask + 1) * 2;
+    int64_t **arrays[4] = {&nodes->parent, &nodes->tuple, &nodes->level,
+                           (int64_t **)&nodes->self};
+    for (int a = 0; a < 4; a++) {
+        int64_t *grown = PyMem_RawRealloc(*arrays[a], capacity * sizeof(int64_t));
+        if (grown == NULL) return 0;
+        *arrays[a] = grown;
+    }
+    nodes->capacity = (Py_ssize_t)capacity;
+    uint64_t *keys = PyMem_RawCalloc(slots, sizeof(uint64_t));
+    int64_t *values = PyMem_RawMalloc(slots * sizeof(int64_t));
+    if (keys == NULL || values == NULL) {
+        PyMem_RawFree(keys);
+        PyMem_RawFree(values);
+        return 0;
+    }
+    uint64_t *old_keys = nodes->keys;
+    int64_t *old_values = nodes->values;
+    size_t old_slots = nodes->mask + 1;
+    nodes->keys = keys, nodes->values = values, nodes->mask = slots - 1;
+    for (size_t i = 0; i < old_slots; i++) {
+        if (old_keys[i]) {
+            size_t at = slot_of(nodes, old_keys[i]);
+            keys[at] = old_keys[i], values[at] = old_values[i];
+        }
+    }
+    PyMem_RawFree(old_keys);
+    PyMem_RawFree(old_values);
+    return 1;
+}
+
+/* The node of (parent node, tuple), found or made; -1 when out of memory. Its level is
+ * the least depth of the segments that reach it: the level at which the numpy twin,
+ * which interns level by level, makes it. */
+static int64_t node_of(Nodes *nodes, int64_t parent, int64_t tuple, int64_t level) {
+    uint64_t key = ((uint64_t)parent << 32 | (uint64_t)tuple) + 1;
+    size_t at = slot_of(nodes, key);
+    if (nodes->keys[at]) {
+        int64_t found = nodes->values[at];
+        if (level < nodes->level[found]) nodes->level[found] = level;
+        return found;
+    }
+    if (nodes->count == nodes->capacity) {  /* keeps the map at most half full */
+        if (!nodes_grow(nodes)) return -1;
+        at = slot_of(nodes, key);
+    }
+    int64_t made = nodes->count++;
+    nodes->keys[at] = key, nodes->values[at] = made;
+    nodes->parent[made] = parent, nodes->tuple[made] = tuple, nodes->level[made] = level;
+    nodes->self[made] = 0;
+    return made;
+}
+
+PyDoc_STRVAR(self_tree_doc,
+"self_tree(parent, depth, tuples, durations, max_depth, cut, /)\n--\n\n"
+"Self time per frame-tree node of one line's nested segments (int64 array bytes, in\n"
+"start order, parents before children), as _Frames.assign and window_self compute it\n"
+"for one unbounded window. Node 0 is the line's root; a segment's node is (its parent's\n"
+"node, its tuple): ``cut`` at depth ``max_depth``, its parent's node deeper, and its\n"
+"parent's node (the root at the top) where its tuple is -1 (folded). Each segment adds\n"
+"its duration to its node and takes it from its parent's. Returns None when a tuple or\n"
+"the segment count exceeds 2**31 (the caller uses numpy), else (parent, tuple, level,\n"
+"self) of nodes 1.. as int64 array bytes (parent a node index, level the depth of the\n"
+"segments that made it) and the root's self time, or None if no segment touched it.");
+
+static PyObject *self_tree(PyObject *self, PyObject *args) {
+    Py_buffer pv, dv, tv, uv;
+    long long max_depth, cut;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*LL:self_tree", &pv, &dv, &tv, &uv, &max_depth, &cut))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = 0, n1, n2, n3;
+    Nodes nodes = {0};
+    int64_t *local = NULL;
+    if (!int64_array(&pv, &n) || !int64_array(&dv, &n1) || !int64_array(&tv, &n2) ||
+        !int64_array(&uv, &n3))
+        goto done;
+    if (n != n1 || n != n2 || n != n3) {
+        PyErr_SetString(PyExc_ValueError, "self_tree's arrays differ in length");
+        goto done;
+    }
+    if (n >= ((Py_ssize_t)1 << 31) || cut < 0 || cut >= ((long long)1 << 31)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    local = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (!nodes_init(&nodes) || local == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *parent = pv.buf, *depth = dv.buf, *tuple = tv.buf, *duration = uv.buf;
+    nodes.count = 1;  /* the root */
+    nodes.parent[0] = -1, nodes.tuple[0] = -1, nodes.level[0] = -1, nodes.self[0] = 0;
+    /* status 1: a tuple out of range (numpy does it), 2: a parent not before its child,
+     * 3: out of memory */
+    int touched = 0, status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t up = parent[i];
+        if (up >= i || up < -1) { status = 2; break; }
+        int64_t above = up >= 0 ? local[up] : 0;
+        int64_t t = depth[i] == max_depth ? cut : tuple[i];
+        int64_t node;
+        if (depth[i] > max_depth || (t == -1 && depth[i] < max_depth)) {
+            node = above;  /* deeper than the cap: the cap's node; folded: the parent's */
+        } else if (t < 0 || t >= ((int64_t)1 << 31)) {
+            status = 1;
+            break;
+        } else if ((node = node_of(&nodes, above, t, depth[i])) < 0) {
+            status = 3;
+            break;
+        }
+        local[i] = node;
+        nodes.self[node] += (uint64_t)duration[i];
+        touched |= node == 0;
+        if (up >= 0) {
+            nodes.self[above] -= (uint64_t)duration[i];
+            touched |= above == 0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (status == 1) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (status == 2) {
+        PyErr_SetString(PyExc_ValueError, "self_tree: a segment's parent is not before it");
+        goto done;
+    }
+    if (status == 3) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t made = nodes.count - 1;
+    PyObject *cols[4];
+    int64_t *sources[4] = {nodes.parent + 1, nodes.tuple + 1, nodes.level + 1,
+                           (int64_t *)(nodes.self + 1)};
+    for (int c = 0; c < 4; c++) {
+        cols[c] = PyBytes_FromStringAndSize((const char *)sources[c], made * 8);
+    }
+    if (cols[0] && cols[1] && cols[2] && cols[3]) {
+        PyObject *root = touched ? PyLong_FromLongLong((long long)(int64_t)nodes.self[0])
+                                 : Py_NewRef(Py_None);
+        if (root != NULL) {
+            result = Py_BuildValue("(OOOON)", cols[0], cols[1], cols[2], cols[3], root);
+        }
+    }
+    for (int c = 0; c < 4; c++) Py_XDECREF(cols[c]);
+done:
+    nodes_free(&nodes);
+    PyMem_RawFree(local);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&tv);
+    PyBuffer_Release(&uv);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_line", scan_line, METH_VARARGS, scan_line_doc},
+    {"contain", contain, METH_VARARGS, contain_doc},
+    {"self_tree", self_tree, METH_VARARGS, self_tree_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -216,11 +216,27 @@ def _split_loop(start: np.ndarray, end: np.ndarray, label: np.ndarray) -> Nested
     return Nested(s_arr[keep], e_arr[keep], np.asarray(seg_label, np.int64)[keep], p_arr, depth)
 
 
-def nest(start: np.ndarray, end: np.ndarray, label: np.ndarray, rule: Rule) -> Nested:
-    """Nest one line's events (int64 arrays, any order, positive durations) by ``rule``."""
+def nest(
+    start: np.ndarray, end: np.ndarray, label: np.ndarray, rule: Rule, core: Any = None
+) -> Nested:
+    """Nest one line's events (int64 arrays, any order, positive durations) by ``rule``.
+
+    ``core``: the compiled core (``exporter.profiles.xspace.compiled_core()``), whose
+    ``contain`` nests in one pass what :func:`_proper` and :func:`_contain_loop` do in
+    numpy and Python; both give the same segments (tests/unit/test_decoder.py).
+    """
     order = _by_start(start, end)
     if order is not None:
         start, end, label = start[order], end[order], label[order]
+    if core is not None and len(start):
+        start = np.ascontiguousarray(start, np.int64)
+        end = np.ascontiguousarray(end, np.int64)
+        parent, depth, laminar = core.contain(start, end)
+        if laminar or rule == "contain":
+            return Nested(
+                start, end, label, np.frombuffer(parent, np.int64), np.frombuffer(depth, np.int64)
+            )
+        return _split_loop(start, end, label)
     found = _proper(start, end)
     if found is not None:
         return Nested(start, end, label, *found)

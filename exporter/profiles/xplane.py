@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import numpy as np
 
@@ -50,6 +51,7 @@ from exporter.profiles.xspace import (
     OpLine,
     Plane,
     PlaneRef,
+    compiled_core,
     event_columns,
     line_headers,
     line_pieces,
@@ -120,6 +122,7 @@ class _Frames:
         self._op_tuples: dict[tuple[_OpInfo, str | None, _OpInfo | None], int] = {}
         self.cut = self.tuple_id((FrameLabel(CUT_FRAME),))
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.core = compiled_core()  # nesting and whole-line self time in C, else numpy
 
     def tuple_id(self, labels: Labels) -> int:
         found = self._tuple_ids.get(labels)
@@ -187,10 +190,45 @@ class _Frames:
             node[deep] = node[ancestor[deep]]
         return node
 
+    def _add_tree(self, tree: tuple[bytes, bytes, bytes, bytes, int | None], root: int) -> None:
+        """Add the compiled core's ``self_tree`` of a line below node ``root``.
+
+        Its nodes are interned here as :meth:`assign` interns them: level by level, each
+        level's new (parent node, tuple) pairs in sorted order, so node ids, and every
+        graph built from them, are the numpy path's.
+        """
+        parent_b, tuple_b, level_b, self_b, root_self = tree
+        parents = np.frombuffer(parent_b, np.int64).tolist()
+        tuples = np.frombuffer(tuple_b, np.int64).tolist()
+        levels = np.frombuffer(level_b, np.int64).tolist()
+        nodes = [root] * (len(parents) + 1)  # by the core's node index; 0 is the root
+        by_level = sorted(range(len(parents)), key=levels.__getitem__)
+        for _, group in groupby(by_level, key=levels.__getitem__):
+            for i in sorted(group, key=lambda i: (nodes[parents[i]], tuples[i])):
+                nodes[i + 1] = self.node(nodes[parents[i]], tuples[i])
+        made = np.asarray(nodes[1:], np.int64)
+        sums = np.frombuffer(self_b, np.int64)
+        if root_self is not None:
+            made = np.append(made, root)
+            sums = np.append(sums, root_self)
+        self._parts.append((made, np.zeros(len(made), np.int64), sums))
+
     def add_line(self, base_ns: int, nested: Nested, tuple_ids: np.ndarray, root: int) -> None:
         """Add one line's segments (times in ps after ``base_ns``) below node ``root``."""
         if not len(nested):
             return
+        if self.windows_ns is None and self.core is not None:
+            tree = self.core.self_tree(
+                np.ascontiguousarray(nested.parent, np.int64),
+                np.ascontiguousarray(nested.depth, np.int64),
+                np.ascontiguousarray(tuple_ids, np.int64),
+                nested.end - nested.start,
+                MAX_EVENT_DEPTH,
+                self.cut,
+            )
+            if tree is not None:
+                self._add_tree(tree, root)
+                return
         if self.windows_ns is None and not nested.depth.any() and (tuple_ids != FOLD).all():
             # A flat line, whole capture: self time is duration, summed per frame tuple.
             tuples, sums = aggregate(tuple_ids, nested.end - nested.start)
@@ -481,7 +519,7 @@ def _op_piece(
         classes, label = dense_index(program * len(metas) + meta_index)
         del program
     del ids, meta_index
-    nested = nest(starts, ends, label, "contain")
+    nested = nest(starts, ends, label, "contain", frames.core)
     del starts, ends, label
     class_program = (classes // len(metas)).tolist()
     class_info = [line_infos[int(c)] for c in (classes % len(metas)).tolist()]
@@ -539,7 +577,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
                 sole = len(op_lines) == 1
                 capture.on_op_line(OpLine(ref, plane, base_ns, metas_of, starts, ends, sole))
             del metas_of
-            nested = nest(starts, ends, kernel_ids, "contain")
+            nested = nest(starts, ends, kernel_ids, "contain", frames.core)
             tuple_ids = nested.label.copy()
             inner = np.flatnonzero(nested.parent >= 0)  # a kernel inside a kernel: itself
             for i in inner.tolist():
@@ -662,7 +700,7 @@ def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> list[str]:
                 continue
             count, busy = activity.get(header.index, (0, 0))
             activity[header.index] = (count + len(ids), busy + int((ends - starts).sum()))
-            nested = nest(starts, ends, ids, "split")
+            nested = nest(starts, ends, ids, "split", frames.core)
             del ids, starts, ends
             if header.index not in roots:
                 placeholder = FrameLabel(f"\0line {ref!r} {header.index}")

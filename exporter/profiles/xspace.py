@@ -54,6 +54,7 @@ __all__ = [
     "OpLine",
     "Plane",
     "PlaneRef",
+    "compiled_core",
     "line_columns",
     "line_headers",
     "line_pieces",
@@ -87,6 +88,16 @@ Reader = Callable[[int, int], bytes]  # (offset, length) -> bytes
 DECODER: str = (
     "compiled" if _xwire is not None and os.environ.get("MLPROF_DECODER") != "python" else "python"
 )
+
+
+def compiled_core() -> Any | None:
+    """The compiled core while it is the decoder in use, else None.
+
+    Graph building follows it too (:func:`exporter.profiles.nesting.nest`, the frames'
+    self time in ``xplane.py``): ``MLPROF_DECODER=python`` and :func:`use_decoder` then
+    run the numpy twins, so the differential tests hold every compiled path to one.
+    """
+    return _xwire if DECODER == "compiled" else None
 
 
 @contextmanager

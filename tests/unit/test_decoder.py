@@ -212,6 +212,83 @@ def test_a_gpu_capture_reads_the_same() -> None:
     assert out["device"][0] is not None and out["host"][0] is not None
 
 
+def test_deep_folded_and_overlapping_stacks_read_the_same() -> None:
+    # What the compiled self time (_xwire.self_tree) must do as numpy does: stacks deeper
+    # than MAX_EVENT_DEPTH (one cut frame), frames repeated on adjacent levels (folded
+    # into their parent's), overlaps the split rule cuts, nested device ops, and a line
+    # whose events all fold into its root.
+    from exporter.profiles.xplane import MAX_EVENT_DEPTH
+
+    space = xplane_pb2.XSpace()
+    host = PlaneBuilder(space, "/host:CPU")
+    deep = host.line("python")
+    depth = MAX_EVENT_DEPTH + 40
+    for level in range(depth):  # one tower, names repeating in runs of three
+        host.event(deep, f"f{level // 3}", level, 2 * (depth - level))
+    for level in range(60):  # and a shallower one after it, names alternating
+        host.event(deep, f"g{level % 2}", 10_000 + level, 500 - 2 * level)
+    overlaps = host.line("worker")
+    for i in range(200):  # a staircase: each starts inside the previous and outlives it
+        host.event(overlaps, f"h{i % 7}", i * 10, 25)
+    tpu = PlaneBuilder(space, "/device:TPU:0")
+    ops = tpu.line("XLA Ops")
+    for step in range(4):
+        t = step * 10_000
+        tpu.event(ops, "while.1", t, 5_000)
+        for j in range(6):
+            tpu.event(ops, f"fusion.{j % 3}", t + 100 + j * 700, 600)
+        tpu.event(ops, "copy.9", t + 6_000, 300)
+    trees: list[bool] = []
+    self_tree = xspace._xwire.self_tree
+
+    def spy(*args: Any) -> Any:
+        found = self_tree(*args)
+        trees.append(found is not None)
+        return found
+
+    with mock.patch.object(xspace._xwire, "self_tree", spy):
+        out = _assert_identical(space.SerializeToString())
+    assert out["device"][0] is not None and out["host"][0] is not None
+    # The compiled self time ran on every line (None would be numpy doing it instead).
+    assert trees and all(trees), trees
+
+
+@pytest.mark.parametrize("max_depth", [2, 5, 1000])
+def test_compiled_self_time_makes_the_numpy_frame_tree(
+    max_depth: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # _Frames.add_line through the compiled core's self_tree and through numpy (assign,
+    # window_self), on random lines with folded segments anywhere (the top included) and
+    # depth caps crossed: the same nodes, made in the same order, and the same self time.
+    import random
+
+    from exporter.profiles import xplane
+    from exporter.profiles.nesting import nest
+
+    monkeypatch.setattr(xplane, "MAX_EVENT_DEPTH", max_depth)
+    rng = random.Random(max_depth)
+    for _ in range(60):
+        lines = []
+        for _ in range(rng.randint(1, 3)):
+            count = rng.randint(1, 40)
+            start = np.array([rng.randint(0, 200) for _ in range(count)], np.int64)
+            end = start + np.array([rng.randint(1, 120) for _ in range(count)], np.int64)
+            nested = nest(start, end, np.arange(count, dtype=np.int64), "split")
+            tuples = np.array([rng.choice([-1, 1, 2, 3, 4]) for _ in range(len(nested))])
+            lines.append((nested, tuples, rng.choice([0, 1])))
+        made = []
+        for core in (None, xspace._xwire):
+            frames = xplane._Frames(None)
+            frames.core = core
+            for labels in ("a", "b", "c", "d"):
+                frames.tuple_id((xplane.FrameLabel(labels),))
+            frames.node(0, 1)  # a second root for lines below it
+            for nested, tuples, root in lines:
+                frames.add_line(0, nested, tuples.astype(np.int64), root)
+            made.append(([a.tolist() for a in frames.self_ns()], frames.parent, frames.tuple_of))
+        assert made[0] == made[1]
+
+
 def test_real_jax_cpu_captures_read_the_same(analysis_captures: AnalysisCaptures) -> None:
     for path in (analysis_captures.compute, analysis_captures.compute_again,
                  analysis_captures.heavy, analysis_captures.demo_slow,

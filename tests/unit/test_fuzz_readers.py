@@ -321,8 +321,10 @@ class _Counted:
         self.worst = 0.0
         self._nest = nesting.nest
 
-    def __call__(self, start: np.ndarray, end: np.ndarray, label: np.ndarray, rule: Any) -> Any:
-        out = self._nest(start, end, label, rule)
+    def __call__(
+        self, start: np.ndarray, end: np.ndarray, label: np.ndarray, rule: Any, core: Any = None
+    ) -> Any:
+        out = self._nest(start, end, label, rule, core)
         per_event = (len(out) - 64) / max(len(start), 1)
         self.worst = max(self.worst, per_event)
         return out

@@ -6,8 +6,11 @@ import random
 
 import numpy as np
 
+from exporter.profiles import xspace
 from exporter.profiles.nesting import (
+    Nested,
     _contain_loop,
+    _proper,
     _split_loop,
     aggregate,
     dense_index,
@@ -201,3 +204,40 @@ def test_split_keeps_its_invariants_where_it_reorders() -> None:
             s = rng.randint(0, 100)
             events.append((s, s + rng.randint(1, 200)))
         _check_split(events)
+
+
+def _fields(nested: Nested) -> list[list[int]]:
+    return [
+        a.tolist() for a in (nested.start, nested.end, nested.label, nested.parent, nested.depth)
+    ]
+
+
+def test_the_compiled_nesting_is_the_numpy_one() -> None:
+    # The compiled core's contain pass (exporter/profiles/_xwire.c) in place of _proper
+    # and _contain_loop: the same segments for both rules, on proper nesting, on random
+    # overlaps (ties in start and end included) and on staircases. tests/unit/
+    # test_decoder.py holds whole graphs to it; this holds each segment.
+    core = xspace._xwire
+    assert core is not None, "exporter.profiles._xwire was not built"
+    rng = random.Random(11)
+    shapes: list[list[tuple[int, int]]] = [[], [(5, 6)], [(i, i + 10) for i in range(40)]]
+    for _ in range(200):
+        shapes.append(_laminar(rng, 0, 1000, 6))
+        overlapping = []
+        for _ in range(rng.randint(1, 14)):
+            s = rng.randint(0, 40)
+            overlapping.append((s, s + rng.randint(1, 25)))
+        shapes.append(overlapping)
+    laminar_seen = {True: 0, False: 0}
+    for events in shapes:
+        start, end, label = _arrays(events)
+        for rule in ("contain", "split"):
+            numpy_nested = nest(start, end, label, rule)
+            compiled = nest(start, end, label, rule, core)
+            assert _fields(compiled) == _fields(numpy_nested), (rule, events)
+        if events:
+            order = np.lexsort((-end, start))
+            laminar = core.contain(start[order], end[order])[2]
+            laminar_seen[laminar] += 1
+            assert laminar == (_proper(start[order], end[order]) is not None), events
+    assert min(laminar_seen.values()) > 50  # both kinds of line were tried
