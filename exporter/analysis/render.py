@@ -308,8 +308,44 @@ def _program_rows(f: Any) -> list[tuple[str, str]]:
     return rows
 
 
+def _neighbours(hood: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """("producers" | "consumers", "a (opcode, shape), b (...), +N more") of one op's HLO
+    neighbourhood (neighbourhood.py); none where it has none (its reason is in
+    ``unavailable``). Plain text: the HTML table escapes it, the text report prints it."""
+    if not hood:
+        return []
+    out = []
+    for side in ("producers", "consumers"):
+        shown = hood.get(side) or []
+        total = int(hood.get(f"{side}_total") or len(shown))
+        parts = [
+            f"{n['name']} ({n['opcode']}"
+            + (f", {n['shape']}" if n.get("shape") else "")
+            + (f", {n['share_pct']:.1f}%" if n.get("share_pct") is not None else "")
+            + ")"
+            for n in shown
+        ]
+        if total > len(shown):
+            # At most MAX_NEIGHBOURS are kept: say how many were left out, not nothing.
+            parts.append(f"+{total - len(shown)} more")
+        out.append((side, ", ".join(parts) or "none"))
+    return out
+
+
+def _neighbourhood_cell(hood: dict[str, Any] | None) -> str:
+    pairs = _neighbours(hood)
+    if not pairs:
+        return '<td class="neighbourhood">-</td>'
+    items = "".join(
+        f'<li data-side="{side}"><span class="label">{side}:</span> {_esc(text)}</li>'
+        for side, text in pairs
+    )
+    return f'<td class="neighbourhood"><ul>{items}</ul></td>'
+
+
 def _program_tables(f: Any) -> str:
-    """The op-category table, the top ops with their source lines, the peak buffers."""
+    """The op-category table, the top ops with their source lines and HLO neighbourhood,
+    the data-formatting ops with theirs, the peak buffers."""
     out = []
     c = f.op_categories
     if c:
@@ -327,12 +363,26 @@ def _program_tables(f: Any) -> str:
     if f.top_ops:
         body = "".join(
             f'<tr><td>{_esc(o["name"])}</td><td class="num">{o["share_pct"]:.1f}%</td>'
-            f"<td>{_esc(o.get('category') or '')}</td><td>{_esc(o.get('source') or '')}</td></tr>"
+            f"<td>{_esc(o.get('category') or '')}</td><td>{_esc(o.get('source') or '')}</td>"
+            f"{_neighbourhood_cell(o.get('neighbourhood'))}</tr>"
             for o in f.top_ops
         )
         out.append(
             '<h3>Top ops</h3><table id="top-ops"><tr><th>op</th><th>share</th>'
-            f"<th>category</th><th>source</th></tr>{body}</table>"
+            "<th>category</th><th>source</th><th>HLO neighbourhood (radius 1)</th></tr>"
+            f"{body}</table>"
+        )
+    formatting = [o for o in (f.compiler or {}).get("ops") or [] if o.get("neighbourhood")]
+    if formatting:
+        # What each copy / transpose / convert sits between: where the layout changes.
+        body = "".join(
+            f'<tr><td>{_esc(o["name"])}</td><td class="num">{o["self_ms"]:.3f}</td>'
+            f"{_neighbourhood_cell(o['neighbourhood'])}</tr>"
+            for o in formatting
+        )
+        out.append(
+            '<h3>Data-formatting ops</h3><table id="formatting-ops"><tr><th>op</th><th>ms</th>'
+            f"<th>HLO neighbourhood (radius 1)</th></tr>{body}</table>"
         )
     out.append(_kernel_table(f.gpu_kernels or {}))
     out.append(_kernel_table(f.gpu_kernels or {}))
@@ -554,6 +604,11 @@ def _program_text(f: Any) -> list[str]:
     for o in f.top_ops[:5]:
         if o.get("source"):
             lines.append(f"top op {o['name']} ({o.get('category')}): {o['source']}")
+        for side, text in _neighbours(o.get("neighbourhood")):
+            lines.append(f"    {o['name']} {side}: {text}")
+    for o in (f.compiler or {}).get("ops") or []:
+        for side, text in _neighbours(o.get("neighbourhood")):
+            lines.append(f"data formatting op {o['name']} {side}: {text}")
     g = f.gpu_kernels or {}
     if g.get("available"):
         lines.append(

@@ -181,3 +181,62 @@ def test_the_report_renders_the_new_facts(
     assert "roofline: HBM-bound" in tpu_text and "custom calls" in tpu_text
     cpu_page = report_html(Report({"spec": "c"}, cpu[1], apply_rules(cpu[1])))
     assert 'id="peak-allocations"' in cpu_page and "f32[512,512]" in cpu_page
+
+
+def _row_cells(page: str, table: str, first: str) -> list[str]:
+    """The text of each cell of the row of table ``table`` whose first cell is ``first``."""
+    from html.parser import HTMLParser
+
+    class Rows(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inside, self.rows, self.cell = False, [], None  # type: ignore[var-annotated]
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "table":
+                self.inside = ("id", table) in attrs
+            elif self.inside and tag == "tr":
+                self.rows.append([])
+            elif self.inside and tag == "td":
+                self.cell = ""
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag == "table":
+                self.inside = False
+            elif self.inside and tag == "td" and self.cell is not None:
+                self.rows[-1].append(" ".join(self.cell.split()))
+                self.cell = None
+
+        def handle_data(self, data: str) -> None:
+            if self.cell is not None:
+                self.cell += data + " "
+
+    parser = Rows()
+    parser.feed(page)
+    return next(r for r in parser.rows if r and r[0] == first)
+
+
+def test_the_report_shows_each_top_ops_hlo_neighbourhood(
+    cpu: tuple[Path, CaptureFacts],
+) -> None:
+    """The JSON's neighbourhood (producers, consumers) is in the HTML's top-ops table and
+    in the text report, escaped."""
+    import copy
+
+    _, facts = cpu
+    top = facts.top_ops[0]
+    hood = top["neighbourhood"]
+    assert hood is not None and hood["producers"] and hood["consumers"], top
+    report = Report({"spec": "c"}, facts, apply_rules(facts))
+    cells = _row_cells(report_html(report), "top-ops", top["name"])
+    text = report_text(report)
+    for side in ("producers", "consumers"):
+        first = hood[side][0]
+        named = f"{first['name']} ({first['opcode']}, {first['shape']}"
+        assert f"{side}: {named}" in cells[-1], (side, cells)
+        assert f"{top['name']} {side}: {named}" in text, text
+    # A name is data, never markup: a hostile one comes out escaped.
+    hostile = copy.deepcopy(facts)
+    hostile.top_ops[0]["neighbourhood"]["producers"][0]["name"] = "<img src=x onerror=alert(1)>"
+    page = report_html(Report({"spec": "c"}, hostile, apply_rules(hostile)))
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
