@@ -63,7 +63,7 @@ def capture(out: Path, variant: str, k_pct: float) -> dict[str, Any]:
     if done.returncode:
         raise SystemExit(f"workload failed:\n{done.stderr[-2000:]}")
     line = next(x for x in done.stdout.splitlines() if x.startswith("DONE"))
-    _, path, step_ms, unit_ms, iterations = line.split()
+    _, path, step_ms, unit_ms, iterations, traced_ms = line.split()
     record = {
         "path": path,
         "variant": variant,
@@ -71,6 +71,7 @@ def capture(out: Path, variant: str, k_pct: float) -> dict[str, Any]:
         "calibrated_step_ms": float(step_ms),
         "unit_ms": float(unit_ms),
         "iterations": int(iterations),
+        "traced_step_ms": float(traced_ms),
     }
     manifest.write_text(json.dumps(record))
     return record
