@@ -698,16 +698,23 @@ def _xprof_facts(
         facts.unavailable["xprof"] = str(facts.xprof.get("reason"))
 
 
-def _hosts(facts: CaptureFacts, hosts: list[_Host]) -> None:
-    """``facts.hosts``; with 2 hosts the straggler verdict is said to be unknown."""
-    from exporter.analysis.hosts import STRAGGLER_MIN_HOSTS, host_entries, host_name
+def _hosts(facts: CaptureFacts, hosts: list[_Host], *, mad_floor: float | None = None) -> None:
+    """``facts.hosts``; with 2 hosts the straggler verdict is said to be unknown.
+    ``mad_floor``: the straggler score's, if not the shipped one (bench/stragglers.py)."""
+    from exporter.analysis.hosts import (
+        STRAGGLER_MAD_FLOOR,
+        STRAGGLER_MIN_HOSTS,
+        host_entries,
+        host_name,
+    )
 
     facts.hosts = host_entries(
         [
             (h.path or Path("?"), h.cycles, h.steps or [None] * len(h.cycles), h.xla_busy,
              h.communication if h.communication is not None else np.zeros(len(h.cycles)))
             for h in hosts
-        ]
+        ],
+        mad_floor=STRAGGLER_MAD_FLOOR if mad_floor is None else mad_floor,
     )  # fmt: skip
     names = {host_name(h["file"]) for h in facts.hosts}
     if len(names) < len(facts.hosts):

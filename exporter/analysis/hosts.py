@@ -42,7 +42,15 @@ __all__ = [
 
 STRAGGLER_Z: Final = 3.5  # Iglewicz & Hoaglin's outlier cut, XProf's straggler_threshold
 STRAGGLER_MIN_HOSTS: Final = 3  # XProf: "3 hosts is the minimum required"
-STRAGGLER_MAD_FLOOR: Final = 0.05  # of the median host's median step (facts.STEP_MAD_FLOOR)
+# Of the median host's median step (facts.STEP_MAD_FLOOR). Measured by bench/stragglers.py
+# (3- and 4-host sessions of JAX CPU captures, one process each, on a shared 2-core
+# machine; docs/analysis.md "Stragglers (measured)"): no host named in any of 320
+# sessions whose processes ran alike by their own clocks; 0-1.7 % of all-unchanged
+# sessions in two runs, 13-25 % in a busier one, every one naming a process that its own
+# clock showed 1.2-1.4x slower (a host that was slower). A host 50 % slower was named in
+# 9-92 % of sessions (the spread between processes decides); a floor of 0.15 would
+# have cut that to 0-2 %, so the floor stays.
+STRAGGLER_MAD_FLOOR: Final = 0.05
 SLOWEST_STEPS: Final = 3
 _TRACE_SUFFIXES: Final = (*CAPTURE_SUFFIXES, ".xspace.pb")
 
@@ -121,9 +129,12 @@ def _unique_names(entries: list[dict[str, Any]]) -> None:
 
 def host_entries(
     hosts: Sequence[tuple[Path, Sequence[tuple[int, int]], Sequence[int | None], Any, Any]],
+    *,
+    mad_floor: float = STRAGGLER_MAD_FLOOR,
 ) -> list[dict[str, Any]]:
     """``facts.hosts``: one entry per (path, cycles, step numbers, busy, communication),
-    with the straggler score when there are enough hosts (see the module docstring)."""
+    with the straggler score when there are enough hosts (see the module docstring).
+    ``mad_floor``: other floors are for ``bench/stragglers.py`` to compare."""
     entries = [
         _entry(path, cycles, steps, np.asarray(busy, float), np.asarray(comm, float))
         for path, cycles, steps, busy, comm in hosts
@@ -135,8 +146,8 @@ def host_entries(
         # A host captured more than once (a run's sessions) is compared with itself at
         # another time, not with other hosts: no straggler verdict.
         return entries
-    by_step = _scores([float(e["step_median_ms"]) for e in entries])
-    by_own = _scores([float(e["own_median_ms"]) for e in entries])
+    by_step = _scores([float(e["step_median_ms"]) for e in entries], mad_floor)
+    by_own = _scores([float(e["own_median_ms"]) for e in entries], mad_floor)
     for entry, z_step, z_own in zip(entries, by_step, by_own, strict=True):
         entry["straggler"] = max(z_step, z_own) > STRAGGLER_Z
         if z_step > STRAGGLER_Z or not entry["straggler"]:
@@ -147,8 +158,8 @@ def host_entries(
     return entries
 
 
-def _scores(values: list[float]) -> list[float]:
+def _scores(values: list[float], mad_floor: float) -> list[float]:
     """Each value's modified z-score, the MAD floored at a share of the median."""
     center = statistics.median(values)
-    mad = max(statistics.median(abs(v - center) for v in values), STRAGGLER_MAD_FLOOR * center)
+    mad = max(statistics.median(abs(v - center) for v in values), mad_floor * center)
     return [0.6745 * (v - center) / mad if mad > 0 else 0.0 for v in values]
