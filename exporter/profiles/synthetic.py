@@ -387,6 +387,7 @@ def tpu_capture(
     slowdown: float = 1.0,
     collectives: bool = False,
     hostname: str = "tpu-vm-0",
+    start_ns: int | None = None,
 ) -> SyntheticCapture:
     """Build a TPU-shaped XSpace with ``devices * steps * ops_per_step`` op events.
 
@@ -399,6 +400,11 @@ def tpu_capture(
     ``collectives=True`` adds all-to-all and send/recv ops to the mix and asynchronous
     collectives with an ``Async XLA Ops`` line (see the module docstring); the start and
     done ops add to the ops of a step. ``hostname`` is the XSpace's host name.
+
+    ``start_ns``: when the profile starts (ns since the epoch; default a minute ago). The
+    hosts of one session should share one: XProf aligns hosts' steps by the overlap of
+    their absolute timelines, and hosts written a few ms apart (a loaded machine) can
+    overlap so that its merge keeps no step at all.
     """
     rng = random.Random(seed)
     ops: list[_Op] = []
@@ -416,7 +422,8 @@ def tpu_capture(
         ]
     space = xplane_pb2.XSpace()
     space.hostnames.append(hostname)
-    start_ns = time.time_ns() - 60_000_000_000
+    if start_ns is None:
+        start_ns = time.time_ns() - 60_000_000_000
     capture = SyntheticCapture(space=space, program=program)
     if host:
         count, frames = _host_plane(space, steps, start_ns)

@@ -5,6 +5,7 @@ and a straggler named in a 3-host session, with no verdict on 2 hosts."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -64,10 +65,15 @@ def test_async_overlap_agrees_with_xprofs_analyze_async_overlap(
 
 
 def _session(where: Path, slowdowns: dict[str, float]) -> Path:
+    # One start for every host, as the hosts of one job start their steps together.
+    # XProf aligns the hosts' steps by the overlap of their timelines before averaging
+    # them per host: files written 6-10 ms apart (one at a time, on a loaded machine)
+    # made it keep no step, and get_kpi_metrics had no per_host_step_time_ms.
+    start_ns = time.time_ns() - 60_000_000_000
     for seed, (name, slowdown) in enumerate(slowdowns.items()):
         write_tpu_capture(
             where / f"{name}.xplane.pb", devices=1, steps=6, ops_per_step=100,
-            distinct_ops=40, seed=seed, slowdown=slowdown, hostname=name,
+            distinct_ops=40, seed=seed, slowdown=slowdown, hostname=name, start_ns=start_ns,
         )  # fmt: skip
     return where
 
@@ -85,9 +91,9 @@ def test_a_straggler_host_is_named_in_a_p0_finding(tmp_path: Path) -> None:
     answer, log = xprof_run("get_kpi_metrics", session, tmp_path / "kpi")
     assert "per_host_step_time_ms" in answer, (
         "precondition: XProf's get_kpi_metrics gives per_host_step_time_ms only when its "
-        "merge keeps a step on 2 or more hosts (a non-empty step intersection) and it can "
-        f"read its own merged op_stats; it did not here. Its answer: {answer}; its log: "
-        f"{log[-3000:]}"
+        "merge keeps a step on 2 or more hosts (a non-empty step intersection: the hosts "
+        "share one start here for that) and it can read its own merged op_stats; it did "
+        f"not here. Its answer: {answer}; its log: {log[-3000:]}"
     )
     kpi = answer["per_host_step_time_ms"]
     for stem, step_ms in kpi.items():  # keyed by file stem there, not get_hosts' name
