@@ -48,6 +48,10 @@ def test_a_straggler_needs_three_hosts_and_a_modified_z_score_above_3_5() -> Non
     assert above[2]["straggler_z"] == pytest.approx(3.64, abs=0.01)
     faster = host_entries([host("a", 10), host("b", 10), host("c", 5)])
     assert not any(h["straggler"] for h in faster)  # a faster host holds nobody up
+    # Another floor (bench/stragglers.py compares them): 10 % of 10 ms halves the score.
+    wider = host_entries([host("a", 10), host("b", 10), host("c", 12.7)], mad_floor=0.10)
+    assert [h["straggler"] for h in wider] == [False, False, False]
+    assert wider[2]["straggler_z"] == pytest.approx(3.64 / 2, abs=0.01)
     # the same host captured three times (a run's sessions) is not three hosts
     again = [host("a", 10), host("b", 10), host("c", 40)]
     again = [(Path(f"/s/{i}/a.xplane.pb"), *rest) for i, (_, *rest) in enumerate(again)]
