@@ -223,6 +223,38 @@ def _stat_int(stat: Any) -> int:
     return -1
 
 
+_Stats = tuple[str, str, str, bool, int]  # details, module, op, is a copy, correlation id
+_NO_STATS: Final[_Stats] = ("", "", "", False, -1)
+
+
+@dataclass(frozen=True, slots=True)
+class _KernelStatIds:
+    """A plane's stat ids of what a kernel row needs (-1: the plane has no such stat)."""
+
+    details: int
+    module: int
+    op: int
+    correlation: int
+    copies: set[int]
+
+    def read(self, stats: Iterable[Any], names: dict[int, str], start: _Stats) -> _Stats:
+        """``start`` updated by ``stats`` (an event's own stats win over its metadata's)."""
+        d, m, o, copy, corr = start
+        for stat in stats:
+            sid = stat.metadata_id
+            if sid == self.details:
+                d = _stat_text(stat, names)
+            elif sid == self.module:
+                m = _stat_text(stat, names)
+            elif sid == self.op:
+                o = _stat_text(stat, names)
+            elif sid == self.correlation:
+                corr = _stat_int(stat)
+            elif sid in self.copies:
+                copy = True
+        return d, m, o, copy, corr
+
+
 def _launch_calls(capture: Capture) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Correlation ids (sorted), start and end ns of the launch calls on host planes.
 
@@ -313,21 +345,11 @@ class _Reader:
         self.out.basis.add("kernel_details" if details_id >= 0 else "lasting events")
         # Stats on the event metadata hold for every event of it (XProf's visitor reads
         # both); the event's own stats win.
-        meta_stats: dict[int, tuple[str, str, str, bool]] = {}
-        for meta_id, meta in plane.event_metadata.items():
-            d = m = o = ""
-            copy = False
-            for stat in meta.stats:
-                sid = stat.metadata_id
-                if sid == details_id:
-                    d = _stat_text(stat, names)
-                elif sid == module_id:
-                    m = _stat_text(stat, names)
-                elif sid == op_id:
-                    o = _stat_text(stat, names)
-                elif sid in memcpy_ids:
-                    copy = True
-            meta_stats[meta_id] = (d, m, o, copy)
+        ids = _KernelStatIds(details_id, module_id, op_id, corr_id, memcpy_ids)
+        meta_stats = {
+            meta_id: ids.read(meta.stats, names, _NO_STATS)[:4]
+            for meta_id, meta in plane.event_metadata.items()
+        }
         for header in line_headers(self.capture, plane):
             if not _is_stream(header.id, header.name):
                 continue
@@ -343,20 +365,8 @@ class _Reader:
                 if not -FAR < event.offset_ps < FAR or event.duration_ps > FAR:
                     self.out.skipped += 1
                     continue
-                d, m, o, copy = meta_stats.get(event.metadata_id, ("", "", "", False))
-                corr = -1
-                for stat in event.stats:
-                    sid = stat.metadata_id
-                    if sid == details_id:
-                        d = _stat_text(stat, names)
-                    elif sid == module_id:
-                        m = _stat_text(stat, names)
-                    elif sid == op_id:
-                        o = _stat_text(stat, names)
-                    elif sid == corr_id:
-                        corr = _stat_int(stat)
-                    elif sid in memcpy_ids:
-                        copy = True
+                known = meta_stats.get(event.metadata_id, _NO_STATS[:4])
+                d, m, o, copy, corr = ids.read(event.stats, names, (*known, -1))
                 if (details_id >= 0 and not d) or (details_id < 0 and copy):
                     continue
                 meta = plane.event_metadata.get(event.metadata_id)
