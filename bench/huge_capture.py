@@ -26,7 +26,7 @@ capture is checked (device total = 4 x T x the template's, T x S steps) from the
 folded output and report, and in process when it is small, so a malformed file fails
 loudly instead of being measured.
 
-    .venv/bin/python bench/huge_capture.py --gb 0.05   # a quick check of the writer
+    .venv/bin/python bench/huge_capture.py --quick     # 0.05 GB: a check of the writer
     .venv/bin/python bench/huge_capture.py             # 2.5 GB: a few minutes, 5 GB disk
     .venv/bin/python bench/huge_capture.py --keep /tmp/huge   # keep the capture
     .venv/bin/python bench/huge_capture.py --gb 0.37 --glibc-defaults  # exporter.heap's gain
@@ -562,6 +562,8 @@ def bench(name: str, path: Path, facts: dict[str, Any], args: argparse.Namespace
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=2.5, help="capture size, GB (1e9 bytes)")
+    parser.add_argument("--quick", action="store_true",
+                        help="0.05 GB: the writer and both commands (make bench)")  # fmt: skip
     parser.add_argument("--keep", type=Path, help="write the capture here and keep it")
     parser.add_argument("--memory-mb", type=int, default=DEFAULT_MEMORY_MB,
                         help="RLIMIT_AS of each command, MiB (0: none)")  # fmt: skip
@@ -576,7 +578,7 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         print(json.dumps(worker(kind, Path(path), int(target))))
         return
-    target = int(args.gb * 1e9)
+    target = int((0.05 if args.quick else args.gb) * 1e9)
     base = args.keep or Path(tempfile.mkdtemp(prefix="mlprof-huge-", dir="/tmp"))
     base.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(base).free
