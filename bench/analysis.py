@@ -56,8 +56,6 @@ def worker(kind: str, paths: list[Path]) -> dict[str, Any]:
     from exporter.analysis.xprof_tools import run_xprof_tools
     from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
 
-    if kind == "compare":
-        import scipy.stats  # noqa: F401  (the rank test's import is not the comparison)
     started = time.perf_counter()
     cpu = _cpu_s(resource.RUSAGE_SELF)
     if kind == "convert":

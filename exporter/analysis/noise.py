@@ -14,7 +14,8 @@ frames move systematically (a rank test across the steps of one capture calls a
 * **significant**: every step is a sample of each frame's time, and a two-sided
   Mann-Whitney U test of the base's steps against the head's rejects "same
   distribution" at a false-discovery rate of :data:`FDR_ALPHA` across the frames tested
-  (Benjamini-Hochberg, ``scipy.stats.false_discovery_control``).
+  (Benjamini-Hochberg; both computed as scipy computes them, in
+  :mod:`exporter.analysis.rank_tests`).
 
 The step's own change is judged against :data:`STEP_NOISE_PCT`, or the spread of the
 workload's history (:func:`history_step_noise_pct`). Below :data:`MIN_STEPS` steps on
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+
+from exporter.analysis.rank_tests import benjamini_hochberg, mann_whitney_u
 
 __all__ = [
     "FDR_ALPHA",
@@ -131,27 +134,24 @@ class RankTests:
 
 def rank_tests(base: np.ndarray, head: np.ndarray, rows: np.ndarray) -> RankTests:
     """Mann-Whitney U per row (``base``/``head`` are frames x steps); BH across ``rows``."""
-    from scipy.stats import false_discovery_control, mannwhitneyu
-
     rows = np.asarray(rows, np.int64)
     if not len(rows) or base.shape[1] == 0 or head.shape[1] == 0:
         empty = np.zeros(0)
         return RankTests(rows[:0], empty, empty, empty)
     x, y = base[rows], head[rows]
     # Rows where every step of both sides has the same value carry no information
-    # (scipy answers NaN for them): they are "no change", p = 1.
+    # (the test answers NaN for them): they are "no change", p = 1.
     constant = (x.min(axis=1) == x.max(axis=1)) & (y.min(axis=1) == y.max(axis=1))
     constant &= x[:, 0] == y[:, 0]
     p = np.ones(len(rows))
     u = np.full(len(rows), x.shape[1] * y.shape[1] / 2)
     live = ~constant
     if live.any():
-        result = mannwhitneyu(y[live], x[live], axis=1, alternative="two-sided")
-        p[live] = np.nan_to_num(result.pvalue, nan=1.0)
-        u[live] = result.statistic
+        statistic, pvalue = mann_whitney_u(y[live], x[live])
+        p[live] = np.nan_to_num(pvalue, nan=1.0)
+        u[live] = statistic
     effects = 2 * u / (x.shape[1] * y.shape[1]) - 1
-    q = false_discovery_control(p, method="bh")
-    return RankTests(rows, p, np.asarray(q), effects)
+    return RankTests(rows, p, benjamini_hochberg(p), effects)
 
 
 def history_step_noise_pct(medians_ns: Sequence[float]) -> float:

@@ -95,8 +95,7 @@ def test_analysis_child_applies_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "command",
-    # (compare is left out: its imports alone take over 2 s; it applies it the same way)
-    [["flamegraph", "{c}"], ["analyze", "{c}", "--no-xprof"]],
+    [["flamegraph", "{c}"], ["analyze", "{c}", "--no-xprof"], ["compare", "{c}", "{c}"]],
     ids=lambda command: command[0],
 )
 def test_converting_cli_commands_apply_it(tmp_path: Path, command: list[str]) -> None:
