@@ -3,8 +3,9 @@ CLI, inside the sidecar's 4 GiB analysis bound, against a 36 MB one measured alo
 
 What it measures, each as a whole child process under the address-space limit the
 sidecar puts on an analysis (``RLIMIT_AS`` of ``report_max_memory_mb``, 4096 MiB by
-default, set in a ``preexec_fn`` with one BLAS/OpenMP thread, as
-``exporter.analysis.job.run_job`` does):
+default, with one BLAS/OpenMP thread, as ``exporter.analysis.job.run_job`` does; here
+set in a ``preexec_fn``, since the CLI takes no limit, where the job child sets its own
+before it reads its input):
 
 - ``mlprof flamegraph FILE -o out.folded`` (the device flame graph);
 - ``mlprof analyze FILE --no-xprof --format json -o report.json``.

@@ -62,11 +62,6 @@ def run_job(
     """Run ``python -m exporter.analysis.job ARGS`` under the limits."""
     import time
 
-    limit = max_memory_mb * 1024 * 1024
-
-    def bound() -> None:  # runs in the child before exec
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
     started = time.monotonic()
     child_env = {
         **os.environ,
@@ -76,13 +71,16 @@ def run_job(
         "OMP_NUM_THREADS": "1",
     }
     try:
+        # The child bounds its own address space (--max-memory-mb) before it reads
+        # anything: no preexec_fn, so the sidecar never forks (a fork copies its gRPC
+        # and other threads' state; Python then spawns the child without one).
+        bound = ["--max-memory-mb", str(max_memory_mb)] if max_memory_mb else []
         done = subprocess.run(
-            [sys.executable, "-m", "exporter.analysis.job", *args],
+            [sys.executable, "-m", "exporter.analysis.job", *args, *bound],
             capture_output=True,
             timeout=timeout_s,
             env=child_env,
             check=False,
-            preexec_fn=bound if max_memory_mb else None,
         )
     except subprocess.TimeoutExpired:
         return JobResult(False, f"analysis took over {timeout_s:g}s and was stopped")
@@ -262,7 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-xprof", action="store_true")
     parser.add_argument("--max-profile-bytes", type=int)
     parser.add_argument("--max-profile-ratio", type=float)
+    parser.add_argument("--max-memory-mb", type=int, help="address-space limit (RLIMIT_AS)")
     ns = parser.parse_args(argv)
+    if ns.max_memory_mb:  # before anything reads the input (run_job)
+        limit = ns.max_memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     from exporter.errors import MlprofError
     from exporter.heap import keep_freed_memory
 

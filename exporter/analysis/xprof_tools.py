@@ -455,17 +455,6 @@ def _child(paths: list[str], tools: Sequence[str] = TOOLS) -> dict[str, Any]:
     return answers
 
 
-def _memory_bound(memory_mb: int | None) -> Any:
-    if memory_mb is None:
-        return None
-
-    def bound() -> None:  # in the child, before it starts Python
-        limit = memory_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-    return bound
-
-
 def run_xprof_tools(
     paths: Sequence[Path],
     tools: Sequence[str] = TOOLS,
@@ -541,7 +530,12 @@ def _run_child(
     ``timeouts``: the seconds left of the converters' deadline, and that deadline.
     """
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GLOG_minloglevel": "3"}
-    command = [sys.executable, "-m", "exporter.analysis.xprof_tools", "--tools", tool, *copies]
+    # The child bounds its own address space before it imports XProf (no preexec_fn:
+    # a fork of a process with threads, as job.run_job explains).
+    bound = ["--memory-mb", str(memory_mb)] if memory_mb is not None else []
+    command = [
+        sys.executable, "-m", "exporter.analysis.xprof_tools", *bound, "--tools", tool, *copies
+    ]  # fmt: skip
     try:
         done = subprocess.run(
             command,
@@ -550,8 +544,6 @@ def _run_child(
             env=env,
             cwd=cwd,
             check=False,
-            # None unless a bound is asked for (preexec_fn and threads: tests, bench)
-            preexec_fn=_memory_bound(memory_mb),
         )
     except subprocess.TimeoutExpired:
         failure = f"XProf's converters took over {timeouts[1]:g}s (at {tool})"
@@ -570,6 +562,10 @@ def _run_child(
 
 
 def _main(argv: list[str]) -> None:
+    if argv[:1] == ["--memory-mb"]:  # first, before XProf is imported
+        limit = int(argv[1]) * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        argv = argv[2:]
     from exporter.heap import keep_freed_memory
 
     keep_freed_memory()  # a child that converts one capture and exits (exporter.heap)

@@ -178,7 +178,7 @@ needs_xprof = pytest.mark.skipif(
 def test_a_child_out_of_memory_is_a_reason_not_a_failed_report(
     tpu_capture: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(xprof_tools, "XPROF_MAX_MEMORY_MB", 48)  # Python cannot start
+    monkeypatch.setattr(xprof_tools, "XPROF_MAX_MEMORY_MB", 48)  # XProf cannot load in it
     report = analyze(str(tpu_capture), xprof_max_mb=150)
     facts = report.to_json()["facts"]
     assert facts["xprof"]["available"] is False
