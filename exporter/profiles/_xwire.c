@@ -379,13 +379,20 @@ static void nodes_free(Nodes *nodes) {
 /* Doubles the arrays and the map; 0 when out of memory (nothing lost: the old ones stay). */
 static int nodes_grow(Nodes *nodes) {
     size_t capacity = (size_t)nodes->capacity * 2, slots = (nodes->mask + 1) * 2;
-    int64_t **arrays[4] = {&nodes->parent, &nodes->tuple, &nodes->level,
-                           (int64_t **)&nodes->self};
-    for (int a = 0; a < 4; a++) {
-        int64_t *grown = PyMem_RawRealloc(*arrays[a], capacity * sizeof(int64_t));
-        if (grown == NULL) return 0;
-        *arrays[a] = grown;
-    }
+    /* Each array by its own type: a write through a pointer of another type (uint64_t*
+     * as int64_t*) is one the optimiser may assume changes nothing. */
+    int64_t *parent = PyMem_RawRealloc(nodes->parent, capacity * sizeof(int64_t));
+    if (parent == NULL) return 0;
+    nodes->parent = parent;
+    int64_t *tuple = PyMem_RawRealloc(nodes->tuple, capacity * sizeof(int64_t));
+    if (tuple == NULL) return 0;
+    nodes->tuple = tuple;
+    int64_t *level = PyMem_RawRealloc(nodes->level, capacity * sizeof(int64_t));
+    if (level == NULL) return 0;
+    nodes->level = level;
+    uint64_t *self = PyMem_RawRealloc(nodes->self, capacity * sizeof(uint64_t));
+    if (self == NULL) return 0;
+    nodes->self = self;
     nodes->capacity = (Py_ssize_t)capacity;
     uint64_t *keys = PyMem_RawCalloc(slots, sizeof(uint64_t));
     int64_t *values = PyMem_RawMalloc(slots * sizeof(int64_t));
@@ -513,8 +520,8 @@ static PyObject *self_tree(PyObject *self, PyObject *args) {
     }
     Py_ssize_t made = nodes.count - 1;
     PyObject *cols[4];
-    int64_t *sources[4] = {nodes.parent + 1, nodes.tuple + 1, nodes.level + 1,
-                           (int64_t *)(nodes.self + 1)};
+    const void *sources[4] = {nodes.parent + 1, nodes.tuple + 1, nodes.level + 1,
+                              nodes.self + 1};
     for (int c = 0; c < 4; c++) {
         cols[c] = PyBytes_FromStringAndSize((const char *)sources[c], made * 8);
     }

@@ -289,6 +289,36 @@ def test_compiled_self_time_makes_the_numpy_frame_tree(
         assert made[0] == made[1]
 
 
+def test_compiled_self_time_grows_past_its_first_thousand_nodes() -> None:
+    # The core's node table starts at 1,024 nodes and doubles: lines reaching 5,000
+    # distinct nodes, flat (one per tuple) and as towers (one per level, tuples
+    # repeating), must give numpy's nodes and self times after every growth.
+    from exporter.profiles import xplane
+    from exporter.profiles.nesting import nest
+
+    rng = np.random.default_rng(5)
+    n = 5000
+    flat_start = np.arange(n, dtype=np.int64) * 10
+    tower_start = np.arange(n, dtype=np.int64)
+    lines = [
+        (nest(flat_start, flat_start + 5, np.arange(n, dtype=np.int64), "contain"),
+         np.arange(n, dtype=np.int64) + 1),
+        (nest(tower_start, 3 * n - tower_start, np.arange(n, dtype=np.int64), "split"),
+         rng.integers(1, 50, n)),
+    ]  # fmt: skip
+    made = []
+    for core in (None, xspace._xwire):
+        frames = xplane._Frames(None)
+        frames.core = core
+        for i in range(n + 1):
+            frames.tuple_id((xplane.FrameLabel(f"t{i}"),))
+        for nested, tuples in lines:
+            frames.add_line(0, nested, tuples.astype(np.int64), 0)
+        made.append(([a.tolist() for a in frames.self_ns()], frames.parent, frames.tuple_of))
+    assert len(made[1][1]) > 4 * 1024
+    assert made[0] == made[1]
+
+
 def test_real_jax_cpu_captures_read_the_same(analysis_captures: AnalysisCaptures) -> None:
     for path in (analysis_captures.compute, analysis_captures.compute_again,
                  analysis_captures.heavy, analysis_captures.demo_slow,
