@@ -303,23 +303,70 @@ def _host_events(
 
 
 def _host_communication(
-    events: Any, cycles: Sequence[tuple[int, int]]
+    events: Any, cycles: Sequence[tuple[int, int]], opcodes: dict[str, dict[str, str]]
 ) -> tuple[np.ndarray, dict[str, float]]:
-    """On CPU: per cycle, ns the XLA client threads run a collective op (by its name)."""
-    from exporter.analysis.collectives import is_communication
+    """On CPU: per cycle, ns a collective op runs on the XLA client threads while no
+    device computes.
+
+    An op is a collective by its HLO opcode (``opcodes``: program -> op name -> opcode,
+    from the capture's HLO protos) or, without one, by its name. The opcode is needed:
+    JAX names an instruction after its primitive, so the all-reduce of ``lax.psum`` is
+    ``psum.7`` on the host threads, which no name rule can tell from a user's op.
+
+    Only the time no other XLA op runs counts. A CPU "device" is a set of threads
+    sharing the host's cores: a device that reaches an all-reduce first waits inside it
+    (``Rendezvous``) while the others compute on those cores, often one after another;
+    ``bench/communication.py`` measured a step with one all-reduce of 8 floats (0.5 %
+    of the step when timed alone) at 42 % when any thread's collective time counted.
+    Time the machine computes is not lost to communication; the rest of the
+    collectives' time is (what the step would save without them).
+    """
+    from exporter.analysis.collectives import COMMUNICATION_CATEGORIES, is_communication
 
     if not len(events):
         return np.zeros(len(cycles), float), {}
-    comm_paths = [i for i, path in enumerate(events.paths) if path and is_communication(path[-1])]
-    if not comm_paths:
+
+    def kind(program: str, op: str) -> str | None:
+        opcode = opcodes.get(program, {}).get(op, "")
+        if opcode in COMMUNICATION_CATEGORIES:
+            return opcode
+        return op.split(".", maxsplit=1)[0] if is_communication(op) else None
+
+    kind_of: dict[int, str] = {}
+    inside_paths: list[int] = []  # ops under a collective (a path is program, ops...)
+    for i, path in enumerate(events.paths):
+        if len(path) < 2:
+            continue
+        if (found := kind(path[0], path[-1])) is not None:
+            kind_of[i] = found
+        if any(kind(path[0], op) is not None for op in path[1:-1]):
+            inside_paths.append(i)
+    if not kind_of:
         return np.zeros(len(cycles), float), {}
-    mask = np.isin(events.path_index, comm_paths)
+    mask = np.isin(events.path_index, list(kind_of))
+    # Compute: every other op but those that hold a collective (its loop) and those
+    # inside one.
+    holds = np.zeros(len(events), bool)
+    parent = events.parent.tolist()
+    for i in np.flatnonzero(mask).tolist():
+        up = parent[i]
+        while up >= 0 and not holds[up]:
+            holds[up] = True
+            up = parent[up]
+    compute = ~mask & ~holds & ~np.isin(events.path_index, inside_paths)
     starts, ends = _union(events.start[mask], events.end[mask])
+    if compute.any():
+        starts, ends = _subtract(starts, ends, *_union(events.start[compute], events.end[compute]))
     kinds: dict[str, float] = {}
     for i, ns in zip(events.path_index[mask].tolist(), (events.end - events.start)[mask].tolist(),
                      strict=True):  # fmt: skip
-        kind = events.paths[i][-1].split(".")[0]
-        kinds[kind] = kinds.get(kind, 0.0) + ns
+        kinds[kind_of[i]] = kinds.get(kind_of[i], 0.0) + ns
+    # Each device's thread runs its own copy of a collective (4 overlapping ``psum.7``
+    # on 4 forced CPU devices): scaled to the time counted above, the kinds split the
+    # communication time the breakdown reports, not a multiple of it.
+    total = float(sum(kinds.values()))
+    counted = float((ends - starts).sum())
+    kinds = {kind: ns * counted / total for kind, ns in kinds.items()} if total > 0 else {}
     return _covered(starts, ends, cycles).astype(float), kinds
 
 
@@ -327,6 +374,7 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
     from exporter.analysis import xla_host
     from exporter.analysis.collectives import CommunicationRecorder, overlap_facts
     from exporter.analysis.gpu_kernels import read_kernels
+    from exporter.analysis.program_facts import capture_hlo_ops
     from exporter.analysis.sides import step_cycles
     from exporter.profiles.steps import step_windows
     from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
@@ -358,7 +406,11 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
             events = xla_host.xla_host_events(capture)
             xla_starts, xla_ends = _union(events.start, events.end)
             busy = _covered(xla_starts, xla_ends, cycles)
-            communication, kinds = _host_communication(events, cycles)
+            opcodes = {
+                program: {name: op.opcode for name, op in ops.items()}
+                for program, ops in capture_hlo_ops(capture).items()
+            }
+            communication, kinds = _host_communication(events, cycles, opcodes)
             overlap = None
             if len(events):
                 device = xla_host.graphs(events, None, start)[0]

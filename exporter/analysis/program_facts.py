@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from exporter.analysis.facts import CaptureFacts
     from exporter.profiles.flamegraph import FlameGraph
+    from exporter.profiles.xplane import Capture
 
 __all__ = [
     "CATEGORIES",
     "HloOp",
     "add_program_facts",
+    "capture_hlo_ops",
     "hlo_ops",
     "op_category",
     "peak_allocations",
@@ -301,24 +303,34 @@ def hlo_ops(
     programs: dict[str, dict[str, HloOp]] = {}
     for path in paths:
         with load_capture(path) as capture:
-            for ref in capture.planes:
-                if ref.name != "/host:metadata":
-                    continue
-                plane = capture.plane(ref)
-                names = {k: m.name for k, m in plane.stat_metadata.items()}
-                for meta in plane.event_metadata.values():
-                    program = re.sub(r"\(\d+\)$", "", meta.name)
-                    for stat in meta.stats:
-                        if names.get(stat.metadata_id) == "Hlo Proto" and stat.bytes_value:
-                            try:
-                                found = _module_ops(stat.bytes_value)
-                            except ValueError as exc:
-                                if damaged is not None:
-                                    damaged[meta.name] = str(exc)
-                                continue  # a damaged proto: no sources for it
-                            for op in found.values():
-                                op.module = meta.name
-                            programs.setdefault(program, {}).update(found)
+            for program, found in capture_hlo_ops(capture, damaged).items():
+                programs.setdefault(program, {}).update(found)
+    return programs
+
+
+def capture_hlo_ops(
+    capture: Capture, damaged: dict[str, str] | None = None
+) -> dict[str, dict[str, HloOp]]:
+    """``hlo_ops`` of one open capture."""
+    programs: dict[str, dict[str, HloOp]] = {}
+    for ref in capture.planes:
+        if ref.name != "/host:metadata":
+            continue
+        plane = capture.plane(ref)
+        names = {k: m.name for k, m in plane.stat_metadata.items()}
+        for meta in plane.event_metadata.values():
+            program = re.sub(r"\(\d+\)$", "", meta.name)
+            for stat in meta.stats:
+                if names.get(stat.metadata_id) == "Hlo Proto" and stat.bytes_value:
+                    try:
+                        found = _module_ops(stat.bytes_value)
+                    except ValueError as exc:
+                        if damaged is not None:
+                            damaged[meta.name] = str(exc)
+                        continue  # a damaged proto: no sources for it
+                    for op in found.values():
+                        op.module = meta.name
+                    programs.setdefault(program, {}).update(found)
     return programs
 
 

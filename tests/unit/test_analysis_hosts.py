@@ -234,9 +234,33 @@ def test_cpu_collectives_are_taken_from_the_xla_client_threads_op_names() -> Non
         np.array([-1, -1, -1, -1]),
         paths,  # type: ignore[arg-type]
     )
-    per_cycle, kinds = _host_communication(events, [(0, 500), (500, 1000)])
+    per_cycle, kinds = _host_communication(events, [(0, 500), (500, 1000)], {})
     assert per_cycle.tolist() == [100.0, 50.0]  # 100-200 (the send inside it), 600-650
-    assert kinds == {"all-reduce": 150, "send": 30}
+    # 180 ns of ops in 150 ns of collective time: the kinds split the 150 ns 150:30.
+    assert kinds == {"all-reduce": 125, "send": 25}
+
+
+def test_cpu_collectives_are_recognised_by_their_hlo_opcode_whatever_their_name() -> None:
+    # JAX names an instruction after its primitive: lax.psum's all-reduce is "psum.7"
+    # on the CPU client threads. Its opcode, from the capture's HLO proto, says what it is.
+    from exporter.analysis.facts import _host_communication
+    from exporter.analysis.xla_host import XlaEvents
+
+    paths = [("jit_step", "dot.1"), ("jit_step", "psum.7"), ("jit_other", "psum.7")]
+    events = XlaEvents(
+        np.array([0, 100, 150, 600]),
+        np.array([100, 300, 250, 700]),
+        np.array([0, 1, 0, 2]),  # a second device's dot.1 runs during the first's psum.7
+        np.array([-1, -1, -1, -1]),
+        paths,  # type: ignore[arg-type]
+    )
+    opcodes = {"jit_step": {"dot.1": "dot", "psum.7": "all-reduce"}, "jit_other": {}}
+    per_cycle, kinds = _host_communication(events, [(0, 500), (500, 1000)], opcodes)
+    # 100-300 less the other device's dot (150-250): the machine computed then.
+    # jit_other's psum.7 has no opcode and no collective's name: a user's op.
+    assert per_cycle.tolist() == [100.0, 0.0]
+    assert kinds == {"all-reduce": 100}
+    assert _host_communication(events, [(0, 500), (500, 1000)], {})[0].tolist() == [0.0, 0.0]
 
 
 def test_in_lockstep_the_host_the_others_wait_for_is_named() -> None:
