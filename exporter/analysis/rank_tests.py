@@ -49,23 +49,23 @@ def _ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ranks, (t**3 - t).sum(axis=1)
 
 
-def _exact_sf(n1: int, n2: int) -> np.ndarray:
-    """P(U >= u) for u = 0 .. n1 n2 under the null hypothesis (no ties)."""
-    # counts[i][j][u]: orderings of i and j values whose U (pairs with the first side's
-    # value above the second's) is u; the largest value comes from either side.
-    size = n1 * n2 + 1
-    table = [[np.zeros(size) for _ in range(n2 + 1)] for _ in range(n1 + 1)]
-    for i in range(n1 + 1):
-        for j in range(n2 + 1):
-            if i == 0 or j == 0:
-                table[i][j][0] = 1.0
-                continue
-            here = table[i][j]
-            here += table[i][j - 1]  # the largest is the second side's: U unchanged
-            here[j:] += table[i - 1][j][: size - j]  # the first side's: above all j
-    counts = table[n1][n2]
-    total = math.comb(n1 + n2, n1)
-    return np.cumsum(counts[::-1])[::-1] / total
+def _exact_sf(m: int, n: int) -> np.ndarray:
+    """P(U >= u) for u = 0 .. m n under the null hypothesis (no ties), m <= n.
+
+    ``rows[i]`` counts the orderings of i values of the first side and j of the second by
+    their U (pairs with the first side's value above the second's), for the j reached:
+    the largest value is the second side's (U unchanged, from j - 1) or the first's
+    (above all j, from i - 1). Each array holds i j + 1 counts, so memory is (m + 1)
+    arrays of at most m n + 1 (m is at most 8 here) and the work about (m n)^2 / 4.
+    """
+    rows = [np.ones(1) for _ in range(m + 1)]  # j = 0: U = 0, one ordering
+    for j in range(1, n + 1):
+        for i in range(1, m + 1):
+            counts = np.zeros(i * j + 1)
+            counts[: len(rows[i])] += rows[i]  # (i, j - 1)
+            counts[j : j + len(rows[i - 1])] += rows[i - 1]  # (i - 1, j), shifted by j
+            rows[i] = counts
+    return np.cumsum(rows[m][::-1])[::-1] / math.comb(m + n, m)
 
 
 def mann_whitney_u(head: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
