@@ -151,6 +151,11 @@ class _Host:
     kinds: dict[str, float] = field(default_factory=dict)  # communication ns per op kind
     overlap: dict[str, Any] | None = None  # async collectives' windows (collectives.py)
     gpu: Any = None  # gpu_kernels.CaptureKernels of the GPU planes, None without any
+    # program_facts.capture_hlo_ops of the capture (read once, here), the modules whose
+    # proto did not parse (why each), and why none could be read at all.
+    programs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hlo_damaged: dict[str, str] = field(default_factory=dict)
+    hlo_error: str | None = None
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -374,12 +379,18 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
     from exporter.analysis import xla_host
     from exporter.analysis.collectives import CommunicationRecorder, overlap_facts
     from exporter.analysis.gpu_kernels import read_kernels
-    from exporter.analysis.program_facts import capture_hlo_ops
+    from exporter.analysis.program_facts import capture_hlo_ops, unreadable_hlo
     from exporter.analysis.sides import step_cycles
     from exporter.profiles.steps import step_windows
     from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
 
     with load_capture(path) as capture:
+        hlo_damaged: dict[str, str] = {}
+        hlo_error: str | None = None
+        try:  # the capture's HLO is context (opcodes, sources), never a report's failure
+            programs = capture_hlo_ops(capture, hlo_damaged)
+        except Exception as exc:
+            programs, hlo_error = {}, unreadable_hlo(exc)
         windows, source = step_windows(capture)
         step_list = step_cycles(windows)
         cycles = [(w.start_ns, w.end_ns) for w in step_list]
@@ -408,7 +419,7 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
             busy = _covered(xla_starts, xla_ends, cycles)
             opcodes = {
                 program: {name: op.opcode for name, op in ops.items()}
-                for program, ops in capture_hlo_ops(capture).items()
+                for program, ops in programs.items()
             }
             communication, kinds = _host_communication(events, cycles, opcodes)
             overlap = None
@@ -458,6 +469,9 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
         kinds,
         overlap,
         gpu,
+        programs,
+        hlo_damaged,
+        hlo_error,
     )
 
 
@@ -707,9 +721,18 @@ def gather_facts(
     from exporter.analysis.gpu_kernels import gpu_kernel_facts
 
     facts.gpu_kernels = gpu_kernel_facts([h.gpu for h in hosts], facts.backend)
-    from exporter.analysis.program_facts import add_program_facts, read_programs
+    from exporter.analysis.program_facts import add_program_facts
 
-    programs = read_programs(facts, paths)
+    # Each capture's HLO, read with its host's facts: merged, not read again.
+    merged: dict[str, dict[str, Any]] = {}
+    damaged: dict[str, str] = {}
+    for h in hosts:
+        for program, found in h.programs.items():
+            merged.setdefault(program, {}).update(found)
+        damaged.update(h.hlo_damaged)
+        if h.hlo_error is not None:
+            facts.unavailable["hlo"] = h.hlo_error
+    programs = (merged, damaged)
     started = time.perf_counter()
     if xprof:
         _xprof_facts(facts, paths, programs[0], bool(programs[0] or programs[1]), xprof_max_mb)

@@ -39,6 +39,7 @@ __all__ = [
     "peak_allocations",
     "read_programs",
     "roofline",
+    "unreadable_hlo",
 ]
 
 # The op-category table, in the order a reader scans it; every op is in exactly one,
@@ -625,8 +626,13 @@ def read_programs(
     try:
         return hlo_ops(paths, damaged), damaged
     except Exception as exc:  # a capture's HLO is context: never a report's failure
-        facts.unavailable["hlo"] = f"the capture's HLO protos could not be read ({exc})"
+        facts.unavailable["hlo"] = unreadable_hlo(exc)
         return {}, damaged
+
+
+def unreadable_hlo(exc: Exception) -> str:
+    """``unavailable.hlo`` for a capture whose HLO protos could not be read."""
+    return f"the capture's HLO protos could not be read ({exc})"
 
 
 def add_program_facts(

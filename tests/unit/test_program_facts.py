@@ -191,6 +191,30 @@ def test_a_damaged_hlo_proto_gives_no_sources_and_no_failure(tmp_path: Path) -> 
     assert facts.unavailable["roofline"] == "not asked"
 
 
+def test_an_unreadable_hlo_is_a_reason_not_a_failed_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The HLO is read once per capture with its host's facts (CPU collectives' opcodes
+    # come from it): a capture whose metadata plane cannot be read still gets a report.
+    from exporter.analysis import program_facts
+    from exporter.analysis.report import analyze
+    from exporter.errors import InputError
+
+    path = _capture_with_hlo(tmp_path / "h.xplane.pb", _hlo_proto())
+    read: list[str] = []
+
+    def unreadable(capture: Any, damaged: Any = None) -> Any:
+        read.append(capture.source)
+        raise InputError("the metadata plane does not parse")
+
+    monkeypatch.setattr(program_facts, "capture_hlo_ops", unreadable)
+    facts = analyze(str(path), xprof=False).facts
+    assert facts.unavailable["hlo"] == program_facts.unreadable_hlo(
+        InputError("the metadata plane does not parse")
+    )
+    assert len(read) == 1  # once for the capture, not again for the program facts
+
+
 def test_xprof_tool_errors_become_reasons() -> None:
     facts = CaptureFacts(
         xprof={
