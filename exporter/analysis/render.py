@@ -385,7 +385,6 @@ def _program_tables(f: Any) -> str:
             f"<th>HLO neighbourhood (radius 1)</th></tr>{body}</table>"
         )
     out.append(_kernel_table(f.gpu_kernels or {}))
-    out.append(_kernel_table(f.gpu_kernels or {}))
     peak = f.peak_allocations or {}
     if peak.get("available") and peak.get("largest"):
         body = "".join(
