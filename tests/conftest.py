@@ -7,6 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from exporter import heap
+
+# The suite's own process is long-running, and CliRunner runs mlprof's commands in it:
+# they must not switch its allocator (exporter/heap.py is for short-lived converting
+# processes only). tests/unit/test_heap.py checks each command in a fresh interpreter.
+heap._applied = False
+
 
 @pytest.fixture(autouse=True)
 def _clean_mlprof_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
