@@ -25,12 +25,24 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["Buckets", "DistributionWindow", "MonotonicTotals", "buckets_of"]
+__all__ = [
+    "MAX_FINITE_BUCKETS",
+    "BadDistributionError",
+    "Buckets",
+    "DistributionWindow",
+    "MonotonicTotals",
+    "buckets_of",
+]
 
 # Snapshots kept per window: the window covers between window_s and window_s * (1 +
 # 1/SNAPSHOTS_PER_WINDOW) + one interval, whatever the collect interval, with bounded
 # memory (a 256-chip host keeps 256 x 11 small tuples per distribution).
 SNAPSHOTS_PER_WINDOW: Final = 10
+# libtpu's own distributions have tens of buckets. A runtime claiming more (200,000
+# linear buckets on 4 chips took 1 GB of sidecar memory and 30 s per scrape) has
+# adjacent buckets merged until at most this many finite ones remain: the percentiles
+# lose resolution, the memory and the exposition stay bounded.
+MAX_FINITE_BUCKETS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +107,26 @@ class Buckets:
         return Buckets(self.bounds, counts, total, self.count - older.count)
 
 
-def _bounds(options: Any, finite: int, scale: float, divisor: float) -> tuple[float, ...] | None:
-    """Finite bucket boundaries of a libtpu ``BucketOptions``; None for unknown layouts."""
+class BadDistributionError(ValueError):
+    """A distribution no runtime should send; ``reason`` labels the skip counter.
+
+    ``layout``: unknown bucket options, or counts that do not fit them; ``overflow``:
+    boundaries past a float's range; ``bounds``: boundaries not finite and increasing.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def _kept(finite: int) -> tuple[int, ...]:
+    """Indices of the boundaries kept when ``finite`` buckets are capped (all if under it)."""
+    step = -(-finite // MAX_FINITE_BUCKETS)  # ceil: the buckets merged into one
+    return (*range(0, finite, step), finite)
+
+
+def _bounds(options: Any, finite: int, scale: float, divisor: float) -> tuple[float, ...]:
+    """Kept finite boundaries of a libtpu ``BucketOptions`` (see :func:`_kept`)."""
     which = options.WhichOneof("options")
     if which == "exponential_buckets":
         exp = options.exponential_buckets
@@ -105,40 +135,68 @@ def _bounds(options: Any, finite: int, scale: float, divisor: float) -> tuple[fl
         lin = options.linear_buckets
         return _regular("lin", lin.offset, lin.width, finite, scale, divisor)
     if which == "explicit_buckets":
-        bounds = tuple(options.explicit_buckets.bounds)
-        if len(bounds) != finite + 1 or any(b <= a for a, b in itertools.pairwise(bounds)):
-            return None
-        return tuple(b * scale / divisor for b in bounds)
-    return None
+        given = options.explicit_buckets.bounds
+        if len(given) != finite + 1:
+            raise BadDistributionError("layout", f"{len(given)} bounds for {finite} finite buckets")
+        return _checked(tuple(given[i] * scale / divisor for i in _kept(finite)))
+    raise BadDistributionError("layout", f"bucket options {which or 'missing'}")
 
 
 @functools.lru_cache(maxsize=256)
 def _regular(
     kind: str, start: float, step: float, finite: int, scale: float, divisor: float
-) -> tuple[float, ...] | None:
-    """Exponential or linear boundaries; cached, as every collection repeats a few layouts."""
-    if kind == "exp":
-        if start <= 0 or step <= 1:
-            return None
-        return tuple(start * step**i * scale / divisor for i in range(finite + 1))
-    if step <= 0:
-        return None
-    return tuple((start + step * i) * scale / divisor for i in range(finite + 1))
+) -> tuple[float, ...]:
+    """Exponential or linear boundaries; cached, as every collection repeats a few layouts.
+
+    Only the kept ones are computed, so a cached entry holds at most
+    MAX_FINITE_BUCKETS + 1 floats whatever the runtime claims.
+    """
+    try:
+        if kind == "exp":
+            values = tuple(start * step**i * scale / divisor for i in _kept(finite))
+        else:
+            values = tuple((start + step * i) * scale / divisor for i in _kept(finite))
+    except OverflowError:  # step**i past 1.8e308 raises; a product merely becomes inf
+        raise BadDistributionError("overflow", f"{kind} buckets {start!r} x {step!r}") from None
+    if any(math.isinf(v) for v in values) and all(map(math.isfinite, (start, step))):
+        raise BadDistributionError("overflow", f"{kind} buckets {start!r} x {step!r}")
+    return _checked(values)
 
 
-def buckets_of(distribution: Any, scale: float = 1.0, divisor: float = 1.0) -> Buckets | None:
+def _checked(bounds: tuple[float, ...]) -> tuple[float, ...]:
+    """``bounds`` if finite and strictly increasing (``b <= a`` lets a NaN through: not this)."""
+    if not all(map(math.isfinite, bounds)) or not all(map(operator.lt, bounds, bounds[1:])):
+        raise BadDistributionError("bounds", "boundaries not finite and increasing")
+    return bounds
+
+
+def _merged(counts: tuple[int, ...], finite: int) -> tuple[int, ...]:
+    """``counts`` with the finite buckets between kept boundaries summed."""
+    kept = _kept(finite)
+    if len(kept) == finite + 1:
+        return counts
+    inner = (sum(counts[1 + a : 1 + b]) for a, b in itertools.pairwise(kept))
+    return (counts[0], *inner, counts[-1])
+
+
+def buckets_of(distribution: Any, scale: float = 1.0, divisor: float = 1.0) -> tuple[Buckets, int]:
     """A libtpu ``Distribution`` message as :class:`Buckets`, values x ``scale`` / ``divisor``.
 
-    None when the layout is unknown or inconsistent (a value libtpu should not send).
+    Returns the buckets and how many finite buckets were merged away to keep at most
+    MAX_FINITE_BUCKETS; raises :class:`BadDistributionError` for a value libtpu should not send.
     """
     counts = tuple(distribution.bucket_counts)
     if len(counts) < 2 or min(counts) < 0:
-        return None
-    bounds = _bounds(distribution.bucket_options, len(counts) - 2, scale, divisor)
-    if bounds is None:
-        return None
+        raise BadDistributionError(
+            "layout", f"{len(counts)} bucket counts, smallest {min(counts, default=0)}"
+        )
+    finite = len(counts) - 2
+    bounds = _bounds(distribution.bucket_options, finite, scale, divisor)
     total = float(distribution.mean) * int(distribution.count) * scale / divisor
-    return Buckets(bounds, counts, total if math.isfinite(total) else 0.0)
+    merged = _merged(counts, finite)
+    return Buckets(bounds, merged, total if math.isfinite(total) else 0.0), len(counts) - len(
+        merged
+    )
 
 
 def _restarted(older: Buckets, newer: Buckets) -> bool:

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from exporter.config import Settings
 from exporter.metrics.accelerator import DeviceSeries, RunIdentity, accelerator_gauges
+from exporter.metrics.distribution import MAX_FINITE_BUCKETS
 from exporter.metrics.histograms import DistributionHistograms
 from exporter.metrics.jax_memory import JaxMemoryMetrics
 from exporter.metrics.nvml import NvmlSource, load_nvml
@@ -87,6 +88,18 @@ class AcceleratorSources:
             unit="{error}",
             description="Failed collections of an accelerator metric source.",
         )
+        self._distributions_skipped = meter.create_counter(
+            "mlprof.source.distributions.skipped",
+            unit="{distribution}",
+            description="Distributions a runtime sent that were not read (reason: layout, "
+            "overflow, bounds); the source's other metrics are kept.",
+        )
+        self._buckets_merged = meter.create_counter(
+            "mlprof.source.buckets.merged",
+            unit="{bucket}",
+            description="Finite buckets merged into their neighbours to keep at most "
+            f"{MAX_FINITE_BUCKETS} per distribution (counted each read).",
+        )
         self.identity = RunIdentity(Path(settings.shared_dir))
         # ``source_error`` events (the sidecar sets its sink), one per source and reason
         # per SOURCE_ERROR_EVENT_INTERVAL_S: a dead runtime fails every collection.
@@ -130,6 +143,15 @@ class AcceleratorSources:
             timeout_s=min(MAX_RPC_TIMEOUT_S, self.settings.collect_interval_s * 0.8),
             optional=self.auto,
             on_error=self._counter("tpu"),
+        )
+        attrs = {"source": "tpu"}
+        merged = self._buckets_merged.add
+        merged(0, attrs)
+        source.on_buckets_merged = lambda n: merged(n, attrs)
+        for reason in ("layout", "overflow", "bounds"):  # each series from 0, for increase()
+            self._distributions_skipped.add(0, {**attrs, "reason": reason})
+        source.on_distribution_skipped = lambda reason: self._distributions_skipped.add(
+            1, {**attrs, "reason": reason}
         )
         if present is not None:
             source.present = present

@@ -40,6 +40,7 @@ from exporter.metrics.accelerator import (
 )
 from exporter.metrics.catalog import PERCENTILES
 from exporter.metrics.distribution import (
+    BadDistributionError,
     Buckets,
     DistributionWindow,
     MonotonicTotals,
@@ -416,6 +417,10 @@ class TpuSource:
     optional: bool = False
     present: Callable[[], bool] = tpu_present
     on_error: Callable[[str], None] | None = None
+    # A distribution skipped (reason), finite buckets merged away (how many): counted so a
+    # runtime sending nonsense shows on the health dashboard while the other metrics stay.
+    on_distribution_skipped: Callable[[str], None] | None = None
+    on_buckets_merged: Callable[[int], None] | None = None
     name: str = "tpu"
     clock: Callable[[], float] = time.monotonic
 
@@ -432,6 +437,7 @@ class TpuSource:
         self._absent: set[str] = set()  # libtpu names this runtime does not offer
         self._window = DistributionWindow(PERCENTILE_WINDOW_S, self.clock)
         self._totals_of = MonotonicTotals()
+        self._skipped_logged: set[tuple[Any, str]] = set()
 
     def skipped(self) -> list[str]:
         """libtpu metrics this runtime does not offer (for ``/readyz``)."""
@@ -598,9 +604,13 @@ class TpuSource:
         """Histogram, percentile gauges (and counters) of one distribution, or several summed."""
         total: Buckets | None = None
         for distribution in distributions:
-            part = buckets_of(distribution, entry.scale, entry.divisor)
-            if part is None:
-                continue  # a layout we cannot read
+            try:
+                part, merged = buckets_of(distribution, entry.scale, entry.divisor)
+            except BadDistributionError as exc:
+                self._skip(key, exc)
+                continue
+            if merged and self.on_buckets_merged:
+                self.on_buckets_merged(merged)
             total = part if total is None else total.plus(part)
         if total is None:
             return []
@@ -617,6 +627,15 @@ class TpuSource:
             out.append(Reading(f"{base}.count", float(total.count), attrs))
             out.append(Reading(f"{base}.time", time_s, attrs))
         return out
+
+    def _skip(self, key: tuple[Any, ...], exc: BadDistributionError) -> None:
+        """Count a distribution not read; log it once per metric and reason, not per interval."""
+        if self.on_distribution_skipped:
+            self.on_distribution_skipped(exc.reason)
+        if (key[0], exc.reason) not in self._skipped_logged:
+            self._skipped_logged.add((key[0], exc.reason))
+            log.warning("libtpu at %s sent a bad %s distribution, skipped: %s",
+                        self.client.addr, key[0], exc)  # fmt: skip
 
     def _report(self, state: str, detail: str) -> tuple[str, str]:
         if state != self._last_state:

@@ -84,6 +84,9 @@ NOT_ON_A_PANEL = {
     "accelerator_host_transfer_time_seconds_total": "the transfer latency percentiles are shown",
     "tpu_host_compute_count_total": "the host-compute latency percentiles are shown",
     "tpu_host_compute_time_seconds_total": "the host-compute latency percentiles are shown",
+    "mlprof_source_distributions_skipped_total": "a runtime's malformed distributions: "
+    "logged once per metric; the percentile panels show the gap",
+    "mlprof_source_buckets_merged_total": "resolution lost to the bucket cap, for alerts",
     # libtpu's histograms: panels show the per-host percentile gauges; the collective
     # buckets reach the Run dashboard through recording.COLLECTIVE_QUANTILE (slice-wide).
     **{

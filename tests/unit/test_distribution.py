@@ -6,9 +6,19 @@ tests/integration/test_tpu_source.py; these cases pin the edges.
 
 from __future__ import annotations
 
+import math
+import operator
+
 import pytest
 
-from exporter.metrics.distribution import Buckets, DistributionWindow, MonotonicTotals, buckets_of
+from exporter.metrics.distribution import (
+    MAX_FINITE_BUCKETS,
+    BadDistributionError,
+    Buckets,
+    DistributionWindow,
+    MonotonicTotals,
+    buckets_of,
+)
 from exporter.proto import tpu_metrics_pb2 as pb
 
 # Finite buckets [1, 2) [2, 4) [4, 8) [8, 16); underflow < 1, overflow >= 16.
@@ -55,21 +65,70 @@ def test_libtpu_layouts_are_read_and_scaled() -> None:
         [0, 1, 1, 0, 0], exponential_buckets=Options.Exponential(num_finite_buckets=3,
                                                                 growth_factor=2.0, scale=10.0)
     )  # fmt: skip
-    b = buckets_of(exponential, divisor=1e6)  # microseconds in, seconds out
-    assert b is not None
+    b, merged = buckets_of(exponential, divisor=1e6)  # microseconds in, seconds out
+    assert merged == 0
     assert b.bounds == (10e-6, 20e-6, 40e-6, 80e-6)
     assert b.total == pytest.approx(6e-6)  # mean x count
     linear = message(
         [0, 2, 0], linear_buckets=Options.Linear(num_finite_buckets=1, width=5, offset=1)
     )
-    assert buckets_of(linear) == Buckets((1.0, 6.0), (0, 2, 0), 6.0)
+    assert buckets_of(linear) == (Buckets((1.0, 6.0), (0, 2, 0), 6.0), 0)
     explicit = message([1, 0, 1], explicit_buckets=Options.Explicit(bounds=[1.0, 2.0]))
-    assert buckets_of(explicit) == Buckets((1.0, 2.0), (1, 0, 1), 6.0)
-    # Inconsistent input from a runtime is dropped, not guessed at.
-    assert (
-        buckets_of(message([1, 0, 1], explicit_buckets=Options.Explicit(bounds=[2.0, 1.0]))) is None
-    )
-    assert buckets_of(message([1, 2, 3])) is None  # no layout at all
+    assert buckets_of(explicit) == (Buckets((1.0, 2.0), (1, 0, 1), 6.0), 0)
+    # Inconsistent input from a runtime is refused, not guessed at.
+    with pytest.raises(BadDistributionError, match="bounds"):
+        buckets_of(message([1, 0, 1], explicit_buckets=Options.Explicit(bounds=[2.0, 1.0])))
+    with pytest.raises(BadDistributionError, match="layout"):
+        buckets_of(message([1, 2, 3]))  # no layout at all
+
+
+Options = pb.Distribution.BucketOptions
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        # The attack's growth factor: 1e200**2 raises OverflowError inside the power.
+        ({"exponential_buckets": Options.Exponential(num_finite_buckets=3, growth_factor=1e200,
+                                                     scale=1.0)}, "overflow"),
+        # A product that becomes inf without raising.
+        ({"linear_buckets": Options.Linear(num_finite_buckets=3, width=1e308, offset=1e308)},
+         "overflow"),
+        # NaN passes `b <= a`; inf is not a boundary; equal bounds are not increasing.
+        ({"explicit_buckets": Options.Explicit(bounds=[1.0, math.nan, 3.0, 4.0])}, "bounds"),
+        ({"explicit_buckets": Options.Explicit(bounds=[1.0, 2.0, 3.0, math.inf])}, "bounds"),
+        ({"explicit_buckets": Options.Explicit(bounds=[1.0, 2.0, 2.0, 4.0])}, "bounds"),
+        ({"linear_buckets": Options.Linear(num_finite_buckets=3, width=math.nan, offset=1)},
+         "bounds"),
+        ({"exponential_buckets": Options.Exponential(num_finite_buckets=3, growth_factor=1.0,
+                                                     scale=1.0)}, "bounds"),
+        ({"explicit_buckets": Options.Explicit(bounds=[1.0, 2.0])}, "layout"),
+    ],
+)  # fmt: skip
+def test_hostile_bucket_layouts_are_refused_with_a_reason(
+    options: dict[str, pb.Distribution.BucketOptions], reason: str
+) -> None:
+    with pytest.raises(BadDistributionError) as caught:
+        buckets_of(message([0, 1, 1, 1, 0], **options))
+    assert caught.value.reason == reason
+
+
+def test_a_huge_bucket_count_is_merged_down_to_the_cap_keeping_every_sample() -> None:
+    finite = 200_000
+    counts = [3] + [1] * finite + [5]
+    linear = message(counts, linear_buckets=Options.Linear(num_finite_buckets=finite, width=1,
+                                                           offset=0))  # fmt: skip
+    b, merged = buckets_of(linear)
+    assert len(b.counts) - 2 <= MAX_FINITE_BUCKETS
+    assert merged == finite - (len(b.counts) - 2)
+    assert (b.count, b.counts[0], b.counts[-1]) == (finite + 8, 3, 5)
+    assert b.bounds[0] == 0.0 and b.bounds[-1] == float(finite)  # the range is kept
+    assert all(map(operator.lt, b.bounds, b.bounds[1:]))
+    # Each kept bucket holds exactly the samples between its kept bounds.
+    assert b.counts[1] == b.bounds[1] - b.bounds[0]
+    assert b.percentile(0.5) == pytest.approx(finite / 2, rel=0.01)
+    explicit = message(counts, explicit_buckets=Options.Explicit(bounds=range(finite + 1)))
+    assert buckets_of(explicit) == (b, merged)
 
 
 class Clock:
