@@ -30,10 +30,11 @@ from __future__ import annotations
 import re
 from collections import defaultdict, deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
+from exporter.analysis.fact_types import Overlap
 from exporter.analysis.facts import _covered, _union
 
 if TYPE_CHECKING:
@@ -280,11 +281,11 @@ def _pair(events: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
     return out
 
 
-def overlap_facts(recorder: CommunicationRecorder, cycles_count: int) -> dict[str, Any] | None:
+def overlap_facts(recorder: CommunicationRecorder, cycles_count: int) -> Overlap | None:
     """Async windows, their hidden share and exposed ms per step; None without any."""
     windows, source = recorder.windows()
     span = sum(e - s for s, e, _ in windows)
-    if not windows or span <= 0 or cycles_count <= 0:
+    if not windows or source is None or span <= 0 or cycles_count <= 0:
         return None
     covered = sum(c for _, _, c in windows)
     devices = max(1, len(recorder.planes))

@@ -31,10 +31,24 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
+from exporter.analysis.fact_types import (
+    Breakdown,
+    CompilerFacts,
+    GpuKernelFacts,
+    HostFacts,
+    MemoryFacts,
+    OpCategories,
+    Overlap,
+    PeakAllocations,
+    Recompilation,
+    Roofline,
+    StepFacts,
+    TopOp,
+)
 from exporter.profiles.capture_files import capture_bytes
 from exporter.profiles.flamegraph import FlameGraph
 
@@ -98,18 +112,18 @@ class CaptureFacts:
 
     backend: str = "unknown"
     files: list[str] = field(default_factory=list)
-    steps: dict[str, Any] | None = None
-    hosts: list[dict[str, Any]] = field(default_factory=list)  # one per capture file
-    breakdown: dict[str, Any] | None = None
-    top_ops: list[dict[str, Any]] = field(default_factory=list)
-    compiler: dict[str, Any] | None = None
-    recompilation: dict[str, Any] | None = None
-    memory: dict[str, Any] | None = None
-    roofline: dict[str, Any] | None = None  # program_facts.roofline
-    peak_allocations: dict[str, Any] | None = None  # program_facts.peak_allocations
-    op_categories: dict[str, Any] | None = None  # program_facts.op_categories
-    gpu_kernels: dict[str, Any] | None = None  # gpu_kernels.gpu_kernel_facts
-    xprof: dict[str, Any] = field(default_factory=dict)
+    steps: StepFacts | None = None
+    hosts: list[HostFacts] = field(default_factory=list)  # one per capture file
+    breakdown: Breakdown | None = None
+    top_ops: list[TopOp] = field(default_factory=list)
+    compiler: CompilerFacts | None = None
+    recompilation: Recompilation | None = None
+    memory: MemoryFacts | None = None
+    roofline: Roofline | None = None  # program_facts.roofline
+    peak_allocations: PeakAllocations | None = None  # program_facts.peak_allocations
+    op_categories: OpCategories | None = None  # program_facts.op_categories
+    gpu_kernels: GpuKernelFacts | None = None  # gpu_kernels.gpu_kernel_facts
+    xprof: dict[str, Any] = field(default_factory=dict)  # XProf's own answers, open-ended
     unavailable: dict[str, str] = field(default_factory=dict)
     graphs: dict[str, FlameGraph] = field(default_factory=dict)  # not in the JSON
     data_phase_names: set[str] = field(default_factory=set)  # host events matched as data
@@ -149,7 +163,7 @@ class _Host:
     steps: list[int | None] = field(default_factory=list)  # each cycle's step number
     communication: np.ndarray | None = None  # per cycle, ns in collectives (mean/device)
     kinds: dict[str, float] = field(default_factory=dict)  # communication ns per op kind
-    overlap: dict[str, Any] | None = None  # async collectives' windows (collectives.py)
+    overlap: Overlap | None = None  # async collectives' windows (collectives.py)
     gpu: Any = None  # gpu_kernels.CaptureKernels of the GPU planes, None without any
     # program_facts.capture_hlo_ops of the capture (read once, here), the modules whose
     # proto did not parse (why each), and why none could be read at all.
@@ -475,7 +489,7 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
     )
 
 
-def _step_facts(hosts: list[_Host]) -> dict[str, Any] | None:
+def _step_facts(hosts: list[_Host]) -> StepFacts | None:
     """Step time: one definition, the step *cycle* (a step's start to the next's start,
     so input between annotations counts), beside the annotated steps and XProf's."""
     annotated = [(hi - lo) / 1e6 for h in hosts for lo, hi in h.annotations]
@@ -520,7 +534,7 @@ def _step_facts(hosts: list[_Host]) -> dict[str, Any] | None:
     }
 
 
-def _breakdown(hosts: list[_Host]) -> dict[str, Any] | None:
+def _breakdown(hosts: list[_Host]) -> Breakdown | None:
     total = sum(hi - lo for h in hosts for lo, hi in h.cycles)
     if total <= 0:
         return None
@@ -571,7 +585,7 @@ def _breakdown(hosts: list[_Host]) -> dict[str, Any] | None:
     }
 
 
-def _overlap(found: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _overlap(found: list[Overlap]) -> Overlap | None:
     """The hosts' async-collective overlap, pooled (weighted by their windows' time)."""
     if not found:
         return None
@@ -588,7 +602,7 @@ def _overlap(found: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def _top_ops(graph: FlameGraph | None) -> list[dict[str, Any]]:
+def _top_ops(graph: FlameGraph | None) -> list[TopOp]:
     if graph is None or graph.root.total <= 0:
         return []
     from exporter.analysis.xla_host import RUNTIME_WAIT_RE
@@ -606,7 +620,7 @@ def _top_ops(graph: FlameGraph | None) -> list[dict[str, Any]]:
     ]
 
 
-def _compiler(graph: FlameGraph | None) -> dict[str, Any] | None:
+def _compiler(graph: FlameGraph | None) -> CompilerFacts | None:
     if graph is None or graph.root.total <= 0:
         return None
     formatting = 0
@@ -626,7 +640,7 @@ def _compiler(graph: FlameGraph | None) -> dict[str, Any] | None:
     }
 
 
-def _recompilation(hosts: list[_Host]) -> dict[str, Any]:
+def _recompilation(hosts: list[_Host]) -> Recompilation:
     events = [span for h in hosts for span in h.compile_events]
     inside = [
         (s, e)
@@ -720,7 +734,10 @@ def gather_facts(
     facts.recompilation = _recompilation(hosts)
     from exporter.analysis.gpu_kernels import gpu_kernel_facts
 
-    facts.gpu_kernels = gpu_kernel_facts([h.gpu for h in hosts], facts.backend)
+    # gpu_kernels.py builds its JSON as a plain dict: its shape is GpuKernelFacts.
+    facts.gpu_kernels = cast(
+        GpuKernelFacts, gpu_kernel_facts([h.gpu for h in hosts], facts.backend)
+    )
     from exporter.analysis.program_facts import add_program_facts
 
     # Each capture's HLO, read with its host's facts: merged, not read again.

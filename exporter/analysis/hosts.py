@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from exporter.analysis.fact_types import HostFacts
 from exporter.profiles.capture_files import CAPTURE_SUFFIXES, capture_stem
 
 __all__ = [
@@ -75,7 +76,7 @@ def _entry(
     steps: Sequence[int | None],
     busy: np.ndarray,
     communication: np.ndarray,
-) -> dict[str, Any]:
+) -> HostFacts:
     durations = np.asarray([hi - lo for lo, hi in cycles], float)
     n = len(durations)
     total = float(durations.sum())
@@ -115,7 +116,7 @@ def _entry(
     }
 
 
-def _unique_names(entries: list[dict[str, Any]]) -> None:
+def _unique_names(entries: list[HostFacts]) -> None:
     """Two files XProf names alike keep their file stems (then their paths) apart."""
     for key in ("stem", "file"):
         names = [e["name"] for e in entries]
@@ -131,7 +132,7 @@ def host_entries(
     hosts: Sequence[tuple[Path, Sequence[tuple[int, int]], Sequence[int | None], Any, Any]],
     *,
     mad_floor: float = STRAGGLER_MAD_FLOOR,
-) -> list[dict[str, Any]]:
+) -> list[HostFacts]:
     """``facts.hosts``: one entry per (path, cycles, step numbers, busy, communication),
     with the straggler score when there are enough hosts (see the module docstring).
     ``mad_floor``: other floors are for ``bench/stragglers.py`` to compare."""
@@ -146,8 +147,9 @@ def host_entries(
         # A host captured more than once (a run's sessions) is compared with itself at
         # another time, not with other hosts: no straggler verdict.
         return entries
-    by_step = _scores([float(e["step_median_ms"]) for e in entries], mad_floor)
-    by_own = _scores([float(e["own_median_ms"]) for e in entries], mad_floor)
+    # Every entry has cycles here, so its medians are numbers, never None.
+    by_step = _scores([e["step_median_ms"] or 0.0 for e in entries], mad_floor)
+    by_own = _scores([e["own_median_ms"] or 0.0 for e in entries], mad_floor)
     for entry, z_step, z_own in zip(entries, by_step, by_own, strict=True):
         entry["straggler"] = max(z_step, z_own) > STRAGGLER_Z
         if z_step > STRAGGLER_Z or not entry["straggler"]:

@@ -16,7 +16,9 @@ a damaged one, gives no neighbourhood (``null``) and a reason in ``unavailable``
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
+
+from exporter.analysis.fact_types import FormattingOp, Neighbour, Neighbourhood, TopOp
 
 if TYPE_CHECKING:
     from exporter.analysis.facts import CaptureFacts
@@ -46,9 +48,7 @@ def _self_times(facts: CaptureFacts) -> tuple[dict[tuple[str, str], int], int]:
     return times, graph.root.total
 
 
-def _entry(
-    op: HloOp, program: str, times: dict[tuple[str, str], int], total: int
-) -> dict[str, Any]:
+def _entry(op: HloOp, program: str, times: dict[tuple[str, str], int], total: int) -> Neighbour:
     ns = times.get((program, op.name))
     return {
         "name": op.name,
@@ -61,7 +61,7 @@ def _entry(
 
 def neighbourhood(
     op: HloOp, program: str, times: dict[tuple[str, str], int], total: int
-) -> dict[str, Any]:
+) -> Neighbourhood:
     """An instruction's producers and consumers (radius 1), at most MAX_NEIGHBOURS each."""
     return {
         "module": op.module or None,
@@ -94,7 +94,9 @@ def add_neighbourhoods(
 ) -> None:
     """``neighbourhood`` of each top op and each data-formatting op of ``compiler``."""
     times, total = _self_times(facts)
-    targets = list(facts.top_ops) + list((facts.compiler or {}).get("ops") or [])
+    targets: list[TopOp | FormattingOp] = [*facts.top_ops]
+    if facts.compiler is not None:
+        targets += facts.compiler["ops"]
     missing: list[str] = []
     for target in targets:
         found = _locate(target["name"], programs, times)

@@ -22,7 +22,15 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from exporter.analysis.fact_types import (
+    Buffer,
+    OpCategories,
+    OpCategoryRow,
+    PeakAllocations,
+    Roofline,
+)
 
 if TYPE_CHECKING:
     from exporter.analysis.facts import CaptureFacts
@@ -423,7 +431,7 @@ def _find(programs: dict[str, dict[str, HloOp]], program: str, op: str) -> HloOp
 
 def op_categories(
     graph: FlameGraph | None, backend: str, programs: dict[str, dict[str, HloOp]]
-) -> dict[str, Any] | None:
+) -> OpCategories | None:
     """The op-category table: device self time per category, its share and top ops."""
     if graph is None or graph.root.total <= 0:
         return None
@@ -434,7 +442,7 @@ def op_categories(
         row = op_category(op, category, _find(programs, program, op), scope)
         times[row] += value
         ops[row][op] = ops[row].get(op, 0) + value
-    rows = [
+    rows: list[OpCategoryRow] = [
         {
             "category": c,
             "self_ms": round(times[c] / 1e6, 3),
@@ -503,7 +511,7 @@ def _float(value: Any) -> float:
         return 0.0
 
 
-def roofline(facts: CaptureFacts) -> dict[str, Any]:
+def roofline(facts: CaptureFacts) -> Roofline:
     """The program's roofline from XProf's ``roofline_model`` (as ``get_roofline_model``)."""
     summary, reason = _tool(facts, "roofline")
     if summary is None:
@@ -534,7 +542,7 @@ def roofline(facts: CaptureFacts) -> dict[str, Any]:
     custom = float(summary.get("custom_call_share_pct") or 0.0)
     overview, _ = _tool(facts, "mxu_utilization")
     mxu = (overview or {}).get("mxu_utilization_pct")
-    out: dict[str, Any] = {
+    out: Roofline = {
         "available": True,
         "source": "XProf roofline_model, program row (FLOPs from XLA's cost model)",
         "device_type": summary.get("device_type") or None,
@@ -578,7 +586,7 @@ def _shape(shape: str | None) -> tuple[str | None, list[int] | None]:
     return found.group(1), [int(d) for d in found.group(2).split(",") if d]
 
 
-def peak_allocations(facts: CaptureFacts) -> dict[str, Any]:
+def peak_allocations(facts: CaptureFacts) -> PeakAllocations:
     """The largest buffers at the memory peak (XProf's memory viewer per module)."""
     summary, reason = _tool(facts, "peak_allocations")  # XProf's memory_viewer
     if summary is None:
@@ -590,10 +598,11 @@ def peak_allocations(facts: CaptureFacts) -> dict[str, Any]:
         return {"available": False, "reason": "XProf's memory viewer found no HLO module"}
     mib = 2**20
     top = modules[0]
-    largest = []
+    largest: list[Buffer] = []
     for buf in top.get("buffers", [])[:TOP_BUFFERS]:
         dtype, dims = _shape(buf.get("shape"))
-        largest.append({"module": top["module"], **buf, "dtype": dtype, "dims": dims})
+        # XProf's row as XProf gives it (instruction, bytes, shape, ...: Buffer's keys).
+        largest.append(cast(Buffer, {"module": top["module"], **buf, "dtype": dtype, "dims": dims}))
     return {
         "available": True,
         "source": "XProf memory_viewer per HLO module, as xprof get_peak_allocations",

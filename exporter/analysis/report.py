@@ -14,9 +14,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from exporter.analysis.compare import Comparison, compare_sides
+from exporter.analysis.fact_types import BaselineSummary, Regression, StepVerdict
 from exporter.analysis.facts import CaptureFacts, gather_facts
 from exporter.analysis.rules import Finding, apply_rules
 from exporter.analysis.sides import (
@@ -45,7 +46,7 @@ class Report:
     input: dict[str, Any]
     facts: CaptureFacts
     findings: list[Finding]
-    baseline: dict[str, Any] | None = None
+    baseline: BaselineSummary | None = None
     comparisons: dict[str, Comparison] = field(default_factory=dict)  # for the HTML page
     timings: dict[str, float] = field(default_factory=dict)  # seconds per part
     links: dict[str, str] = field(default_factory=dict)
@@ -184,7 +185,7 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
 
 def baseline_summary(
     comparisons: dict[str, Comparison], spec: str, session: str | None, reason: str
-) -> dict[str, Any]:
+) -> BaselineSummary:
     """The report's ``baseline``: per-kind comparisons and the top regression of all."""
     # The step view answers first (it holds device work and host phases); a narrower
     # kind's regression leads only when the step view has none.
@@ -193,7 +194,7 @@ def baseline_summary(
         for kind, c in comparisons.items()
         if (entry := c.top_regression) is not None
     ][:1]
-    out: dict[str, Any] = {
+    out: BaselineSummary = {
         "spec": spec,
         "session": session,
         "reason": reason,
@@ -208,16 +209,15 @@ def baseline_summary(
             if verdict.change_pct is not None
             else first.step_time()["change_pct"]
         )
-        out["step_verdict"] = verdict.to_json()
+        # compare.py writes its JSON as plain dicts: these are their shapes.
+        out["step_verdict"] = cast(StepVerdict, verdict.to_json())
     if tops:
         kind, comparison, entry = tops[0]
-        out |= {
-            "kind": kind,
-            "normalisation": comparison.normalisation,
-            "steps": min(len(comparison.base.steps), len(comparison.head.steps)),
-            "noise_floor_pts": comparison.noise_floor_pts,
-            "top_regression": entry.to_json(),
-        }
+        out["kind"] = kind
+        out["normalisation"] = comparison.normalisation
+        out["steps"] = min(len(comparison.base.steps), len(comparison.head.steps))
+        out["noise_floor_pts"] = comparison.noise_floor_pts
+        out["top_regression"] = cast(Regression, entry.to_json())
     return out
 
 

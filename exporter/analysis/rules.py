@@ -18,6 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from exporter.analysis.fact_types import (
+    BaselineSummary,
+    Breakdown,
+    FormattingOp,
+    HostFacts,
+    Neighbour,
+    Regression,
+)
 from exporter.analysis.facts import CaptureFacts
 
 __all__ = [
@@ -153,17 +161,17 @@ class Rule:
 
     name = "Rule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         raise NotImplementedError
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         raise NotImplementedError
 
-    def apply(self, facts: CaptureFacts, baseline: dict[str, Any] | None = None) -> Finding | None:
+    def apply(self, facts: CaptureFacts, baseline: BaselineSummary | None = None) -> Finding | None:
         return self.finding(facts, baseline) if self.conditions(facts, baseline) else None
 
 
-def _wait_parts(facts: CaptureFacts) -> tuple[dict[str, Any], float, str]:
+def _wait_parts(facts: CaptureFacts) -> tuple[Breakdown, float, str]:
     assert facts.breakdown is not None and facts.steps is not None
     step_ms = facts.steps["mean_ms"]
     b = facts.breakdown
@@ -180,9 +188,7 @@ def _wait_parts(facts: CaptureFacts) -> tuple[dict[str, Any], float, str]:
     return b, step_ms, detail
 
 
-def _wait_evidence(
-    facts: CaptureFacts, b: dict[str, Any], step_ms: float
-) -> dict[str, float | int]:
+def _wait_evidence(facts: CaptureFacts, b: Breakdown, step_ms: float) -> dict[str, float | int]:
     assert facts.steps is not None
     return {
         "input_wait_pct": b["input_wait_pct"],
@@ -241,10 +247,10 @@ class InputWaitRule(Rule):
         b = facts.breakdown
         return 0.0 if b is None else float(b["data_phase_pct"] + b["between_steps_pct"])
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         return facts.steps is not None and self.share(facts) >= INPUT_WAIT_P2_PCT
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         b, step_ms, detail = _wait_parts(facts)
         # The evidence holds the number the title quotes: both rounded once, here.
         share = round(self.share(facts), 1)
@@ -273,11 +279,11 @@ class HostWaitRule(Rule):
 
     name = "HostWaitRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         b = facts.breakdown
         return facts.steps is not None and b is not None and b["host_other_pct"] >= HOST_WAIT_P2_PCT
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         b, step_ms, detail = _wait_parts(facts)
         share = float(b["host_other_pct"])
         return Finding(
@@ -300,7 +306,7 @@ class StepTimeSpreadRule(Rule):
 
     name = "StepTimeSpreadRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         s = facts.steps
         return (
             s is not None
@@ -308,7 +314,7 @@ class StepTimeSpreadRule(Rule):
             and s.get("outliers", 0) > 0
         )
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         assert facts.steps is not None
         s = facts.steps
         n, excess = s["outliers"], s["outlier_excess_ms"]
@@ -343,7 +349,7 @@ class CommunicationBoundRule(Rule):
 
     name = "CommunicationBoundRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         b = facts.breakdown
         return (
             facts.steps is not None
@@ -352,7 +358,7 @@ class CommunicationBoundRule(Rule):
             and b["communication_pct"] >= COMMUNICATION_P2_PCT
         )
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         assert facts.breakdown is not None and facts.steps is not None
         b = facts.breakdown
         share = round(float(b["communication_pct"]), 1)
@@ -399,45 +405,60 @@ class CommunicationBoundRule(Rule):
         )
 
 
+# A host's per-step figures the straggler rule compares across hosts.
+_HostMs = Literal[
+    "step_median_ms",
+    "own_median_ms",
+    "step_mean_ms",
+    "compute_ms_per_step",
+    "communication_ms_per_step",
+    "idle_ms_per_step",
+]
+
+
+def _ms(host: HostFacts, key: _HostMs) -> float:
+    """A host's per-step figure (None only for a host without steps, which
+    ``facts.hosts`` never lists; counted as 0 as it always was)."""
+    return float(host[key] or 0.0)
+
+
 class StragglerRule(Rule):
     """One host's steps are far slower than the other hosts' (3+ hosts), or, in
     lockstep, it works far longer outside collectives while the others wait in theirs."""
 
     name = "StragglerRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         return any(h.get("straggler") for h in facts.hosts)
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         hosts = facts.hosts
         stragglers = sorted(
-            (h for h in hosts if h.get("straggler")), key=lambda h: -float(h["straggler_z"])
+            (h for h in hosts if h.get("straggler")), key=lambda h: -(h["straggler_z"] or 0.0)
         )
         host = stragglers[0]
 
-        def typical(key: str) -> float:
-            return float(statistics.median(float(h[key] or 0.0) for h in hosts))
+        def typical(key: _HostMs) -> float:
+            return float(statistics.median(_ms(h, key) for h in hosts))
 
         lockstep = host.get("straggler_basis") == "time outside collectives"
-        key = "own_median_ms" if lockstep else "step_median_ms"
+        key: _HostMs = "own_median_ms" if lockstep else "step_median_ms"
         ref_median = typical(key)
-        slowdown = float(host[key]) / ref_median if ref_median else float("inf")
+        slowdown = _ms(host, key) / ref_median if ref_median else float("inf")
         waiting = "waiting with no XLA running (input, the host or other hosts)"
-        parts = {
-            key: float(host[field] or 0.0) - typical(field)
-            for key, field in (
-                ("computing", "compute_ms_per_step"),
-                ("in collectives", "communication_ms_per_step"),
-                (waiting, "idle_ms_per_step"),
-            )
-        }
+        where_spent: tuple[tuple[str, _HostMs], ...] = (
+            ("computing", "compute_ms_per_step"),
+            ("in collectives", "communication_ms_per_step"),
+            (waiting, "idle_ms_per_step"),
+        )
+        parts = {label: _ms(host, field) - typical(field) for label, field in where_spent}
         excess = (
-            float(host[key]) - ref_median
+            _ms(host, key) - ref_median
             if lockstep
-            else float(host["step_mean_ms"]) - typical("step_mean_ms")
+            else _ms(host, "step_mean_ms") - typical("step_mean_ms")
         )
         where = max(parts, key=lambda k: parts[k])
-        step_ms = float(host["step_mean_ms"])
+        step_ms = _ms(host, "step_mean_ms")
         if lockstep:
             title = (
                 f"Host {host['name']} holds the other hosts up: it works {host[key]:.1f} ms "
@@ -480,11 +501,11 @@ class StragglerRule(Rule):
             f"waiting against the median host. Its slowest steps: {slowest}.{also}",
             {
                 "slowdown_x": round(slowdown, 2),
-                "step_median_ms": host["step_median_ms"],
+                "step_median_ms": _ms(host, "step_median_ms"),
                 "hosts_median_step_ms": round(typical("step_median_ms"), 3),
-                "own_median_ms": host["own_median_ms"],
+                "own_median_ms": _ms(host, "own_median_ms"),
                 "hosts_median_own_ms": round(typical("own_median_ms"), 3),
-                "straggler_z": host["straggler_z"],
+                "straggler_z": host["straggler_z"] or 0.0,
                 "excess_ms_per_step": round(excess, 3),
                 "excess_compute_ms_per_step": round(parts["computing"], 3),
                 "excess_communication_ms_per_step": round(parts["in collectives"], 3),
@@ -511,11 +532,11 @@ class CompilerInefficiencyRule(Rule):
 
     name = "CompilerInefficiencyRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         c = facts.compiler
         return c is not None and c["data_formatting_pct"] >= FORMATTING_P2_PCT
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         assert facts.compiler is not None
         c = facts.compiler
         share = c["data_formatting_pct"]
@@ -543,16 +564,17 @@ class CompilerInefficiencyRule(Rule):
         )
 
 
-def _names(entries: Sequence[dict[str, Any]], total: int, role: str) -> str:
+def _names(entries: Sequence[Neighbour], total: int, role: str) -> str:
     """``fusion.2 (producer)``, ``fusion.2, p.1 and 1 more (producers)``."""
     names = [e["name"] for e in entries[:2]]
     more = f" and {total - len(names)} more" if total > len(names) else ""
     return f"{', '.join(names)}{more} ({role}{'s' if total > 1 else ''})"
 
 
-def _between(op: dict[str, Any]) -> str:
+def _between(op: FormattingOp) -> str:
     """``copy.3 between fusion.2 (producer) and dot.7 (consumer)``."""
-    n = op["neighbourhood"]
+    n = op.get("neighbourhood")
+    assert n is not None  # only ops placed in their HLO are described
     producers = (
         _names(n["producers"], n["producers_total"], "producer")
         if n["producers"]
@@ -567,18 +589,26 @@ def _between(op: dict[str, Any]) -> str:
     return f"{op['name']}{shape} between {producers} and {consumers}"
 
 
-def _placed(op: dict[str, Any]) -> dict[str, Any]:
+def _placed(op: FormattingOp) -> dict[str, Any]:
     """A formatting op's structured evidence: its time and its neighbours."""
-    n = op.get("neighbourhood") or {}
-    keep = ("name", "opcode", "shape", "share_pct")
+    n = op.get("neighbourhood")
+
+    def kept(e: Neighbour) -> dict[str, Any]:
+        return {
+            "name": e["name"],
+            "opcode": e["opcode"],
+            "shape": e["shape"],
+            "share_pct": e["share_pct"],
+        }
+
     return {
         "name": op["name"],
         "self_ms": op.get("self_ms"),
-        "module": n.get("module"),
-        "opcode": n.get("opcode"),
-        "shape": n.get("shape"),
-        "producers": [{k: e.get(k) for k in keep} for e in n.get("producers", [])],
-        "consumers": [{k: e.get(k) for k in keep} for e in n.get("consumers", [])],
+        "module": n["module"] if n else None,
+        "opcode": n["opcode"] if n else None,
+        "shape": n["shape"] if n else None,
+        "producers": [kept(e) for e in n["producers"]] if n else [],
+        "consumers": [kept(e) for e in n["consumers"]] if n else [],
     }
 
 
@@ -587,11 +617,11 @@ class RecompilationRule(Rule):
 
     name = "RecompilationRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         r = facts.recompilation
         return r is not None and r["in_steps"] > 0
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         assert facts.recompilation is not None
         r = facts.recompilation
         return Finding(
@@ -619,10 +649,10 @@ class OomRiskRule(Rule):
 
     name = "OomRiskRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         return facts.memory is not None and facts.memory["peak_pct"] >= OOM_MEDIUM_PCT
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         assert facts.memory is not None
         m = facts.memory
         high = m["peak_pct"] >= OOM_HIGH_PCT
@@ -631,8 +661,8 @@ class OomRiskRule(Rule):
             "peak_bytes": m["peak_bytes"],
             "capacity_bytes": m["capacity_bytes"],
         }
-        peak = facts.peak_allocations or {}
-        largest = (peak.get("largest") or []) if peak.get("available") else []
+        peak = facts.peak_allocations
+        largest = (peak.get("largest") or []) if peak and peak.get("available") else []
         tensors = ""
         if largest:
             named = "; ".join(
@@ -665,19 +695,21 @@ class MemoryBoundRule(Rule):
 
     name = "MemoryBoundRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
-        r = facts.roofline or {}
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
+        r = facts.roofline
         return (
-            bool(r.get("available"))
+            r is not None
+            and bool(r.get("available"))
             and r.get("bound_by") not in ("Compute", "Unknown", None)
             and bool(r.get("ridge_point_flop_per_byte"))
             and float(r.get("custom_call_share_pct") or 0.0) < MEMORY_BOUND_MAX_CUSTOM_PCT
         )
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
-        r = facts.roofline or {}
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
+        r = facts.roofline
+        assert r is not None
         intensity = float(r["bottleneck_operational_intensity_flop_per_byte"])
-        ridge = float(r["ridge_point_flop_per_byte"])
+        ridge = float(r["ridge_point_flop_per_byte"] or 0.0)  # not 0: the conditions
         share = intensity / ridge
         custom = float(r.get("custom_call_share_pct") or 0.0)
         bw = r.get("hbm_bw_utilization_pct")
@@ -716,20 +748,22 @@ class BaselineRegressionRule(Rule):
 
     name = "BaselineRegressionRule"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         if not baseline:
             return False
-        verdict = baseline.get("step_verdict") or {}
-        return bool(baseline.get("top_regression")) or verdict.get("verdict") == "slower"
+        verdict = baseline.get("step_verdict")
+        slower = verdict is not None and verdict.get("verdict") == "slower"
+        return bool(baseline.get("top_regression")) or slower
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         assert baseline is not None
         top = baseline.get("top_regression")
-        verdict = baseline.get("step_verdict") or {}
+        verdict = baseline.get("step_verdict")
         step = baseline.get("step_time_change_pct")
         step_text = f"step time {step:+.0f}%: " if step is not None else ""
         against = baseline.get("session") or baseline.get("spec")
         if not top:
+            assert verdict is not None  # no regression: the conditions saw a slower step
             scale = verdict.get("scale") or 1.0
             return Finding(
                 "P0" if (step or 0) >= BASELINE_P0_STEP_PCT else "P1",
@@ -747,12 +781,13 @@ class BaselineRegressionRule(Rule):
                 {},
             )
         basis = top["basis"]
+        before, after, delta = _basis_shares(top)
         step_pct = float(top.get("step_pct") or 0.0)
         per_step = baseline.get("normalisation") == "per_step"
         high = (
             step_pct >= BASELINE_P0_ADDED_PCT
             or (step is not None and step >= BASELINE_P0_STEP_PCT)
-            or (not per_step and top[f"delta_{basis}_pts"] >= BASELINE_P0_PTS)
+            or (not per_step and delta >= BASELINE_P0_PTS)
         )
         steps = baseline.get("steps")
         how = (
@@ -765,14 +800,14 @@ class BaselineRegressionRule(Rule):
             "head_ms": top.get("head_ms", 0.0),
             "excess_ms": top.get("excess_ms", 0.0),
             "step_pct": round(step_pct, 2),
-            f"{basis}_base_pct": top[f"{basis}_base_pct"],
-            f"{basis}_head_pct": top[f"{basis}_head_pct"],
-            f"delta_{basis}_pts": top[f"delta_{basis}_pts"],
+            f"{basis}_base_pct": before,
+            f"{basis}_head_pct": after,
+            f"delta_{basis}_pts": delta,
         }
         if step is not None:
             evidence["step_time_change_pct"] = round(step, 2)
-        if top.get("q_value") is not None:
-            evidence["q_value"] = top["q_value"]
+        if (q_value := top.get("q_value")) is not None:
+            evidence["q_value"] = q_value
         what = "new work" if top.get("new") else f"{basis} time grew"
         if per_step:
             title = (
@@ -786,8 +821,6 @@ class BaselineRegressionRule(Rule):
             )
             impact = f"It adds {step_pct:.1f}% to every step."
         else:
-            before, after = top[f"{basis}_base_pct"], top[f"{basis}_head_pct"]
-            delta = top[f"delta_{basis}_pts"]
             title = (
                 f"{step_text}{top['name']} {basis} time grew from {before:.1f}% to "
                 f"{after:.1f}% ({baseline.get('kind')}) against the baseline"
@@ -813,6 +846,14 @@ class BaselineRegressionRule(Rule):
         )
 
 
+def _basis_shares(top: Regression) -> tuple[float, float, float]:
+    """The regression's base and head shares (%) and their delta (points), of its
+    basis: the frame's self time or its subtree's."""
+    if top["basis"] == "self":
+        return top["self_base_pct"], top["self_head_pct"], top["delta_self_pts"]
+    return top["total_base_pct"], top["total_head_pct"], top["delta_total_pts"]
+
+
 class LaunchBoundRule(Rule):
     """GPU kernels wait for the host to launch them: the device idles between kernels."""
 
@@ -821,20 +862,20 @@ class LaunchBoundRule(Rule):
     @staticmethod
     def share(facts: CaptureFacts) -> tuple[float, str] | None:
         """The launch overhead's share and its denominator, None when unknown."""
-        kernels = facts.gpu_kernels or {}
-        launch = kernels.get("launch_overhead") or {}
-        if not kernels.get("available") or not launch.get("available"):
+        kernels = facts.gpu_kernels
+        launch = kernels.get("launch_overhead") if kernels else None
+        if not kernels or not kernels.get("available") or not launch or not launch.get("available"):
             return None
         per_step = launch.get("per_step")
         if per_step:
             return float(per_step["share_of_step_pct"]), "step time"
         return float(launch["share_pct"]), "the kernels' span"
 
-    def conditions(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> bool:
+    def conditions(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> bool:
         found = self.share(facts)
         return found is not None and found[0] >= LAUNCH_BOUND_P2_PCT
 
-    def finding(self, facts: CaptureFacts, baseline: dict[str, Any] | None) -> Finding:
+    def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         found = self.share(facts)
         assert found is not None and facts.gpu_kernels is not None
         share, of = found
@@ -849,8 +890,8 @@ class LaunchBoundRule(Rule):
             "kernels": facts.gpu_kernels["kernel_count"],
             "kernel_time_ms": facts.gpu_kernels["total_ms"],
         }
-        if launch.get("median_gap_us") is not None:
-            evidence["median_gap_us"] = launch["median_gap_us"]
+        if (median_gap := launch.get("median_gap_us")) is not None:
+            evidence["median_gap_us"] = median_gap
         where = f"{launch['launch_overhead_ms']:.3f} ms"
         if per_step:
             evidence["launch_overhead_ms_per_step"] = per_step["launch_overhead_ms_per_step"]
@@ -895,7 +936,7 @@ RULES: Sequence[Rule] = (
 
 
 def apply_rules(
-    facts: CaptureFacts, baseline: dict[str, Any] | None = None, rules: Sequence[Rule] = RULES
+    facts: CaptureFacts, baseline: BaselineSummary | None = None, rules: Sequence[Rule] = RULES
 ) -> list[Finding]:
     """Every finding, P0 first; the baseline regression leads whatever its priority."""
     found = [f for rule in rules if (f := rule.apply(facts, baseline)) is not None]
