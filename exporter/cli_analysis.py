@@ -260,13 +260,12 @@ def baseline_set(session: str, workload: str | None, run_id: str | None, store: 
 def _workload_from_run(run_id: str | None) -> str | None:
     if not run_id:
         return None
-    from exporter import schema
+    from exporter.analysis.worker import workload_from_shared_dir
+    from exporter.capture.session import SessionRecord
 
-    path = load_settings(None).shared_dir / schema.RUNS_DIR / f"{run_id}.json"
-    try:
-        return str(json.loads(path.read_text(encoding="utf-8"))["name"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    # The workload's file, read as the sidecar reads it (regular, no link, bounded).
+    workload_of = workload_from_shared_dir(load_settings(None).shared_dir)
+    return workload_of(SessionRecord(id="cli", run_id=run_id))
 
 
 @baseline.command("show")

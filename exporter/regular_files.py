@@ -30,6 +30,7 @@ from typing import BinaryIO, Final
 
 __all__ = [
     "MAX_JSON_BYTES",
+    "FileTooLargeError",
     "NotRegularFileError",
     "is_regular",
     "open_directory",
@@ -37,6 +38,7 @@ __all__ = [
     "open_regular_at",
     "read_regular",
     "read_regular_at",
+    "read_tail",
     "remove_file",
     "replace_file",
     "replace_file_at",
@@ -48,6 +50,10 @@ MAX_JSON_BYTES: Final = 4 << 20
 
 class NotRegularFileError(OSError):
     """The path is a FIFO, device, socket or directory: not something to read."""
+
+
+class FileTooLargeError(OSError):
+    """The file is larger than the reader's bound (counted apart from a failing read)."""
 
 
 def open_directory(path: Path, *, below: Path | None = None) -> int:
@@ -181,13 +187,28 @@ def read_regular_at(dir_fd: int, name: str, shown: Path, max_bytes: int = MAX_JS
 def _read_capped(fh: BinaryIO, path: Path, max_bytes: int) -> bytes:
     # Sized from the file, not the cap: read(n) allocates n bytes up front.
     size = os.fstat(fh.fileno()).st_size
-    data = fh.read(min(size, max_bytes) + 1)
-    if len(data) > max_bytes:
-        raise OSError(f"{path}: larger than {max_bytes} bytes")
+    if size > max_bytes:  # refused before a byte is read
+        raise FileTooLargeError(f"{path}: {size} bytes, larger than {max_bytes} bytes")
+    data = fh.read(size + 1)
     if len(data) > size:  # grew while read: the rest, still within the cap
         data += fh.read(max_bytes + 1 - len(data))
         if len(data) > max_bytes:
-            raise OSError(f"{path}: larger than {max_bytes} bytes")
+            raise FileTooLargeError(f"{path}: larger than {max_bytes} bytes")
+    return data
+
+
+def read_tail(path: Path, max_bytes: int, *, below: Path | None = None) -> bytes:
+    """The last ``max_bytes`` of regular file ``path`` (all of it when smaller), from the
+    first whole line on: what a reader of a log's newest lines needs, bounded whatever
+    the file's size. No link is followed (none under ``below`` either)."""
+    with open_regular(path, follow_symlinks=False, below=below) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        start = max(0, size - max_bytes)
+        fh.seek(start)
+        data = fh.read(max_bytes)
+    if start:  # the first line is cut: it starts before the window
+        newline = data.find(b"\n")
+        data = data[newline + 1 :] if newline >= 0 else b""
     return data
 
 

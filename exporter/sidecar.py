@@ -9,11 +9,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter import schema
 from exporter.analysis.baselines import BaselineStore
@@ -36,6 +36,9 @@ from exporter.regular_files import remove_file, replace_file
 from exporter.sinks.events import Emit, EventSink, events_from_settings, report_written
 from exporter.sinks.pyroscope import sink_from_settings
 
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Observation
+
 __all__ = ["ComponentStatus", "PeriodicTask", "Sidecar"]
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,16 @@ STALLED_MIN_S = 30.0
 # States in which a component does not hold readiness back: "waiting" means it works
 # and has no data yet (no workload has written a step log, JAX on CPU has no memory).
 READY_STATES = frozenset({"ok", "off", "waiting"})
+# The store's probe (one listing) at most this often: a bucket's requests cost.
+STORE_PROBE_MIN_S = 10.0
+STORE_REFUSAL_REASONS = ("too_large", "not_regular", "invalid", "id_mismatch")
+
+
+def _refused_observations(refused: Mapping[str, int]) -> list[Observation]:
+    """Every reason, from 0, so increase() sees the first refusal."""
+    from opentelemetry.metrics import Observation
+
+    return [Observation(refused.get(r, 0), {"reason": r}) for r in STORE_REFUSAL_REASONS]
 
 
 def _report_written(emit: Emit, event: ReportEvent) -> None:
@@ -242,7 +255,20 @@ class Sidecar:
             PeriodicTask("sessions", self.capture.watcher.poll, settings.collect_interval_s,
                          optional(required=False)),
             PeriodicTask("snapshots", self.snapshots.tick, 1.0, optional(required=False)),
+            # The store answering at all: the loops above treat a failing bucket as
+            # "retry next poll", so without this /readyz said "ok" through an outage.
+            PeriodicTask("store", self.captures.store.probe,
+                         max(settings.collect_interval_s, STORE_PROBE_MIN_S),
+                         optional(required=False)),
         ]  # fmt: skip
+        store = self.captures.store
+        meter.create_observable_counter(
+            "mlprof.store.objects_refused",
+            callbacks=[lambda _options: _refused_observations(store.refused)],
+            unit="{object}",
+            description="Store objects set aside unread: too_large, not_regular, invalid, "
+            "id_mismatch (a record whose id is not its directory's).",
+        )
         self.statuses: dict[str, ComponentStatus] = {}
         # Accelerator sources: each collects in a worker thread; scrapes read last values.
         self.accelerators = AcceleratorSources(settings, meter, registry=self.telemetry.registry)

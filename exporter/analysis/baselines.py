@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.capture.session import SessionRecord, check_session_id
-from exporter.capture.store import SessionStore
+from exporter.capture.store import MAX_MARK_BYTES, MAX_REPORT_BYTES, SessionStore
 
 __all__ = ["BASELINES_DIR", "Baseline", "BaselineStore", "check_name"]
 
@@ -92,20 +92,26 @@ class BaselineStore:
         return mark
 
     def get(self, name: str, *, run: bool = False) -> dict[str, Any] | None:
-        """The mark of a workload (or run), or None."""
+        """The mark of a workload (or run), or None (a bad mark is set aside: logged
+        once, counted; marks are the bucket's, anyone's who may write there)."""
+        path = self._path(name, run)
         try:
-            data = json.loads(self.store.fs.cat_file(self._path(name, run)))
-        except (FileNotFoundError, OSError, ValueError):
+            data = self.store.read_json(path, MAX_MARK_BYTES, "baseline mark")
+        except OSError:
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("session_id"), str):
+        if data is None or not isinstance(data.get("session_id"), str):
             return None
         return data
 
-    def marks(self) -> list[dict[str, Any]]:
-        """Every workload's mark."""
+    def marks(self, *, strict: bool = False) -> list[dict[str, Any]]:
+        """Every workload's mark; ``strict``: a failing bucket is an OSError, not []."""
         try:
             entries = self.store.fs.ls(self.root, detail=False)
-        except (FileNotFoundError, OSError):
+        except FileNotFoundError:
+            return []
+        except OSError:
+            if strict:
+                raise
             return []
         found = []
         for entry in sorted(entries):
@@ -174,10 +180,11 @@ class BaselineStore:
             if len(medians) >= limit:
                 break
             try:
-                raw = self.store.fs.cat_file(posixpath.join(self.store.session_dir(r.id), REPORT))
-                median = json.loads(raw)["facts"]["steps"]["median_ms"]
+                path = posixpath.join(self.store.session_dir(r.id), REPORT)
+                report = self.store.read_json(path, MAX_REPORT_BYTES, "analysis report")
+                median = report["facts"]["steps"]["median_ms"]  # type: ignore[index]
             except (OSError, ValueError, KeyError, TypeError):
-                continue  # no report yet, or one without steps
+                continue  # no report yet, one without steps, or one set aside
             if isinstance(median, int | float) and median > 0:
                 medians.append(float(median) * 1e6)
         return medians

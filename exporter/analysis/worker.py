@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import queue
 import tempfile
 import threading
@@ -34,7 +35,9 @@ from exporter.analysis.baselines import BaselineStore
 from exporter.analysis.job import REPORT_HTML, REPORT_JSON, run_job
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
+from exporter.json_limits import load_json, load_json_object
 from exporter.profiles.capture_files import is_capture_name
+from exporter.regular_files import open_directory, read_regular, read_tail
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -65,6 +68,12 @@ MAX_RUNS_EXPORTED: Final = 200
 # get their report when someone asks for it (GET /api/v1/sessions/{id}/report).
 BACKFILL_MAX_AGE_S: Final = 24 * 3600.0
 DASHBOARD_UID: Final = "mlprof-overview"
+# The newest part of each step log read for device-memory samples: the SDK writes one
+# memory line per interval among the step lines, so the last MiB holds the newest
+# (a step line is ~200 bytes). Read as a tail whatever the file's size (1 GiB seen).
+MEMORY_TAIL_BYTES: Final = 1 << 20
+# A run's identity file (runs/<id>.json) is a few KiB.
+MAX_RUN_FILE_BYTES: Final = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -389,9 +398,8 @@ class ReportWorker:
             yield local
             return
         with tempfile.TemporaryDirectory(prefix="mlprof-session-") as tmp:
-            for name in names:
-                with self.store.local_file(session_id, name) as path:
-                    (Path(tmp) / name).write_bytes(path.read_bytes())
+            for name in names:  # streamed to disk: a capture is never whole in memory
+                self.store.copy_file(session_id, name, Path(tmp) / name)
             yield Path(tmp)
 
     @contextlib.contextmanager
@@ -410,22 +418,37 @@ class ReportWorker:
             yield path
 
     def _memory_samples(self, record: SessionRecord) -> list[dict[str, Any]]:
-        """The run's newest device memory samples (``kind: memory`` step-log lines)."""
+        """The run's newest device memory samples (``kind: memory`` step-log lines).
+
+        The step logs are the workload's: each is read as a bounded tail
+        (MEMORY_TAIL_BYTES) of a regular file, never a link, nor under a linked
+        ``steps/``, never blocking on a FIFO (which wedged every later report).
+        """
         if self.shared_dir is None or not record.run_id:
             return []
         from exporter import schema
 
+        steps = self.shared_dir / schema.STEPS_DIR
+        try:
+            directory = open_directory(steps, below=self.shared_dir)
+        except OSError:  # none yet, or steps/ is a link elsewhere: no samples
+            return []
+        try:
+            with os.scandir(directory) as listing:
+                names = sorted(e.name for e in listing if e.name.endswith(schema.STEP_LOG_SUFFIX))
+        finally:
+            os.close(directory)
         newest: dict[str, Any] | None = None
-        for path in sorted((self.shared_dir / schema.STEPS_DIR).glob(f"*{schema.STEP_LOG_SUFFIX}")):
+        for name in names:
             try:
-                lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-2000:]
-            except OSError:
+                tail = read_tail(steps / name, MEMORY_TAIL_BYTES, below=self.shared_dir)
+            except OSError:  # a link, a FIFO, gone: not this run's samples
                 continue
-            for line in lines:
+            for line in tail.decode("utf-8", errors="replace").splitlines():
                 if '"memory"' not in line:
                     continue
                 try:
-                    entry = json.loads(line)
+                    entry = load_json(line, "step-log line")
                 except ValueError:
                     continue
                 if (
@@ -488,7 +511,9 @@ def workload_from_shared_dir(shared_dir: Path) -> Callable[[SessionRecord], str 
             return None
         try:
             path = shared_dir / schema.RUNS_DIR / f"{run_id}.json"
-            return str(json.loads(path.read_text(encoding="utf-8"))["name"])
+            # The workload's file: regular, no link under the shared dir, bounded.
+            data = read_regular(path, MAX_RUN_FILE_BYTES, below=shared_dir)
+            return str(load_json_object(data, str(path))["name"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

@@ -12,15 +12,17 @@ store is read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from exporter.api.admission import AdmissionPool, app_pool
 from exporter.api.auth import check_bearer
@@ -28,6 +30,7 @@ from exporter.api.json_body import parse_json_object
 from exporter.capture.session import check_session_id
 
 if TYPE_CHECKING:
+    from exporter.capture.store import SessionStore
     from exporter.sidecar import Sidecar
 
 __all__ = ["router"]
@@ -76,23 +79,33 @@ def get_report(request: Request, session_id: str) -> Response:
     """The session's analysis report: JSON, or the HTML page with ``Accept: text/html``.
 
     202 while the report is being made, 500 with the reason when the analysis failed.
+    The store is the bucket's, anyone's who may write there: a report is streamed (a
+    MiB at a time) and refused past MAX_REPORT_BYTES; an ``analysis-error.json`` is
+    read bounded and parsed by the shared parser, a bad one still "the analysis
+    failed: ..."; a store that does not answer is 503 in bounded time.
     """
     from exporter.analysis.job import REPORT_HTML, REPORT_JSON
     from exporter.analysis.worker import ERROR_FILE
 
     sidecar = _sidecar(request)
-    _session_or_error(sidecar, session_id)
     store = sidecar.captures.store
-    files = store.files(session_id)
+    try:
+        files = store.session_files(session_id)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    except OSError as exc:
+        raise HTTPException(503, f"the session store does not answer: {exc}") from None
+    _session_or_error(sidecar, session_id)
+    directory = store.session_dir(session_id)
     if REPORT_JSON in files:
-        name = REPORT_HTML if _wants_html(request) and REPORT_HTML in files else REPORT_JSON
-        data = store.fs.cat_file(f"{store.session_dir(session_id)}/{name}")
-        if name == REPORT_HTML:
-            return HTMLResponse(data)
-        return Response(data, media_type="application/json")
+        html = _wants_html(request) and REPORT_HTML in files
+        name = REPORT_HTML if html else REPORT_JSON
+        return _stream_report(
+            store, f"{directory}/{name}", "text/html; charset=utf-8" if html else "application/json"
+        )
     if ERROR_FILE in files:
-        error = json.loads(store.fs.cat_file(f"{store.session_dir(session_id)}/{ERROR_FILE}"))
-        return JSONResponse({"detail": f"the analysis failed: {error.get('error')}"}, 500)
+        failed = _analysis_error(store, directory)
+        return JSONResponse({"detail": f"the analysis failed: {failed}"}, 500)
     record = store.read_record(session_id)
     if sidecar.settings.reports and record is not None and record.report is None:
         sidecar.reports(record, on_request=True)  # queued once; a no-op if it is already
@@ -100,6 +113,46 @@ def get_report(request: Request, session_id: str) -> Response:
     return JSONResponse(
         {"session_id": session_id, "report": state}, 202 if sidecar.settings.reports else 404
     )
+
+
+def _stream_report(store: SessionStore, path: str, media_type: str) -> Response:
+    """A report object streamed a MiB at a time: refused (500, counted) past its bound."""
+    from exporter.capture.store import COPY_CHUNK_BYTES, MAX_REPORT_BYTES
+    from exporter.regular_files import FileTooLargeError, NotRegularFileError
+
+    stack = contextlib.ExitStack()
+    try:
+        handle = stack.enter_context(store.open_object(path, MAX_REPORT_BYTES))
+    except (FileTooLargeError, NotRegularFileError) as exc:
+        store.refuse(path, exc)
+        raise HTTPException(500, f"the report is not served: {exc}") from None
+    except FileNotFoundError:
+        raise HTTPException(404, "the report was removed meanwhile") from None
+    except OSError as exc:
+        raise HTTPException(503, f"the session store does not answer: {exc}") from None
+
+    def chunks() -> Iterator[bytes]:
+        with stack:
+            while chunk := handle.read(COPY_CHUNK_BYTES):
+                yield chunk
+
+    return StreamingResponse(chunks(), media_type=media_type)
+
+
+def _analysis_error(store: SessionStore, directory: str) -> str:
+    """What ``analysis-error.json`` says failed, or why it cannot say (one line)."""
+    from exporter.analysis.worker import ERROR_FILE
+    from exporter.capture.store import MAX_ERROR_BYTES
+
+    path = f"{directory}/{ERROR_FILE}"
+    try:
+        error = store.read_json(path, MAX_ERROR_BYTES, ERROR_FILE)
+    except OSError as exc:
+        return f"its record ({ERROR_FILE}) cannot be read: {exc}"
+    said = None if error is None else error.get("error")
+    if not isinstance(said, str):
+        return f"its record ({ERROR_FILE}) is unreadable; the log or a new capture tells more"
+    return said[:2000]
 
 
 def _side(sidecar: Sidecar, value: str, name: str) -> str:
@@ -224,7 +277,10 @@ async def put_baseline(request: Request, workload: str) -> dict[str, Any]:
 
 @router.get("/baselines")
 def list_baselines(request: Request) -> dict[str, Any]:
-    """Every workload's baseline mark."""
+    """Every workload's baseline mark (503 when the store does not answer, in bounded time)."""
     from exporter.analysis.baselines import BaselineStore
 
-    return {"baselines": BaselineStore(_sidecar(request).captures.store).marks()}
+    try:
+        return {"baselines": BaselineStore(_sidecar(request).captures.store).marks(strict=True)}
+    except OSError as exc:
+        raise HTTPException(503, f"the session store does not answer: {exc}") from None

@@ -1,23 +1,22 @@
 """Request bodies as JSON objects: size-capped, depth-capped, valid Unicode, or a 4xx.
 
-Python's ``json`` module accepts what the rest of the sidecar cannot use: nesting deep
-enough to raise RecursionError, integers past the 4,300-digit conversion limit
-(ValueError), and lone UTF-16 surrogates (``"\\ud800"``) that parse into a ``str`` no
-UTF-8 encoder accepts, so a store write or a hash fails much later. Each is answered
-400 here with what was wrong, never 500: Alertmanager retries a 5xx for ever.
+The limits are :mod:`exporter.json_limits`' (the store's JSON goes through the same
+parser); here each refusal becomes 400 with what was wrong, never 500: Alertmanager
+retries a 5xx for ever.
 
 >>> body = await read_json_object(request, 65536, "body over 64 KiB")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Final
+from typing import Any
 
 from fastapi import HTTPException, Request, status
 from pydantic import BaseModel
 
 from exporter.api.body import read_limited
+from exporter.json_limits import MAX_JSON_DEPTH, JSONInputError, load_json_object
+from exporter.json_limits import check_json as _check_limits
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -27,64 +26,21 @@ __all__ = [
     "read_json_object",
 ]
 
-# Alertmanager's payload is 4 levels deep (alerts[].labels.x); the capture body 2.
-# 64 leaves room for extra fields, far below Python's recursion limit.
-MAX_JSON_DEPTH: Final = 64
-
-
-def _bad(detail: str) -> HTTPException:
-    return HTTPException(status.HTTP_400_BAD_REQUEST, detail)
-
 
 def check_json(data: Any) -> None:
     """Raise 400 if ``data`` nests deeper than MAX_JSON_DEPTH or holds a lone surrogate."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, str):
-            _check_text(value)
-        elif isinstance(value, dict | list):
-            if depth > MAX_JSON_DEPTH:
-                raise _bad(f"body nests deeper than {MAX_JSON_DEPTH} levels")
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in items:
-                if isinstance(key, str):
-                    _check_text(key)
-                stack.append((item, depth + 1))
-
-
-def _check_text(text: str) -> None:
-    if text.isascii():
-        return
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = text.encode("utf-8", "backslashreplace").decode("ascii", "replace")[:80]
-        raise _bad(
-            f"body has a string that is not valid Unicode (a lone surrogate): {shown!r}"
-        ) from None
+        _check_limits(data)
+    except JSONInputError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from None
 
 
 def parse_json_object(body: bytes, what: str = "body") -> dict[str, Any]:
     """``body`` parsed as a JSON object; 400 for bad JSON, 422 for another JSON type."""
     try:
-        data = json.loads(body)
-    except RecursionError:
-        raise _bad(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
-    except UnicodeDecodeError as exc:
-        where = f"{exc.reason} at byte {exc.start}"
-        raise _bad(f"{what} is not valid JSON: not UTF-8 ({where})") from None
-    except json.JSONDecodeError as exc:
-        raise _bad(f"{what} is not valid JSON: {exc}") from None
-    except ValueError as exc:  # e.g. an integer past the 4,300-digit conversion limit
-        raise _bad(f"{what} is not usable JSON: {str(exc)[:200]}") from None
-    check_json(data)
-    if not isinstance(data, dict):
-        raise HTTPException(
-            422,
-            f"{what}: expected a JSON object, got a JSON {type(data).__name__}",
-        )
-    return data
+        return load_json_object(body, what)
+    except JSONInputError as exc:
+        raise HTTPException(422 if exc.wrong_type else 400, str(exc)) from None
 
 
 async def read_json_object(

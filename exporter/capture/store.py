@@ -11,6 +11,17 @@ endpoints come from each library's standard variables: ``GOOGLE_APPLICATION_CRED
 (or the metadata server) and ``STORAGE_EMULATOR_HOST`` for gcsfs; ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` and ``AWS_ENDPOINT_URL`` for s3fs.
 
+A store is shared: another tenant of the bucket, or a workload that may write there,
+can put any object under its prefix. So every object is read with a size bound
+(``MAX_*_BYTES``; a local store's files also as regular files, no link followed), its
+JSON through the bounded parser (:mod:`exporter.json_limits`), and a record whose id is
+not its directory's is set aside (logged once, counted in :attr:`SessionStore.refused`),
+never written back under the id it claims. A remote store's listings and small reads
+are bounded in time (:data:`STORE_CALL_TIMEOUT_S`), and its endpoint is checked with one
+TCP connect before the first call (and again after a failure), so a store that cannot
+be reached fails in seconds with one line (:class:`StoreUnreachableError`), not after
+the client's own minute of retries.
+
 >>> store = SessionStore("memory://doc")
 >>> store.session_dir("s1")
 '/doc/plugins/profile/s1'
@@ -25,11 +36,15 @@ import logging
 import os
 import posixpath
 import shutil
+import socket
 import tempfile
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Final
+from urllib.parse import urlsplit
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -37,14 +52,61 @@ from pydantic import ValidationError
 
 from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id
 from exporter.errors import ConfigError
-from exporter.regular_files import open_directory, open_regular, replace_file_at
+from exporter.json_limits import JSONInputError, load_json_object
+from exporter.profiles.capture_files import is_capture_name
+from exporter.regular_files import (
+    MAX_JSON_BYTES,
+    FileTooLargeError,
+    NotRegularFileError,
+    open_directory,
+    open_regular,
+    read_regular,
+    replace_file_at,
+)
 
-__all__ = ["PROFILE_DIR", "SessionStore"]
+__all__ = [
+    "MAX_ERROR_BYTES",
+    "MAX_MARK_BYTES",
+    "MAX_RECORD_BYTES",
+    "MAX_REPORT_BYTES",
+    "PROFILE_DIR",
+    "STORE_CALL_TIMEOUT_S",
+    "SessionStore",
+    "StoreUnreachableError",
+]
 
 log = logging.getLogger(__name__)
 
 PROFILE_DIR: Final = "plugins/profile"
 COPY_CHUNK_BYTES: Final = 1 << 20  # imports copy captures (tens of MB) a MiB at a time
+# Bounds of the objects read whole into memory. A record is a few KiB, a baseline mark
+# and an analysis error a few hundred bytes; a report (analysis.json, summary.html) is
+# a few hundred KiB to a few MiB. Past these, the object is not one: refused, counted.
+MAX_RECORD_BYTES: Final = MAX_JSON_BYTES
+MAX_MARK_BYTES: Final = 64 << 10
+MAX_ERROR_BYTES: Final = 1 << 20
+MAX_REPORT_BYTES: Final = 32 << 20
+# A listing or small read of a remote store that takes longer is an outage: gcsfs
+# retries a failing call six times with backoff (67 s seen on a 503), which a request
+# (GET /api/v1/baselines) or a readiness probe must not wait out.
+STORE_CALL_TIMEOUT_S: Final = 15.0
+# The endpoint's TCP connect, before the first call and after a failure: DNS and
+# refused connections answer in milliseconds; a black-holed address in this long.
+CONNECT_TIMEOUT_S: Final = 3.0
+# After the endpoint was found unreachable, calls fail at once for this long.
+UNREACHABLE_RECHECK_S: Final = 5.0
+# What the commands read from a session (the CLI and MCP copy only these from a bucket):
+# captures, their side caches (exporter.analysis.side_cache.SUFFIX), device-memory
+# profiles, the record and the report. Each with its bound (captures: streamed to disk).
+_SIDE_CACHE_SUFFIX: Final = ".sides.json.gz"
+_SIDE_CACHE_MAX_BYTES: Final = 32 << 20  # exporter.analysis.side_cache.MAX_FILE_BYTES
+_PPROF_SUFFIXES: Final = (".pprof.gz", ".pprof")
+_PPROF_MAX_BYTES: Final = 64 << 20
+REPORT_FILE: Final = "analysis.json"
+
+
+class StoreUnreachableError(OSError):
+    """The store's endpoint cannot be reached or did not answer in time (one line)."""
 
 
 class SessionStore:
@@ -53,7 +115,7 @@ class SessionStore:
     def __init__(self, url: str | os.PathLike[str]) -> None:
         text = os.fspath(url)
         try:
-            fs, root = fsspec.core.url_to_fs(text)
+            fs, root = fsspec.core.url_to_fs(text, **_client_options(text))
         except (ImportError, ValueError) as exc:
             raise ConfigError(
                 f"MLPROF_STORE={text!r}: cannot open this store ({exc}); gs:// needs "
@@ -62,9 +124,13 @@ class SessionStore:
         self.url = text
         self.is_local = isinstance(fs, LocalFileSystem)
         self.root = os.path.realpath(root) if self.is_local else str(root).rstrip("/")
+        # Objects refused, by reason (too_large, not_regular, invalid, id_mismatch): the
+        # sidecar exports them as mlprof_store_objects_refused_total.
+        self.refused: Counter[str] = Counter()
+        self._said: set[str] = set()  # what was logged as set aside (once each)
         if not self.is_local:
+            fs = _BoundedRemote(fs, text)
             _settle_bucket_type(fs, self.root)
-            fs = _FailuresAsOSError(fs)
         self.fs: Any = fs
         self.profile_root = posixpath.join(self.root, PROFILE_DIR)
         # Re-entrant: update_record holds it around read, change and write_record.
@@ -94,7 +160,10 @@ class SessionStore:
         A remote session is downloaded once per process into a temporary directory that
         is removed at exit: the CLI and the analysis jobs are one command each, and what
         they read (captures, ``analysis.json``) is then read exactly as from a local
-        store. None when the store has no such session; OSError when the bucket fails.
+        store. Only the files a command reads are copied (:func:`_copied_bound`), each
+        within its bound and streamed to disk: another object beside them (a 1 GiB
+        ``junk.bin``) is never downloaded. None when the store has no such session;
+        OSError (StoreUnreachableError included) when the bucket fails.
         """
         local = self.local_dir(session_id)
         if local is not None:
@@ -104,14 +173,27 @@ class SessionStore:
             known = _COPIES.get(key)
             if known is not None:
                 return known
-            names = [n for n in self.files(session_id) if _is_plain_name(n)]
-            if not names:
+            directory = self.session_dir(session_id)
+            try:
+                listed = self._listing(directory)
+            except FileNotFoundError:
                 return None
+            if not listed:
+                return None
+            names = []
+            for name, size in sorted(listed.items()):
+                bound = _copied_bound(name)
+                if bound is None:
+                    continue  # not read by any command
+                if size > bound:
+                    detail = f"{size} bytes, over the {bound} bytes a copy may take"
+                    self._set_aside(f"{directory}/{name}", "too_large", detail)
+                    continue
+                names.append(name)
             # Named as the session (reports and messages show the directory's name).
             parent = tempfile.mkdtemp(dir=_copies_root())
             target = Path(parent) / session_id
             target.mkdir()
-            directory = self.session_dir(session_id)
             try:
                 for name in names:
                     self.fs.get_file(posixpath.join(directory, name), str(target / name))
@@ -140,20 +222,95 @@ class SessionStore:
                 self.fs.pipe_file(posixpath.join(directory, SESSION_FILE), data)
 
     def read_record(self, session_id: str) -> SessionRecord | None:
-        """The record of a session, or None when there is none (or it cannot be parsed)."""
+        """The record of a session, or None when there is none or it is set aside.
+
+        Set aside (logged once, counted in :attr:`refused`): a record over
+        MAX_RECORD_BYTES, not a regular file, not a record, or one whose id is not its
+        directory's. Such a record is never returned, so nothing writes it back under
+        the id it claims (another session's, or one that is no session id at all).
+        """
         try:
             path = posixpath.join(self.session_dir(session_id), SESSION_FILE)
         except ValueError:
             return None
         try:
-            data = self.fs.cat_file(path)
-        except (FileNotFoundError, OSError):
+            data = self.read_object(path, MAX_RECORD_BYTES)
+        except FileNotFoundError:
             return None
+        except (FileTooLargeError, NotRegularFileError) as exc:
+            self._set_aside(path, _reason(exc), str(exc))
+            return None
+        except OSError:
+            return None  # the bucket failed: the next poll reads it again
         try:
-            return SessionRecord.model_validate_json(data)
+            record = SessionRecord.model_validate_json(data)
         except ValidationError as exc:
-            log.warning("%s: not a session record (%s)", path, exc.errors()[0]["msg"])
+            self._set_aside(path, "invalid", f"not a session record ({exc.errors()[0]['msg']})")
             return None
+        if record.id != session_id:
+            self._set_aside(
+                path, "id_mismatch", f"its id {record.id[:200]!r} is not its directory's"
+            )
+            return None
+        return record
+
+    def read_object(self, path: str, max_bytes: int) -> bytes:
+        """The bytes of object ``path`` of this store, at most ``max_bytes``.
+
+        FileTooLargeError past the bound (nothing beyond it is read); on a local store
+        the file is opened as a regular file, no link followed under the store's root
+        (NotRegularFileError). FileNotFoundError when missing, OSError when it fails.
+        """
+        if self.is_local:
+            return read_regular(Path(path), max_bytes, below=Path(self.root))
+        # One ranged read: a larger object costs max_bytes + 1, never its size.
+        data = bytes(self.fs.cat_file(path, start=0, end=max_bytes + 1))
+        if len(data) > max_bytes:
+            raise FileTooLargeError(f"{path}: larger than {max_bytes} bytes")
+        return data
+
+    def read_json(self, path: str, max_bytes: int, what: str) -> dict[str, Any] | None:
+        """Object ``path`` as a JSON object, None when missing; bounded in size and
+        depth. A bad one is set aside (logged once, counted) and gives None too; the
+        bucket's own failure is an OSError."""
+        try:
+            return load_json_object(self.read_object(path, max_bytes), what)
+        except FileNotFoundError:
+            return None
+        except (FileTooLargeError, NotRegularFileError, JSONInputError) as exc:
+            self._set_aside(path, _reason(exc), str(exc))
+            return None
+
+    @contextlib.contextmanager
+    def open_object(self, path: str, max_bytes: int) -> Iterator[BinaryIO]:
+        """Object ``path`` open for reading in chunks (to stream it), bounded as
+        :meth:`read_object`: FileTooLargeError past ``max_bytes``, before a byte is read."""
+        if self.is_local:
+            with open_regular(path=Path(path), below=Path(self.root)) as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size > max_bytes:
+                    raise FileTooLargeError(f"{path}: {size} bytes, over {max_bytes} bytes")
+                yield handle
+            return
+        size = int(self.fs.info(path).get("size") or 0)
+        if size > max_bytes:
+            raise FileTooLargeError(f"{path}: {size} bytes, over {max_bytes} bytes")
+        with self.fs.open(path, "rb", block_size=COPY_CHUNK_BYTES) as handle:
+            yield handle
+
+    def refuse(self, path: str, exc: Exception) -> None:
+        """Count and log (once) an object a caller of :meth:`open_object` refused."""
+        self._set_aside(path, _reason(exc), str(exc))
+
+    def _set_aside(self, path: str, reason: str, detail: str) -> None:
+        self.refused[reason] += 1
+        key = f"{path}\0{reason}"
+        if key in self._said:
+            return
+        if len(self._said) > 10_000:  # bounded, whatever a bucket holds
+            self._said.clear()
+        self._said.add(key)
+        log.warning("%s: set aside, not read (%s): %s", path, reason, detail[:300])
 
     def update_record(
         self, session_id: str, change: Callable[[SessionRecord], None]
@@ -189,18 +346,47 @@ class SessionStore:
         found = [r for r in map(self.read_record, self.session_ids()) if r is not None]
         return sorted(found, key=lambda r: (r.created, r.id))
 
+    def probe(self) -> tuple[str, str]:
+        """Whether the store answers a listing now, as /readyz shows it: ("ok", "") or
+        ("error", the one-line cause). Bounded in time (a remote store's calls are)."""
+        try:
+            self.fs.ls(self.profile_root, detail=False)
+        except FileNotFoundError:
+            pass  # an empty store answers
+        except OSError as exc:
+            said = str(exc) if self.url in str(exc) else f"{self.url}: {exc}"
+            return "error", said[:500]
+        return "ok", ""
+
     # -- files -------------------------------------------------------------------
     def files(self, session_id: str) -> dict[str, int]:
-        """Names and sizes of a session's files."""
+        """Names and sizes of a session's files ({} when the bucket fails)."""
         try:
-            entries = self.fs.ls(self.session_dir(session_id), detail=True)
+            return self._listing(self.session_dir(session_id))
         except (FileNotFoundError, OSError):
             return {}
-        return {
-            posixpath.basename(str(e["name"]).rstrip("/")): int(e.get("size") or 0)
-            for e in entries
-            if e.get("type") == "file"
-        }
+
+    def session_files(self, session_id: str) -> dict[str, int]:
+        """:meth:`files`, but a failing bucket is an OSError (a request says 503), not {}."""
+        try:
+            return self._listing(self.session_dir(session_id))
+        except FileNotFoundError:
+            return {}
+
+    def _listing(self, directory: str) -> dict[str, int]:
+        """Plain-named regular files of ``directory`` and their sizes (OSError passed on).
+
+        On a local store a link is no file of the session (``ls`` would give its
+        target's type and size); nor, anywhere, a name that is not plain.
+        """
+        entries = self.fs.ls(directory, detail=True)
+        found = {}
+        for entry in entries:
+            name = posixpath.basename(str(entry["name"]).rstrip("/"))
+            if entry.get("type") != "file" or entry.get("islink") or not _is_plain_name(name):
+                continue
+            found[name] = int(entry.get("size") or 0)
+        return found
 
     def import_file(self, session_id: str, source: Path, *, below: Path | None = None) -> int:
         """Copy a local capture file into the session, then remove it; return its size.
@@ -253,16 +439,34 @@ class SessionStore:
 
     @contextlib.contextmanager
     def local_file(self, session_id: str, name: str) -> Iterator[Path]:
-        """A local path of a session file (a temporary copy for remote stores)."""
+        """A local path of a session file (a temporary copy for remote stores).
+
+        On a local store the file itself, if it is a regular file (a link or a FIFO
+        left under a capture's name is refused: NotRegularFileError); the readers it is
+        handed to open it by name, so a swap after this check is theirs to meet.
+        """
         _check_file_name(name)  # names come from session.json, which a workload may write
         path = posixpath.join(self.session_dir(session_id), name)
         if self.is_local:
+            with open_regular(Path(path), below=Path(self.root)):
+                pass
             yield Path(path)
             return
         with tempfile.TemporaryDirectory(prefix="mlprof-session-") as tmp:
             local = Path(tmp) / name
-            self.fs.get_file(path, str(local))
+            self.fs.get_file(path, str(local))  # streamed to disk by the client
             yield local
+
+    def copy_file(self, session_id: str, name: str, target: Path) -> None:
+        """Copy a session file to local path ``target``, streamed (never whole in memory);
+        on a local store only a regular file, no link followed (NotRegularFileError)."""
+        _check_file_name(name)
+        path = posixpath.join(self.session_dir(session_id), name)
+        if not self.is_local:
+            self.fs.get_file(path, str(target))
+            return
+        with open_regular(Path(path), below=Path(self.root)) as handle, target.open("wb") as out:
+            shutil.copyfileobj(handle, out, COPY_CHUNK_BYTES)
 
     def delete(self, session_id: str) -> None:
         directory = self.session_dir(session_id)
@@ -305,39 +509,213 @@ class SessionStore:
         return deleted
 
 
-class _FailuresAsOSError:
-    """A remote filesystem whose calls fail with OSError, whatever the client raised.
+class _BoundedRemote:
+    """A remote filesystem whose calls fail with OSError, in bounded time.
 
     gcsfs raises OSError subclasses (aiohttp's connection errors) or its HttpError, s3fs
     botocore's EndpointConnectionError (not an OSError): the store and its callers catch
     OSError for "the bucket failed" (kept for a retry, counted, reported in one line), so
     every client's failure reads the same. Errors of the call itself (ValueError,
     TypeError, ...) and attributes pass through as they are.
+
+    Bounded: the endpoint is checked with one TCP connect before the first call and
+    after any failure (:func:`_check_endpoint`), so an unreachable store fails at once
+    with :class:`StoreUnreachableError`; listings and small reads (``_BOUNDED_CALLS``)
+    give up after ``timeout_s`` (the client's call goes on in a daemon thread until its
+    own retries end; nothing waits for it). Transfers of captures are not bounded here:
+    their size sets their time.
     """
 
     _PASSED: Final = (OSError, ValueError, TypeError, KeyError, NotImplementedError)
+    _BOUNDED_CALLS: Final = frozenset({"ls", "info", "cat_file", "cat", "exists", "isdir",
+                                       "isfile", "find", "glob"})  # fmt: skip
 
-    def __init__(self, fs: Any) -> None:
+    def __init__(self, fs: Any, url: str, timeout_s: float = STORE_CALL_TIMEOUT_S) -> None:
         self._fs = fs
+        self._url = url
+        self.timeout_s = timeout_s
+        self.endpoint = _endpoint_of(fs)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._fs, name)
         if name.startswith("_") or not callable(value):
             return value
+        bounded = name in self._BOUNDED_CALLS
 
         @functools.wraps(value)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if self.endpoint is not None:
+                self.endpoint.check(self._url)
             try:
+                if bounded:
+                    return _within(self.timeout_s, value, args, kwargs, self._url, name)
                 return value(*args, **kwargs)
+            except FileNotFoundError:
+                raise
+            except StoreUnreachableError:
+                if self.endpoint is not None:
+                    self.endpoint.suspect()
+                raise
             except self._PASSED:
+                if self.endpoint is not None:
+                    self.endpoint.suspect()
                 raise
             except Exception as exc:
+                if self.endpoint is not None:
+                    self.endpoint.suspect()
                 raise OSError(f"{type(exc).__name__}: {exc}") from exc
 
         return call
 
     def __repr__(self) -> str:
         return repr(self._fs)
+
+
+def _within(
+    timeout_s: float, func: Callable[..., Any], args: Any, kwargs: Any, url: str, name: str
+) -> Any:
+    """``func(*args, **kwargs)``, or StoreUnreachableError after ``timeout_s``.
+
+    A daemon thread per call: a call that never returns holds no pool slot and keeps
+    no process (a CLI that gave up) from exiting.
+    """
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, func(*args, **kwargs)))
+        except BaseException as exc:  # handed to the caller below
+            box.append((False, exc))
+
+    thread = threading.Thread(target=run, name=f"mlprof-store-{name}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not box:
+        raise StoreUnreachableError(
+            f"{url}: the store did not answer ({name}) within {timeout_s:g} s"
+        )
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+class _Endpoint:
+    """The host a remote store's client connects to, checked with one TCP connect."""
+
+    def __init__(self, host: str, port: int, hint: str) -> None:
+        self.host, self.port, self.hint = host, port, hint
+        self._lock = threading.Lock()
+        self._verified = False
+        self._failed: tuple[float, str] | None = None  # (when, the one-line cause)
+
+    def suspect(self) -> None:
+        """A call failed: connect again before the next one."""
+        self._verified = False
+
+    def check(self, url: str) -> None:
+        """StoreUnreachableError when the endpoint does not take a TCP connection."""
+        if self._verified:
+            return
+        with self._lock:
+            if self._verified:
+                return
+            now = time.monotonic()
+            if self._failed is not None and now - self._failed[0] < UNREACHABLE_RECHECK_S:
+                raise StoreUnreachableError(self._failed[1])
+            try:
+                with socket.create_connection((self.host, self.port), CONNECT_TIMEOUT_S):
+                    pass
+            except OSError as exc:
+                cause = exc.strerror or str(exc) or type(exc).__name__
+                if isinstance(exc, TimeoutError | socket.timeout):
+                    cause = f"no answer within {CONNECT_TIMEOUT_S:g} s"
+                message = f"{url}: cannot reach {self.host}:{self.port} ({cause}); {self.hint}"
+                self._failed = (now, message)
+                raise StoreUnreachableError(message) from None
+            self._verified, self._failed = True, None
+
+
+def _endpoint_of(fs: Any) -> _Endpoint | None:
+    """Where gcsfs or s3fs connects (emulator or cloud), with what a user may set."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("gs", "gcs"):
+        location = str(getattr(fs, "_location", "") or "https://storage.googleapis.com")
+        hint = "check the network, or set STORAGE_EMULATOR_HOST for an emulator"
+        if getattr(getattr(fs, "credentials", None), "method", None) == "anon" and not (
+            os.environ.get("STORAGE_EMULATOR_HOST")
+        ):
+            hint += (
+                "; no Google credentials were found either (set "
+                "GOOGLE_APPLICATION_CREDENTIALS, or run on a machine with a service account)"
+            )
+    elif protocol in ("s3", "s3a"):
+        location = (
+            getattr(fs, "endpoint_url", None)
+            or fs.client_kwargs.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or "https://s3.amazonaws.com"
+        )
+        hint = "check the network, or set AWS_ENDPOINT_URL for another S3 endpoint"
+    else:
+        return None
+    if "://" not in location:
+        location = f"http://{location}"
+    parts = urlsplit(location)
+    if not parts.hostname:
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return _Endpoint(parts.hostname, port, hint)
+
+
+def _client_options(url: str) -> dict[str, Any]:
+    """Options for the client of ``url``: gcsfs without credentials is told so at once.
+
+    gcsfs tries each way of finding credentials in turn; off Google Cloud its "cloud"
+    one asks the metadata server with retries, 15 s before it settles for anonymous
+    access. google.auth's own search (environment, gcloud, metadata server) answers in
+    about a second: when it finds none, gcsfs is given anonymous access directly.
+    """
+    if not url.startswith(("gs://", "gcs://")) or os.environ.get("STORAGE_EMULATOR_HOST"):
+        return {}
+    try:
+        import google.auth
+        import google.auth.exceptions
+    except ImportError:
+        return {}  # no gcsfs either: url_to_fs says what to install
+    try:
+        google.auth.default()
+    except google.auth.exceptions.DefaultCredentialsError:
+        return {"token": "anon"}
+    except Exception:  # any other failure: leave the search to gcsfs
+        return {}
+    return {}
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, FileTooLargeError):
+        return "too_large"
+    if isinstance(exc, NotRegularFileError):
+        return "not_regular"
+    return "invalid"
+
+
+def _copied_bound(name: str) -> int | None:
+    """The bound of a session file a command reads, None for one no command reads."""
+    if not _is_plain_name(name):
+        return None
+    if is_capture_name(name):
+        return 1 << 62  # streamed to disk; the analysis children bound what they decode
+    if name.endswith(_SIDE_CACHE_SUFFIX) and is_capture_name(name[: -len(_SIDE_CACHE_SUFFIX)]):
+        return _SIDE_CACHE_MAX_BYTES
+    if name.endswith(_PPROF_SUFFIXES):
+        return _PPROF_MAX_BYTES
+    if name == SESSION_FILE:
+        return MAX_RECORD_BYTES
+    if name == REPORT_FILE:
+        return MAX_REPORT_BYTES
+    return None
 
 
 _COPIES: dict[tuple[str, str], Path] = {}
@@ -353,7 +731,7 @@ def _copies_root() -> str:
     return _COPIES_DIR[0]
 
 
-def _settle_bucket_type(fs: Any, root: str) -> None:
+def _settle_bucket_type(remote: _BoundedRemote, root: str) -> None:
     """Look a GCS bucket's type up once, so gcsfs does not retry (and warn) on every call.
 
     gcsfs's ExtendedGcsFileSystem (the default since 2026.x) asks the Storage Control API
@@ -366,6 +744,7 @@ def _settle_bucket_type(fs: Any, root: str) -> None:
     Attributes of gcsfs's own (``_storage_layout_cache``, ``_sync_lookup_bucket_type``):
     other filesystems and other gcsfs versions are left as they are.
     """
+    fs, endpoint = remote._fs, remote.endpoint
     cache = getattr(fs, "_storage_layout_cache", None)
     lookup = getattr(fs, "_sync_lookup_bucket_type", None)
     if not isinstance(cache, dict) or lookup is None:
@@ -381,6 +760,8 @@ def _settle_bucket_type(fs: Any, root: str) -> None:
         cache[bucket] = BucketType.NON_HIERARCHICAL
         return
     try:
+        if endpoint is not None:  # unreachable: no minute of the lookup's retries
+            endpoint.check(f"gs://{bucket}")
         found = lookup(bucket)
     except Exception as exc:  # the store's own calls report an unreachable bucket
         log.debug("gs://%s: bucket type not read (%s)", bucket, exc)

@@ -7,6 +7,8 @@ the MCP tools) asks here, so a new kind of capture file is added in one place.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Final
 
@@ -41,8 +43,28 @@ def capture_stem(name: str) -> str:
 
 
 def find_captures(directory: Path) -> list[Path]:
-    """The capture files under ``directory``, sorted."""
-    return sorted(p for s in CAPTURE_SUFFIXES for p in directory.rglob(f"*{s}") if p.is_file())
+    """The capture files under ``directory``, sorted: regular files only.
+
+    A session directory is the store's, which a workload (its profiler server, an SDK
+    session) or another tenant of a bucket may write: a link under a capture's name (to
+    a file outside the store) and a FIFO (whose reader would block) are no captures, and
+    no linked directory is descended into. Every door that reads a session's captures
+    (CLI, API, MCP, the report child) finds them here, so each gets this refusal.
+    """
+    found = []
+    for root, dirs, files in os.walk(directory, followlinks=False):
+        dirs.sort()
+        for name in files:
+            if not is_capture_name(name):
+                continue
+            path = Path(root, name)
+            try:
+                regular = stat.S_ISREG(os.lstat(path).st_mode)
+            except OSError:
+                continue  # gone meanwhile
+            if regular:
+                found.append(path)
+    return sorted(found)
 
 
 def capture_bytes(path: Path) -> int:
