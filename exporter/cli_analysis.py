@@ -26,36 +26,6 @@ def _settings(store: str | None) -> Settings:
     return load_settings(None, store=store)
 
 
-def _context(
-    settings: Settings,
-    time_from: str | None = None,
-    time_until: str | None = None,
-    profile_type: str | None = None,
-) -> Any:
-    from exporter.analysis.sides import SideContext
-
-    headers: dict[str, str] = {}
-    if settings.pyroscope_tenant:
-        headers["X-Scope-OrgID"] = settings.pyroscope_tenant
-    if settings.pyroscope_user:
-        import base64
-
-        password = (
-            settings.pyroscope_password.get_secret_value() if settings.pyroscope_password else ""
-        )
-        token = base64.b64encode(f"{settings.pyroscope_user}:{password}".encode()).decode()
-        headers["Authorization"] = f"Basic {token}"
-    return SideContext(
-        store=settings.store,
-        shared_dir=settings.shared_dir,
-        pyroscope_url=settings.pyroscope_url,
-        pyroscope_headers=headers,
-        time_from=time_from,
-        time_until=time_until,
-        profile_type=profile_type,
-    )
-
-
 format_option = click.option(
     "--format",
     "fmt",
@@ -72,8 +42,16 @@ store_option = click.option(
 
 
 @click.command()
-@click.argument("base")
-@click.argument("head")
+@click.argument("sides", nargs=-1, metavar="[BASE HEAD]")
+@click.option(
+    "--base",
+    "bases",
+    multiple=True,
+    metavar="SPEC",
+    help="A base capture (repeat: each capture is a replicate, a separate process of the "
+    "same workload, and their spread is the between-run noise).",
+)
+@click.option("--head", "heads", multiple=True, metavar="SPEC", help="A head capture (repeat).")
 @click.option(
     "--kind",
     type=KIND_CHOICE,
@@ -105,8 +83,9 @@ store_option = click.option(
 @click.option("--until", "time_until", help="Pyroscope sides: end (default now).")
 @click.option("--profile-type", help="Pyroscope sides: profile type (name:type:unit:ptype:punit).")
 def compare(
-    base: str,
-    head: str,
+    sides: tuple[str, ...],
+    bases: tuple[str, ...],
+    heads: tuple[str, ...],
     kind: str | None,
     fmt: str,
     output: Path | None,
@@ -122,30 +101,25 @@ def compare(
     explains it (time per step).
 
     BASE and HEAD are each an .xplane.pb, a memory or project pprof, a session (its
-    directory or id in the store), run:<run_id>, or pyroscope:{label="value",...}.
+    directory or id in the store), run:<run_id> (run:<run_id>~N: its N newest sessions,
+    each a replicate), or pyroscope:{label="value",...}. Give them as the two arguments,
+    or as --base/--head, repeated for several captures a side.
     """
-    from exporter.analysis.compare import compare_sides
-    from exporter.analysis.render import comparison_html, comparison_text
-    from exporter.analysis.sides import load_side
+    from exporter import usecases
     from exporter.heap import keep_freed_memory
 
+    if len(sides) not in (0, 2):
+        raise ConfigError(f"compare: expected BASE HEAD (or --base/--head), got {len(sides)}")
+    base = [*sides[:1], *bases]
+    head = [*sides[1:], *heads]
+    if not base or not head:
+        raise ConfigError("compare: expected BASE HEAD, or at least one --base and one --head")
     keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
-    context = _context(_settings(store), time_from, time_until, profile_type)
-    base_side = load_side(base, kind, context)  # type: ignore[arg-type]
-    # The head is read as the base was: its kind, or the step view when the base has one.
-    head_kind = kind or (None if base_side.scope == "step" else base_side.kind)
-    head_side = load_side(head, head_kind, context)  # type: ignore[arg-type]
-    medians = [_median_step_ns(spec, head_kind, context) for spec in history] or None
-    try:
-        comparison = compare_sides(base_side, head_side, history=medians)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    if fmt == "json":
-        data = (json.dumps(comparison.to_json(top=top), indent=2) + "\n").encode()
-    elif fmt == "html":
-        data = comparison_html(comparison).encode()
-    else:
-        data = comparison_text(comparison, top).encode()
+    context = usecases.side_context(
+        _settings(store), time_from=time_from, time_until=time_until, profile_type=profile_type
+    )
+    comparison = usecases.compare(base, head, context, kind=kind, history=history)  # type: ignore[arg-type]
+    data = usecases.comparison_document(comparison, fmt, top)
     regressions = sum(e.regression for e in comparison.regressions)
     write_output(
         data, output, f"{comparison.kind}, {comparison.normalisation}, {regressions} regressions"
@@ -160,25 +134,6 @@ def compare(
             f"{fail_pct:g} % of the step; step time {comparison.step_verdict.verdict})",
             err=True,
         )
-
-
-def _median_step_ns(spec: str, kind: str | None, context: Any) -> float:
-    """The median step of an earlier run: its report's, else read from its captures."""
-    from exporter.analysis.sides import load_side
-    from exporter.profiles.convert import resolve_input
-
-    path = resolve_input(spec, context.store) if not spec.startswith("run:") else None
-    report = path / "analysis.json" if path is not None and path.is_dir() else None
-    if report is not None and report.is_file():
-        try:
-            steps = json.loads(report.read_text(encoding="utf-8"))["facts"]["steps"]
-            return float(steps["median_ms"]) * 1e6
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # an old or partial report: read the captures instead
-    side = load_side(spec, kind, context)  # type: ignore[arg-type]
-    if not side.step_ns:
-        raise InputError(f"--history {spec}: no step markers, so no step time")
-    return float(sorted(side.step_ns)[len(side.step_ns) // 2])
 
 
 @click.command()
@@ -197,19 +152,13 @@ def analyze(
     store: str | None,
 ) -> None:
     """Analysis report of an .xplane.pb, a session (directory or id) or run:<run_id>."""
-    from exporter.analysis.render import report_html, report_text
-    from exporter.analysis.report import analyze as run_analysis
+    from exporter import usecases
     from exporter.heap import keep_freed_memory
 
     keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
-    context = _context(_settings(store))
-    report = run_analysis(input_text, context, baseline=baseline, xprof=not no_xprof)
-    if fmt == "json":
-        data = (json.dumps(report.to_json(), indent=2) + "\n").encode()
-    elif fmt == "html":
-        data = report_html(report).encode()
-    else:
-        data = report_text(report).encode()
+    context = usecases.side_context(_settings(store))
+    report = usecases.analyze(input_text, context, baseline=baseline, xprof=not no_xprof)
+    data = usecases.report_document(report, fmt)
     counts = report.counts()
     write_output(
         data, output, f"{report.status}, {counts['P0']} P0, {counts['P1']} P1, {counts['P2']} P2"
@@ -300,9 +249,10 @@ def mcp(
 ) -> None:
     """Serve the analysis tools to a Model Context Protocol client over stdio.
 
-    Tools: list_sessions, list_runs, analyze, compare, top_ops, flamegraph_subtree,
-    hosts, memory_peak, xprof (an allow-list of XProf's CLI tools on a session), and
-    capture with --allow-capture. Answers are the CLI's JSON.
+    Tools: list_sessions, list_runs, analyze, compare, top_ops, gpu_kernels,
+    flamegraph_subtree, hosts, memory_peak, xprof (an allow-list of XProf's CLI tools on
+    a session), and capture with --allow-capture. Answers are the CLI's JSON; analyses run
+    in a bounded child (MLPROF_REPORT_TIMEOUT_S, MLPROF_REPORT_MAX_MEMORY_MB).
     """
     if config_file is not None and not config_file.is_file():
         raise ConfigError(f"--config {config_file}: no such file")
@@ -315,6 +265,7 @@ def mcp(
             settings.shared_dir,
             api_url=(url or f"http://{settings.listen}") if allow_capture else None,
             token=settings.token,
+            settings=settings,
         )
         server = build_server(tools, allow_capture=allow_capture)
     except ImportError as exc:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from exporter import schema
 from exporter.config import load_settings
@@ -302,14 +303,29 @@ def _print_snapshots(rows: list[dict[str, Any]], as_json: bool) -> None:
     show_default=True,
     help="Sessions shown at most.",
 )
+@click.option(
+    "--store", envvar="MLPROF_STORE",
+    help="Read this session store directly, with no sidecar (env MLPROF_STORE; "
+    "default: ask the sidecar at --url).",
+)  # fmt: skip
 def sessions(
     url: str | None, config_file: Path | None, as_json: bool, run_id: str | None,
-    trigger: str | None, since: str | None, limit: int,
+    trigger: str | None, since: str | None, limit: int, store: str | None,
 ) -> None:  # fmt: skip
-    """List capture sessions in the store, newest first."""
-    answer = _client(url, config_file).get(
-        "/api/v1/sessions", run_id=run_id, trigger=trigger, since=since, limit=limit
-    )
+    """List capture sessions in the store, newest first.
+
+    With --store (or MLPROF_STORE) the store is read here, as `mlprof analyze` and
+    `mlprof compare` read it; without, the sidecar at --url answers for its own store.
+    """
+    if store is not None:
+        source = click.get_current_context().get_parameter_source
+        if url is not None and source("url") == source("store") == ParameterSource.COMMANDLINE:
+            raise ConfigError("--store and --url: give one (a store read here, or a sidecar)")
+        answer = _stored_sessions(store, config_file, run_id, trigger, since, limit)
+    else:
+        answer = _client(url, config_file).get(
+            "/api/v1/sessions", run_id=run_id, trigger=trigger, since=since, limit=limit
+        )
     if as_json:
         click.echo(json.dumps(answer, indent=2))
         return
@@ -365,6 +381,27 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
         click.echo(
             "  ".join(f"{cell!s:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip()
         )
+
+
+def _stored_sessions(
+    store: str, config_file: Path | None, run_id: str | None, trigger: str | None,
+    since: str | None, limit: int,
+) -> dict[str, Any]:  # fmt: skip
+    """``GET /api/v1/sessions``'s answer, from the store itself."""
+    from datetime import UTC
+
+    from exporter.capture.store import SessionStore
+    from exporter.usecases import list_sessions
+
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"--config {config_file}: no such file")
+    url = load_settings(config_file, store=store).store
+    moment = datetime.fromisoformat(since) if since else None
+    if moment is not None and moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # as the API reads a time without a zone
+    return list_sessions(
+        SessionStore(url), run_id=run_id, trigger=trigger, since=moment, limit=limit
+    )
 
 
 def _iso_time(value: str | None) -> str | None:

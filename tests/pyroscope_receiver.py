@@ -212,6 +212,7 @@ class PyroscopeReceiver(HttpStandIn):
         self.rejected: list[RejectedPush] = []
         self.requests = 0
         self.queries: list[Any] = []  # SelectMergeProfileRequests answered
+        self.query_headers: list[dict[str, str]] = []  # their headers, names lower-case
         self._fail: list[int] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -318,6 +319,7 @@ class PyroscopeReceiver(HttpStandIn):
             return
         with self._lock:
             self.queries.append(request)
+            self.query_headers.append({k.lower(): v for k, v in handler.headers.items()})
         self._reply(handler, 200, profile.SerializeToString(), "application/proto")
 
 

@@ -13,12 +13,8 @@ store is read.
 from __future__ import annotations
 
 import contextlib
-import json
-import re
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -28,6 +24,7 @@ from exporter.api.admission import AdmissionPool, app_pool
 from exporter.api.auth import check_bearer
 from exporter.api.json_body import parse_json_object
 from exporter.capture.session import check_session_id
+from exporter.errors import MlprofError
 
 if TYPE_CHECKING:
     from exporter.capture.store import SessionStore
@@ -35,8 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["router"]
 
-_RUN_SIDE = re.compile(r"^run:[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 MAX_BODY_BYTES = 4096
+# Replicates a comparison may name in all: each is a capture the child reads.
+MAX_SIDES = 32
 # Comparison children at once, and requests waiting for one: each child may take
 # MLPROF_REPORT_MAX_MEMORY_MB (4 GiB) for MLPROF_REPORT_TIMEOUT_S (300 s), so six at
 # once filled an 8 GiB cgroup. Two keep a dashboard's pair of comparisons quick.
@@ -156,87 +154,76 @@ def _analysis_error(store: SessionStore, directory: str) -> str:
 
 
 def _side(sidecar: Sidecar, value: str, name: str) -> str:
-    if value.startswith("pyroscope:"):
-        if not sidecar.settings.pyroscope_url:
-            raise HTTPException(422, f"{name}: Pyroscope sides need MLPROF_PYROSCOPE_URL")
-        return value
-    if _RUN_SIDE.fullmatch(value):
-        return value
+    from exporter.usecases import NoSuchSessionError, stored_side
+
     try:
-        check_session_id(value)
-    except ValueError:
-        raise HTTPException(
-            422, f"{name}={value!r}: expected a session id, run:<run_id> or pyroscope:{{...}}"
-        ) from None
-    store = sidecar.captures.store
-    if store.read_record(value) is None:
-        raise HTTPException(404, f"{name}: no session {value!r} in the store")
-    local = store.local_dir(value)
-    # A bucket's session goes to the child by id: it reads a local copy (--store).
-    return str(local) if local is not None else value
+        return stored_side(
+            sidecar.captures.store,
+            value,
+            pyroscope=bool(sidecar.settings.pyroscope_url),
+            field=name,
+        )
+    except NoSuchSessionError as exc:
+        raise HTTPException(404, str(exc)) from None
+    except MlprofError as exc:
+        raise HTTPException(422, str(exc)) from None
 
 
 @router.get("/compare", response_model=None)
 async def get_compare(
     request: Request,
-    base: str,
-    head: str,
+    base: Annotated[list[str], Query(description="A base side (repeat: replicates)")],
+    head: Annotated[list[str], Query(description="A head side (repeat: replicates)")],
     kind: str | None = Query(None, pattern="^(device|host|memory)$"),
     top: int = Query(20, ge=1, le=500),
     time_from: str | None = Query(None, alias="from"),
     until: str | None = None,
 ) -> Response:
-    """Compare two sides (JSON, or the differential flame graph with ``Accept: text/html``)."""
-    from exporter.analysis.job import COMPARE_HTML, COMPARE_JSON, run_job
+    """Compare two sides (JSON, or the differential flame graph with ``Accept: text/html``).
+
+    Each side is a session id, ``run:<id>`` (``~N``: its N newest sessions) or
+    ``pyroscope:{...}``; repeat ``base``/``head`` for several captures a side.
+    """
+    from exporter import usecases
+    from exporter.analysis.job import COMPARE_HTML, COMPARE_JSON
 
     sidecar = _sidecar(request)
-    sides = [_side(sidecar, base, "base"), _side(sidecar, head, "head")]
+    if len(base) + len(head) > MAX_SIDES:
+        raise HTTPException(422, f"at most {MAX_SIDES} sides in all (base and head)")
+    bases = [_side(sidecar, value, "base") for value in base]
+    heads = [_side(sidecar, value, "head") for value in head]
     settings = sidecar.settings
-    with tempfile.TemporaryDirectory(prefix="mlprof-compare-") as out:
-        args = [
-            "compare",
-            *sides,
-            out,
-            "--top",
-            str(top),
-            "--store",
-            settings.store,
-            "--shared-dir",
-            str(settings.shared_dir),
-        ]
-        if kind:
-            args += ["--kind", kind]
-        if settings.pyroscope_url:
-            args += ["--pyroscope-url", settings.pyroscope_url]
-            if settings.pyroscope_tenant:
-                args += [
-                    "--pyroscope-headers",
-                    json.dumps({"X-Scope-OrgID": settings.pyroscope_tenant}),
-                ]
-        if time_from:
-            args += ["--from", time_from]
-        if until:
-            args += ["--until", until]
-        pool = _compare_pool(request)
-        if not pool.admit():
-            raise HTTPException(
-                429,
-                f"{pool.workers} comparisons are running and {pool.queue} waiting: "
-                f"try again in {RETRY_AFTER_S}s",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
-        try:
-            result = await run_in_threadpool(
-                pool.run,
-                lambda: run_job(args, settings.report_timeout_s, settings.report_max_memory_mb),
-            )
-        finally:
-            pool.release()
-        if not result.ok:
-            raise HTTPException(422, result.error)
-        if _wants_html(request):
-            return HTMLResponse((Path(out) / COMPARE_HTML).read_text(encoding="utf-8"))
-        return Response((Path(out) / COMPARE_JSON).read_bytes(), media_type="application/json")
+    context = usecases.side_context(settings, time_from=time_from, time_until=until)
+    options = ["--top", str(top), *(["--kind", kind] if kind else [])]
+    options += [f"--base={b}" for b in bases] + [f"--head={h}" for h in heads]
+    wanted = COMPARE_HTML if _wants_html(request) else COMPARE_JSON
+    pool = _compare_pool(request)
+    if not pool.admit():
+        raise HTTPException(
+            429,
+            f"{pool.workers} comparisons are running and {pool.queue} waiting: "
+            f"try again in {RETRY_AFTER_S}s",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    try:
+        found = await run_in_threadpool(
+            pool.run,
+            lambda: usecases.in_child(
+                "compare",
+                [],
+                context,
+                usecases.ChildLimits.from_settings(settings),
+                options,
+                read=[wanted],
+            ),
+        )
+    except MlprofError as exc:
+        raise HTTPException(422, str(exc)) from None
+    finally:
+        pool.release()
+    if wanted == COMPARE_HTML:
+        return HTMLResponse(found[wanted].decode("utf-8"))
+    return Response(found[wanted], media_type="application/json")
 
 
 async def _body(request: Request) -> dict[str, Any]:

@@ -206,23 +206,20 @@ def list_sessions(
 ) -> dict[str, Any]:
     """Sessions in the store, newest first, filtered by run, trigger, status and time.
 
-    ``total``: the sessions that match; ``stored``: all sessions in the store.
+    ``total``: the sessions that match; ``stored``: all sessions with a record;
+    ``unrecorded``: session directories without one (still analysable).
     """
-    records = _sidecar(request).captures.store.records()
-    chosen = [
-        r
-        for r in reversed(records)
-        if (run_id is None or r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
-        and (trigger is None or r.trigger == trigger)
-        and (status is None or r.status == status)
-        and (since is None or r.created >= _aware(since))
-        and (until is None or r.created < _aware(until))
-    ]
-    return {
-        "sessions": [r.model_dump(mode="json") for r in chosen[:limit]],
-        "total": len(chosen),
-        "stored": len(records),
-    }
+    from exporter.usecases import list_sessions
+
+    return list_sessions(
+        _sidecar(request).captures.store,
+        run_id=run_id,
+        trigger=trigger,
+        status=status,
+        since=None if since is None else _aware(since),
+        until=None if until is None else _aware(until),
+        limit=limit,
+    )
 
 
 def _aware(moment: datetime) -> datetime:

@@ -106,6 +106,10 @@ class SessionRecord(BaseModel):
     def finished_ok(self) -> bool:
         return self.status in ("done", "partial")
 
+    def in_run(self, run_id: str) -> bool:
+        """Whether the session belongs to run ``run_id`` (its own or a target's run)."""
+        return self.run_id == run_id or any(t.run_id == run_id for t in self.targets)
+
     def summarize(self) -> SessionStatus:
         """The session status from its targets' results: done, partial or failed."""
         ok = sum(1 for t in self.targets if t.status == "ok")

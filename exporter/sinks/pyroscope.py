@@ -16,6 +16,7 @@ PushResult(status='ok', ...)
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import gzip
@@ -48,9 +49,11 @@ __all__ = [
     "PyroscopeLimits",
     "PyroscopeSink",
     "Rejection",
+    "basic_auth",
     "decode_push",
     "fit_to_limits",
     "profile_labels",
+    "request_headers",
     "sink_from_settings",
     "validate_labels",
 ]
@@ -537,14 +540,33 @@ def decode_push(body: bytes) -> list[tuple[dict[str, str], list[profile_pb2.Prof
     ]
 
 
+def basic_auth(settings: Settings) -> tuple[str, str] | None:
+    """``(user, password)`` for Pyroscope's basic auth, or None without a user."""
+    if not settings.pyroscope_user:
+        return None
+    password = settings.pyroscope_password
+    return settings.pyroscope_user, password.get_secret_value() if password else ""
+
+
+def request_headers(settings: Settings) -> dict[str, str]:
+    """The credentials every request to Pyroscope carries: pushes (the sink, through
+    httpx's own basic auth, which sends the same header) and queries (comparisons of
+    ``pyroscope:`` sides from any door)."""
+    headers: dict[str, str] = {}
+    if settings.pyroscope_tenant:
+        headers["X-Scope-OrgID"] = settings.pyroscope_tenant
+    auth = basic_auth(settings)
+    if auth is not None:
+        token = base64.b64encode(":".join(auth).encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    return headers
+
+
 def sink_from_settings(settings: Settings, meter: Meter | None = None) -> PyroscopeSink | None:
     """The sidecar's sink: None when ``pyroscope_url`` is unset (Pyroscope off)."""
     if not settings.pyroscope_url:
         return None
-    auth = None
-    if settings.pyroscope_user:
-        password = settings.pyroscope_password
-        auth = (settings.pyroscope_user, password.get_secret_value() if password else "")
+    auth = basic_auth(settings)
     try:
         spool = Spool(settings.spool_dir, settings.spool_max_bytes)
     except OSError as exc:

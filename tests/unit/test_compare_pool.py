@@ -27,7 +27,9 @@ def test_compares_beyond_the_pool_and_its_queue_are_refused_with_retry_after(
     lock = threading.Lock()
     running = [0, 0]  # now, most at once
 
-    def blocking_job(args: list[str], timeout_s: float, max_memory_mb: int) -> JobResult:
+    def blocking_job(
+        args: list[str], timeout_s: float, max_memory_mb: int, env: object = None
+    ) -> JobResult:
         with lock:
             running[0] += 1
             running[1] = max(running[1], running[0])

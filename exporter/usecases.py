@@ -1,0 +1,429 @@
+"""The use cases, written once: compare, analyze, a flame-graph subtree, list sessions and
+runs, and naming a side.
+
+Four doors reach them: the CLI (``mlprof compare|analyze|sessions``), the HTTP API
+(``/api/v1/compare``, ``/api/v1/sessions``), the MCP server (``mlprof mcp``) and the
+sidecar's bounded job child (``python -m exporter.analysis.job``). A door parses its own
+input and renders its own output; what a name may be, which credentials Pyroscope gets,
+how the head side is read, how a run's sessions are chosen and how a use case reaches a
+bounded child is decided here, so the doors cannot drift apart
+(``tests/integration/test_doors.py`` holds them to the same JSON).
+
+The doors that serve other people's requests (the API, MCP, the sidecar's workers) run
+the heavy use cases in a bounded child (:func:`in_child`); the CLI is one command of the
+user's own and runs them in its process.
+
+>>> context = side_context(load_settings(None, store="/var/lib/mlprof/store"))  # doctest: +SKIP
+>>> compare(["base-session"], ["head-session"], context).step_verdict.verdict  # doctest: +SKIP
+'slower'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from exporter.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from exporter.analysis.compare import Comparison
+    from exporter.analysis.report import Report
+    from exporter.analysis.sides import Side, SideContext
+    from exporter.capture.store import SessionStore
+    from exporter.config import Settings
+    from exporter.profiles.convert import Kind
+
+__all__ = [
+    "ChildLimits",
+    "NoSuchSessionError",
+    "analyze",
+    "compare",
+    "comparison_document",
+    "flamegraph_subtree",
+    "head_kind",
+    "in_child",
+    "list_runs",
+    "list_sessions",
+    "report_document",
+    "side_context",
+    "stored_side",
+]
+
+RUN_PREFIX: Final = "run:"
+PYROSCOPE_PREFIX: Final = "pyroscope:"
+# The job child reads the Pyroscope credentials from its environment, never from its
+# command line: /proc/<pid>/cmdline is readable by every user of the machine.
+CHILD_HEADERS_ENV: Final = "MLPROF_CHILD_PYROSCOPE_HEADERS"
+
+
+class NoSuchSessionError(InputError):
+    """A well-formed session id that the store does not hold (HTTP 404)."""
+
+
+# -- where names are looked up -------------------------------------------------------
+
+
+def side_context(
+    settings: Settings,
+    *,
+    time_from: str | None = None,
+    time_until: str | None = None,
+    profile_type: str | None = None,
+) -> SideContext:
+    """Where sides are looked up, from the settings: the store, the shared directory, and
+    Pyroscope with its credentials (the same for every door)."""
+    from exporter.analysis.sides import SideContext
+
+    headers: dict[str, str] = {}
+    if settings.pyroscope_url:
+        from exporter.sinks.pyroscope import request_headers
+
+        headers = request_headers(settings)
+    return SideContext(
+        store=settings.store,
+        shared_dir=settings.shared_dir,
+        pyroscope_url=settings.pyroscope_url,
+        pyroscope_headers=headers,
+        time_from=time_from,
+        time_until=time_until,
+        profile_type=profile_type,
+    )
+
+
+def stored_side(store: SessionStore, value: str, *, pyroscope: bool, field: str = "side") -> str:
+    """``value`` as a side that names no file: a session id of ``store``,
+    ``run:<run_id>`` (``~N`` for its N newest sessions) or ``pyroscope:{...}``.
+
+    The doors that serve others (API, MCP) take only these, so no request reads a file
+    outside the store. Returns the spec to load: a local session's directory, else the
+    value itself (a remote session is copied by the reader). ConfigError for a name of
+    the wrong shape (or a Pyroscope side without Pyroscope), NoSuchSessionError for an
+    id the store does not hold.
+    """
+    from exporter.analysis.sides import run_spec
+    from exporter.capture.session import check_session_id
+
+    if value.startswith(PYROSCOPE_PREFIX):
+        if not pyroscope:
+            raise ConfigError(f"{field}: Pyroscope sides need MLPROF_PYROSCOPE_URL")
+        return value
+    if value.startswith(RUN_PREFIX):
+        try:
+            run_spec(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}: {exc}") from None
+        return value
+    try:
+        check_session_id(value)
+    except ValueError as exc:
+        raise ConfigError(f"{field}={value!r}: {exc}; or run:<run_id>, pyroscope:{{...}}") from None
+    local = store.local_dir(value)
+    if local is not None:
+        if not local.is_dir():
+            raise NoSuchSessionError(f"{field}: no session {value!r} in the store {store.url}")
+        return str(local)
+    if store.read_record(value) is None:
+        raise NoSuchSessionError(f"{field}: no session {value!r} in the store {store.url}")
+    return value
+
+
+# -- compare ---------------------------------------------------------------------------
+
+
+def head_kind(base: Side, kind: Kind | None) -> Kind | None:
+    """How the head is read: as asked, else as the base was (its kind, or the step view
+    when the base has one), so the two sides are the same view."""
+    return kind or (None if base.scope == "step" else base.kind)
+
+
+def _replicates(specs: Sequence[str], context: SideContext) -> list[str]:
+    """Each spec as the captures it stands for (``run:<id>~N``: the run's N newest)."""
+    from exporter.analysis.sides import expand_replicates
+
+    return [one for spec in specs for one in expand_replicates(spec, context)]
+
+
+def compare(
+    base: Sequence[str],
+    head: Sequence[str],
+    context: SideContext,
+    *,
+    kind: Kind | None = None,
+    history: Sequence[str] = (),
+) -> Comparison:
+    """Compare HEAD against BASE; each side is one spec or several (replicates: one
+    capture each, whose spread is the between-run noise). ``history``: earlier runs of
+    the workload, whose median steps judge the step time."""
+    from exporter.analysis.compare import compare_sides
+    from exporter.analysis.sides import load_side
+
+    if not base or not head:
+        raise ConfigError("compare: expected at least one BASE and one HEAD")
+    base_sides = [load_side(spec, kind, context) for spec in _replicates(base, context)]
+    read_as = head_kind(base_sides[0], kind)
+    head_sides = [load_side(spec, read_as, context) for spec in _replicates(head, context)]
+    medians = [history_median_ns(spec, read_as, context) for spec in history] or None
+    try:
+        return compare_sides(_one_or_all(base_sides), _one_or_all(head_sides), history=medians)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def _one_or_all(sides: list[Side]) -> Any:
+    return sides[0] if len(sides) == 1 else sides
+
+
+def history_median_ns(spec: str, kind: Kind | None, context: SideContext) -> float:
+    """The median step of an earlier run: its report's, else read from its captures."""
+    from exporter.analysis.sides import load_side
+    from exporter.profiles.convert import resolve_input
+
+    path = resolve_input(spec, context.store) if not spec.startswith(RUN_PREFIX) else None
+    if path is not None and path.is_dir():
+        from exporter.regular_files import MAX_JSON_BYTES, read_regular
+
+        try:  # the report is the store's file: read as the store's files are, bounded
+            report = json.loads(read_regular(path / "analysis.json", MAX_JSON_BYTES))
+            return float(report["facts"]["steps"]["median_ms"]) * 1e6
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            pass  # no report, an old or partial one: read the captures instead
+    side = load_side(spec, kind, context)
+    if not side.step_ns:
+        raise InputError(f"--history {spec}: no step markers, so no step time")
+    return float(sorted(side.step_ns)[len(side.step_ns) // 2])
+
+
+def comparison_document(comparison: Comparison, fmt: str, top: int = 20) -> bytes:
+    """The comparison as a door shows it: ``json``, ``html`` or ``text``."""
+    from exporter.analysis.render import comparison_html, comparison_text
+
+    if fmt == "json":
+        return (json.dumps(comparison.to_json(top=top), indent=2) + "\n").encode()
+    if fmt == "html":
+        return comparison_html(comparison).encode()
+    return comparison_text(comparison, top).encode()
+
+
+# -- analyze ---------------------------------------------------------------------------
+
+
+def analyze(
+    spec: str,
+    context: SideContext,
+    *,
+    baseline: str | None = None,
+    xprof: bool = True,
+    shown_as: str | None = None,
+    **options: Any,
+) -> Report:
+    """The analysis report of a capture, a session or ``run:<id>`` (``baseline``: also
+    compare against it). ``shown_as``: the name the user gave, when the door resolved
+    it to a path (a session id); ``options`` are :func:`exporter.analysis.report.analyze`'s."""
+    from exporter.analysis.report import analyze as analyse
+
+    report = analyse(spec, context, baseline=baseline, xprof=xprof, **options)
+    if shown_as is not None:
+        report.input["spec"] = shown_as
+    return report
+
+
+def report_document(report: Report, fmt: str, title: str | None = None) -> bytes:
+    """The report as a door shows it: ``json``, ``html`` or ``text``."""
+    from exporter.analysis.render import report_html, report_text
+
+    if fmt == "json":
+        return (json.dumps(report.to_json(), indent=2) + "\n").encode()
+    if fmt == "html":
+        return report_html(report, title).encode()
+    return report_text(report).encode()
+
+
+# -- a flame graph's subtree -----------------------------------------------------------
+
+
+def flamegraph_subtree(
+    path: Path,
+    frames: Sequence[str] = (),
+    kind: Kind | None = None,
+    limit: int = 50,
+    *,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    """The frame at ``frames`` (root-first names) of ``path``'s flame graph, with its
+    children's self and total."""
+    from exporter.config import load_settings
+    from exporter.profiles.convert import flamegraph_from_path
+    from exporter.profiles.pprof import InflateLimits
+
+    def limits() -> InflateLimits:
+        found = settings or load_settings(None)
+        return InflateLimits(found.max_profile_bytes, found.max_profile_ratio)
+
+    graph = flamegraph_from_path(path, kind, False, limits)
+    node = graph.root
+    for depth, name in enumerate(frames):
+        found = node.named(name)
+        if found is None:
+            known = sorted(node.children.values(), key=lambda c: -c.total)[:10]
+            where = ";".join(frames[:depth]) or "the root"
+            raise InputError(
+                f"frame path: no frame {name!r} under {where} (its largest children: "
+                + (", ".join(repr(c.name) for c in known) or "none")
+                + ")"
+            )
+        node = found
+    total = graph.root.total
+    children = sorted(node.children.values(), key=lambda c: -c.total)
+
+    def share(value: int) -> float:
+        return round(100 * value / total, 3) if total else 0.0
+
+    return {
+        "sample_type": graph.sample_type,
+        "unit": graph.unit,
+        "graph_total": total,
+        "path": list(frames),
+        "self": node.self_value,
+        "total": node.total,
+        "total_pct": share(node.total),
+        "children": [
+            {
+                "name": c.name,
+                **({"file": f"{c.file}:{c.line}" if c.line else c.file} if c.file else {}),
+                "self": c.self_value,
+                "total": c.total,
+                "total_pct": share(c.total),
+                "children": len(c.children),
+            }
+            for c in children[:limit]
+        ],
+        "more_children": max(0, len(children) - limit),
+    }
+
+
+# -- sessions and runs -----------------------------------------------------------------
+
+
+def list_sessions(
+    store: SessionStore,
+    *,
+    run_id: str | None = None,
+    trigger: str | None = None,
+    status: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """Sessions in the store, newest first, filtered by run, trigger, status and time.
+
+    ``total``: the sessions that match; ``stored``: all sessions with a record;
+    ``unrecorded``: directories without one (an XProf logdir's runs), still analysable.
+    """
+    records = store.records()
+    chosen = [
+        r
+        for r in reversed(records)
+        if (run_id is None or r.in_run(run_id))
+        and (trigger is None or r.trigger == trigger)
+        and (status is None or r.status == status)
+        and (since is None or r.created >= since)
+        and (until is None or r.created < until)
+    ]
+    recorded = {r.id for r in records}
+    unrecorded = [i for i in store.session_ids() if i not in recorded]
+    return {
+        "sessions": [r.model_dump(mode="json") for r in chosen[:limit]],
+        "total": len(chosen),
+        "stored": len(records),
+        "unrecorded": unrecorded[:limit],
+    }
+
+
+def list_runs(store: SessionStore) -> dict[str, Any]:
+    """The runs the store's sessions belong to: sessions, hosts, first and last."""
+    runs: dict[str, dict[str, Any]] = {}
+    for record in store.records():
+        ids = {record.run_id, *(t.run_id for t in record.targets)} - {None}
+        for run_id in sorted(i for i in ids if i):
+            run = runs.setdefault(
+                run_id, {"run_id": run_id, "workload": None, "sessions": [], "hosts": []}
+            )
+            run["workload"] = run["workload"] or record.workload
+            run["sessions"].append(record.id)
+            run["hosts"] = sorted({*run["hosts"], *(t.host for t in record.targets)})
+            created = record.created.isoformat()
+            run.setdefault("first", created)
+            run["last"] = created
+    return {"runs": sorted(runs.values(), key=lambda r: r["last"], reverse=True)}
+
+
+# -- in a bounded child ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildLimits:
+    """A child's deadline and address space (``MLPROF_REPORT_TIMEOUT_S``,
+    ``MLPROF_REPORT_MAX_MEMORY_MB``)."""
+
+    timeout_s: float = 300.0
+    max_memory_mb: int = 4096
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ChildLimits:
+        return cls(settings.report_timeout_s, settings.report_max_memory_mb)
+
+
+def child_context_args(context: SideContext) -> tuple[list[str], dict[str, str]]:
+    """A SideContext as the job child's arguments and environment (credentials)."""
+    args: list[str] = []
+    for flag, value in (
+        ("--store", context.store),
+        ("--shared-dir", str(context.shared_dir) if context.shared_dir else None),
+        ("--pyroscope-url", context.pyroscope_url),
+        ("--from", context.time_from),
+        ("--until", context.time_until),
+        ("--profile-type", context.profile_type),
+    ):
+        if value:
+            args += [flag, value]
+    env = {CHILD_HEADERS_ENV: json.dumps(context.pyroscope_headers)}
+    return args, env
+
+
+def child_headers() -> dict[str, str]:
+    """The Pyroscope credentials the parent handed this child (see CHILD_HEADERS_ENV)."""
+    found = json.loads(os.environ.get(CHILD_HEADERS_ENV) or "{}")
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def in_child(
+    command: str,
+    inputs: Sequence[str],
+    context: SideContext,
+    limits: ChildLimits,
+    options: Sequence[str] = (),
+    *,
+    read: Sequence[str],
+) -> dict[str, bytes]:
+    """Run job ``command`` on ``inputs`` in a bounded child; the files it wrote that
+    ``read`` names, as bytes. InputError with the child's one-line reason on failure."""
+    from exporter.analysis.job import run_job
+
+    context_args, env = child_context_args(context)
+    with tempfile.TemporaryDirectory(prefix=f"mlprof-{command}-") as out:
+        args = [command, *inputs, out, *context_args, *options]
+        result = run_job(args, limits.timeout_s, limits.max_memory_mb, env=env)
+        if not result.ok:
+            raise InputError(result.error)
+        found: dict[str, bytes] = {}
+        for name in read:
+            path = Path(out) / name
+            if path.is_file():  # our own child's output, written under its own bound
+                found[name] = path.read_bytes()
+        return found
