@@ -1,34 +1,44 @@
-"""Power and false-alarm rate of ``mlprof compare``, on captures taken in separate processes.
+"""Power and false-alarm rate of ``mlprof compare``, on captures taken in separate processes,
+with 1, 2, 4 and 8 captures a side and both orientations of every pair.
 
-Every capture is one process of ``bench/detection_workload.py`` (a JAX MLP training loop
-on CPU), as two real runs a user compares are. Pairs:
+Every capture is one process of a workload, as two real runs a user compares are:
 
-* ``same``: two captures of the unchanged workload (every pair of the ``same`` set);
-* ``added K``: an unchanged capture against one with an extra jitted function costing
-  K % of the step (K calibrated in the workload's own process, and printed as measured
-  in the capture);
-* ``slower_op K``: an existing op's loop running K % of the step longer;
-* ``uniform``: every computation of the step done twice;
-* ``input K``: the data phase K % of the step longer.
+* ``mlp``: ``bench/detection_workload.py``, a JAX MLP loop whose data phase sleeps
+  (``input_pipeline``);
+* ``transformer``: ``bench/transformer_workload.py``, a causal-transformer block whose
+  data phase does numpy work on the host (``load_batch``).
 
-Per view (``default``: the comparison without ``--kind``; ``device``; ``host``) it prints
-the detection rate (a regression verdict that names the changed work: ``extra_work``,
-``train_step``'s loop, ``input_pipeline``, or the step-time verdict for ``uniform``), the
-false-alarm rate (same-workload pairs with any regression or step-time verdict), how
-often ``--fail-on-regression 3`` agrees with the verdicts, and compare wall time against
-the time to read both sides (the reference, measured in the same run).
+Captures are taken round-robin (one of every variant per round, two of the unchanged
+workload), so that the machine's load drifts over all variants alike. Changes, each of
+K % of the step calibrated in the capture's own process:
 
-    .venv/bin/python bench/detection.py                       # ~10 min on 2 cores
-    .venv/bin/python bench/detection.py --quick               # 4 same, 3 pairs per change
-    .venv/bin/python bench/detection.py --keep /tmp/caps      # reuse captures across runs
+* ``added K``: a new jitted function (``extra_work``);
+* ``grown K``: an existing op (the step's ``while`` loop) K % of the step longer;
+* ``input K``: the data phase K % of the step longer;
+* ``uniform K``: every op K % slower (the transformer's batch K % larger; the MLP's
+  step done twice whatever K is).
+
+For each (captures a side n, change, K) it draws comparisons of n unchanged captures
+against n changed ones, and judges both orientations: forward (unchanged -> changed) is
+detected when the top regression names the changed work (``uniform``: the step verdict
+``slower``); reverse (changed -> unchanged) when the top improvement names it
+(``uniform``: ``faster``). ``same`` draws n unchanged against n other unchanged
+captures, both orientations: the false-alarm rate is the share of orientations with any
+verdict (a regression, an improvement verdict, or a step verdict other than
+``unchanged``). It prints both, the ``min_detectable`` the comparisons stated, and the
+compare time against reading the same captures once (the reference, same run).
+
+    .venv/bin/python bench/detection.py --shapes transformer          # ~25 min on 2 cores
+    .venv/bin/python bench/detection.py --quick                       # ~3 min
+    .venv/bin/python bench/detection.py --keep /tmp/caps --captures-only  # captures alone
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -39,184 +49,241 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKLOAD = ROOT / "bench" / "detection_workload.py"
-GATE_PCT = 3.0
-# (variant, K): the changes measured, and the name that a detection must carry.
-CHANGES = [
-    ("added", 2.0), ("added", 5.0), ("added", 10.0), ("added", 20.0),
-    ("slower_op", 5.0), ("slower_op", 20.0),
-    ("input", 5.0), ("input", 20.0),
-    ("uniform", 100.0),
-]  # fmt: skip
-NAMES = {"added": "extra_work", "slower_op": "jit_train_step;while", "input": "input_pipeline"}
+WORKLOADS = {
+    "mlp": ROOT / "bench" / "detection_workload.py",
+    "transformer": ROOT / "bench" / "transformer_workload.py",
+}
+# The workloads' own names for each variant (detection_workload.py says slower_op).
+VARIANT_ARG = {"added": "added", "grown": "slower_op", "input": "input", "uniform": "uniform"}
+# The frame a detection must name, per workload shape and variant.
+NAMES = {
+    "mlp": {"added": "extra_work", "grown": "jit_train_step;while", "input": "input_pipeline"},
+    "transformer": {"added": "extra_work", "grown": "jit_block_step;while", "input": "load_batch"},
+}
+VARIANTS = ("added", "grown", "input", "uniform")
+KS = (5.0, 10.0, 20.0)
+SIDES = (1, 2, 4, 8)
+# Comparisons drawn per (n, change) for n > 1 (n = 1 takes every pair, up to this many).
+DRAWS = 24
+_SEED = 20261204
 
 
-def capture(out: Path, variant: str, k_pct: float) -> dict[str, Any]:
+def capture(out: Path, shape: str, variant: str, k_pct: float) -> dict[str, Any]:
     manifest = out / "capture.json"
     if manifest.exists():
         return dict(json.loads(manifest.read_text()))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    arg = VARIANT_ARG.get(variant, variant)
     done = subprocess.run(
-        [sys.executable, str(WORKLOAD), str(out), variant, str(k_pct)],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
+        [sys.executable, str(WORKLOADS[shape]), str(out), arg, str(k_pct)],
+        capture_output=True, text=True, env=env, timeout=900, check=False,
     )  # fmt: skip
     if done.returncode:
         raise SystemExit(f"workload failed:\n{done.stderr[-2000:]}")
     line = next(x for x in done.stdout.splitlines() if x.startswith("DONE"))
     _, path, step_ms, unit_ms, iterations, traced_ms = line.split()
     record = {
-        "path": path,
-        "variant": variant,
-        "k_pct": k_pct,
-        "calibrated_step_ms": float(step_ms),
-        "unit_ms": float(unit_ms),
-        "iterations": int(iterations),
-        "traced_step_ms": float(traced_ms),
-    }
+        "path": path, "shape": shape, "variant": variant, "k_pct": k_pct,
+        "calibrated_step_ms": float(step_ms), "unit_ms": float(unit_ms),
+        "iterations": int(iterations), "traced_step_ms": float(traced_ms),
+        "taken": time.time(),
+    }  # fmt: skip
     manifest.write_text(json.dumps(record))
     return record
 
 
-def detected(result: Any, variant: str) -> bool:
-    """Whether the comparison's verdict names the change that was made."""
-    if variant == "uniform":
-        return bool(result.step_verdict.verdict == "slower")
-    top = result.top_regression
-    return top is not None and NAMES[variant] in top.to_json()["frame"]
+def take_captures(
+    root: Path, shape: str, rounds: int, changes: list[tuple[str, float]]
+) -> tuple[list[dict[str, Any]], dict[tuple[str, float], list[dict[str, Any]]]]:
+    """Round-robin: every round one capture of each change and two unchanged ones."""
+    same: list[dict[str, Any]] = []
+    changed: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
+    for r in range(rounds):
+        same.append(capture(root / f"{shape}-same-{2 * r}", shape, "same", 0.0))
+        for variant, k in changes:
+            changed[(variant, k)].append(
+                capture(root / f"{shape}-{variant}-{k:g}-{r}", shape, variant, k)
+            )
+        same.append(capture(root / f"{shape}-same-{2 * r + 1}", shape, "same", 0.0))
+        print(f"  {shape}: round {r + 1}/{rounds} captured", flush=True)
+    return same, changed
 
 
-def expected_gate(data: dict[str, Any], pct: float) -> bool:
-    """What ``--fail-on-regression pct`` must do, from the comparison's JSON alone."""
-    verdict = data["step_verdict"]
-    slower = verdict["verdict"] == "slower" and (verdict["change_pct"] or 0) > pct
-    return slower or any(e["regression"] and e["step_pct"] > pct for e in data["regressions"])
+def named(entries: list[Any], name: str) -> bool:
+    top = next((e for e in entries if e.regression), None)
+    return top is not None and name in top.to_json()["frame"]
 
 
 def any_verdict(result: Any) -> bool:
-    return result.top_regression is not None or result.step_verdict.verdict != "unchanged"
+    return (
+        result.top_regression is not None
+        or any(e.regression for e in result.improvements)
+        or result.step_verdict.verdict not in ("unchanged", "unknown")
+    )
+
+
+def draws(
+    rng: random.Random, pool_a: list[int], pool_b: list[int] | None, n: int, limit: int
+) -> list[tuple[list[int], list[int]]]:
+    """Index sets (base, head) of n each: from one pool (disjoint) or from two."""
+    out: list[tuple[list[int], list[int]]] = []
+    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    for _ in range(limit * 20):
+        if len(out) >= limit:
+            break
+        if pool_b is None:
+            if 2 * n > len(pool_a):
+                break
+            picked = rng.sample(pool_a, 2 * n)
+            a, b = sorted(picked[:n]), sorted(picked[n:])
+        else:
+            if n > len(pool_a) or n > len(pool_b):
+                break
+            a, b = sorted(rng.sample(pool_a, n)), sorted(rng.sample(pool_b, n))
+        key = (tuple(a), tuple(b))
+        if key in seen or (pool_b is None and (tuple(b), tuple(a)) in seen):
+            continue
+        seen.add(key)
+        out.append((a, b))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--same", type=int, default=12, help="captures of the unchanged workload")
-    parser.add_argument("--pairs", type=int, default=10, help="pairs per change")
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--shapes", default="mlp,transformer")
+    parser.add_argument("--rounds", type=int, default=8, help="captures of each change")
+    parser.add_argument("--ks", default=",".join(f"{k:g}" for k in KS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--sides", default=",".join(str(n) for n in SIDES))
+    parser.add_argument("--draws", type=int, default=DRAWS)
+    parser.add_argument("--quick", action="store_true", help="2 rounds, K = 10 %%, 1-2 a side")
     parser.add_argument("--keep", type=Path, help="keep (and reuse) captures in this directory")
+    parser.add_argument("--captures-only", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = parser.parse_args()
-    n_same, n_pairs = (4, 3) if args.quick else (args.same, args.pairs)
-
-    from exporter.analysis.compare import compare_sides
-    from exporter.analysis.sides import load_sides
+    shapes = args.shapes.split(",")
+    ks = [float(k) for k in args.ks.split(",")]
+    variants = args.variants.split(",")
+    sides_n = [int(n) for n in args.sides.split(",")]
+    rounds, n_draws = args.rounds, args.draws
+    if args.quick:
+        shapes, ks, sides_n, rounds, n_draws = ["transformer"], [10.0], [1, 2], 2, 4
+    changes = [(v, k) for v in variants for k in ks]
 
     with tempfile.TemporaryDirectory(prefix="mlprof-detection-") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        same = [capture(root / f"same-{i}", "same", 0.0) for i in range(n_same)]
-        changed = {
-            (variant, k): [
-                capture(root / f"{variant}-{k:g}-{i}", variant, k) for i in range(n_pairs)
-            ]
-            for variant, k in CHANGES
-        }
+        taken = {shape: take_captures(root, shape, rounds, changes) for shape in shapes}
         print(f"captures ready in {time.perf_counter() - started:.0f}s ({root})", flush=True)
-
-        views = {"default": None, "device": "device", "host": "host"}
-        cache: dict[str, Any] = {}
-
-        def sides(path: str) -> Any:
-            if path not in cache:
-                t0 = time.perf_counter()
-                cache[path] = (load_sides(path, ["device", "host"]), time.perf_counter() - t0)
-                from exporter.analysis.sides import load_side
-
-                t0 = time.perf_counter()
-                cache[path][0]["default"] = load_side(path, None)
-                cache[path] = (cache[path][0], cache[path][1] + time.perf_counter() - t0)
-            return cache[path]
-
-        pairs: list[tuple[str, float, dict[str, Any], dict[str, Any]]] = [
-            ("same", 0.0, a, b) for a, b in itertools.combinations(same, 2)
-        ]
-        for (variant, k), heads in changed.items():
-            pairs += [(variant, k, same[i % n_same], head) for i, head in enumerate(heads)]
-
-        rows: dict[tuple[str, str, float], list[dict[str, Any]]] = defaultdict(list)
-        read_s, compare_s = [], []
-        for variant, k, base, head in pairs:
-            (b_sides, b_s), (h_sides, h_s) = sides(base["path"]), sides(head["path"])
-            read_s.append(b_s + h_s)
-            for view, kind in views.items():
-                key = kind or "default"
-                t0 = time.perf_counter()
-                result = compare_sides(b_sides[key], h_sides[key])
-                elapsed = time.perf_counter() - t0
-                if view == "default":
-                    compare_s.append(elapsed)
-                gate = bool(result.gate_reasons(GATE_PCT))
-                top = result.top_regression
-                rows[(view, variant, k)].append({
-                    "detected": variant != "same" and detected(result, variant),
-                    "any": any_verdict(result),
-                    "gate": gate,
-                    # The gate agrees when it fails exactly on a verdict above its limit,
-                    # read from the JSON a user sees.
-                    "agrees": gate == expected_gate(result.to_json(), GATE_PCT),
-                    "step_change_pct": result.step_verdict.change_pct,
-                    "top": None if top is None else top.to_json()["frame"],
-                    "top_step_pct": None if top is None else top.step_pct,
-                    "measured_k": measured_k(result, variant),
-                })  # fmt: skip
-
-        out: dict[str, Any] = {"views": {}}
-        print(f"\n{len(pairs)} pairs; same-workload pairs: {n_same * (n_same - 1) // 2}")
-        for view in views:
-            print(f"\n[{view}]  change      pairs  detected  any-verdict  gate-agrees  measured K")
-            out["views"][view] = {}
-            for variant, k in [("same", 0.0), *CHANGES]:
-                got = rows[(view, variant, k)]
-                if not got:
-                    continue
-                det = sum(r["detected"] for r in got)
-                anyv = sum(r["any"] for r in got)
-                agree = sum(r["agrees"] for r in got)
-                ks = [r["measured_k"] for r in got if r["measured_k"] is not None]
-                label = "same" if variant == "same" else f"{variant} {k:g}%"
-                mk = f"{statistics.median(ks):5.1f}%" if ks else "    -"
-                print(
-                    f"  {label:16s} {len(got):5d}  {det:4d} ({100 * det / len(got):3.0f}%)"
-                    f"  {anyv:4d} ({100 * anyv / len(got):3.0f}%)"
-                    f"  {agree:4d}/{len(got):<4d}  {mk}"
-                )
-                out["views"][view][label] = {
-                    "pairs": len(got), "detected": det, "any_verdict": anyv,
-                    "gate_agrees": agree, "rows": got,
-                    "measured_k_median": statistics.median(ks) if ks else None,
-                }  # fmt: skip
-        ratio = statistics.median(compare_s) / statistics.median(read_s)
-        print(
-            f"\ncompare (default view) median {1e3 * statistics.median(compare_s):.1f} ms a pair; "
-            f"reading both sides (reference, same run) {1e3 * statistics.median(read_s):.0f} ms: "
-            f"{ratio:.3f}x"
-        )
+        if args.captures_only:
+            return
+        out = {shape: evaluate(shape, *taken[shape], sides_n, n_draws) for shape in shapes}
         if args.json:
             args.json.write_text(json.dumps(out, indent=1))
 
 
-def measured_k(result: Any, variant: str) -> float | None:
-    """The change's size as the capture shows it: % of the base's median step."""
-    if variant in ("same", "uniform"):
-        return None
-    name = NAMES[variant]
-    base_step = result.step_verdict.base_median_ms
-    if not base_step:
-        return None
-    moved = 0.0
-    for entry in result.regressions:
-        if entry.basis == "self" and name in entry.to_json()["frame"]:
-            moved += entry.excess_ms
-    return 100 * moved / base_step
+def evaluate(
+    shape: str,
+    same: list[dict[str, Any]],
+    changed: dict[tuple[str, float], list[dict[str, Any]]],
+    sides_n: list[int],
+    n_draws: int,
+) -> dict[str, Any]:
+    from exporter.analysis.compare import compare_sides
+    from exporter.analysis.sides import load_side
+
+    cache: dict[str, Any] = {}
+    read_s: dict[str, float] = {}
+
+    def side(record: dict[str, Any]) -> Any:
+        path = record["path"]
+        if path not in cache:
+            t0 = time.perf_counter()
+            cache[path] = load_side(path, None)
+            read_s[path] = time.perf_counter() - t0
+        return cache[path]
+
+    rng = random.Random(_SEED)
+    rows: dict[tuple[int, str, float], list[dict[str, Any]]] = defaultdict(list)
+    compare_s: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for n in sides_n:
+        cells: list[tuple[str, float, list[Any], list[Any]]] = []
+        limit = 10 * n_draws if n == 1 else n_draws
+        for a, b in draws(rng, list(range(len(same))), None, n, limit):
+            cells.append(("same", 0.0, [same[i] for i in a], [same[i] for i in b]))
+        for (variant, k), heads in changed.items():
+            for a, b in draws(rng, list(range(len(same))), list(range(len(heads))), n, n_draws):
+                cells.append((variant, k, [same[i] for i in a], [heads[i] for i in b]))
+        for variant, k, base_records, head_records in cells:
+            base = [side(r) for r in base_records]
+            head = [side(r) for r in head_records]
+            for orientation, (one, other) in (("forward", (base, head)), ("reverse", (head, base))):
+                t0 = time.perf_counter()
+                result = compare_sides(one, other)
+                elapsed = time.perf_counter() - t0
+                reading = sum(read_s[r["path"]] for r in base_records + head_records)
+                compare_s[n].append((elapsed, reading))
+                if variant == "same":
+                    hit = False
+                elif variant == "uniform":
+                    want = "slower" if orientation == "forward" else "faster"
+                    hit = result.step_verdict.verdict == want
+                else:
+                    name = NAMES[shape][variant]
+                    entries = (
+                        result.regressions if orientation == "forward" else (result.improvements)
+                    )
+                    hit = named(entries, name)
+                md = result.min_detectable
+                rows[(n, variant, k)].append({
+                    "orientation": orientation,
+                    "detected": hit,
+                    "any": any_verdict(result),
+                    "step_change_pct": result.step_verdict.change_pct,
+                    "step_verdict": result.step_verdict.verdict,
+                    "min_step_pct": md.get("step_change_pct"),
+                    "min_frame_pct": md.get("frame_excess_pct"),
+                })  # fmt: skip
+    report: dict[str, Any] = {}
+    print(f"\n[{shape}] {len(same)} unchanged captures; "
+          f"{', '.join(f'{len(v)} {k[0]} {k[1]:g}%' for k, v in changed.items())}")  # fmt: skip
+    print(
+        "  n  change        comparisons  forward      reverse      any verdict   "
+        "min step / frame (median, %)"
+    )
+    for (n, variant, k), got in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        fwd = [r for r in got if r["orientation"] == "forward"]
+        rev = [r for r in got if r["orientation"] == "reverse"]
+        det_f, det_r = sum(r["detected"] for r in fwd), sum(r["detected"] for r in rev)
+        anyv = sum(r["any"] for r in got)
+        label = "same" if variant == "same" else f"{variant} {k:g}%"
+        steps = [r["min_step_pct"] for r in got if r["min_step_pct"] is not None]
+        frames = [r["min_frame_pct"] for r in got if r["min_frame_pct"] is not None]
+        md = (
+            f"{statistics.median(steps):5.1f} / {statistics.median(frames):5.1f}"
+            if steps and frames
+            else "-"
+        )
+        print(
+            f"  {n}  {label:12s} {len(fwd):6d}     "
+            f"{det_f:3d} ({100 * det_f / max(1, len(fwd)):3.0f}%)  "
+            f"{det_r:3d} ({100 * det_r / max(1, len(rev)):3.0f}%)  "
+            f"{anyv:3d}/{len(got):<3d} ({100 * anyv / max(1, len(got)):3.0f}%)  {md}"
+        )
+        report[f"{n} {label}"] = {
+            "comparisons": len(fwd), "forward": det_f, "reverse": det_r,
+            "any_verdict": anyv, "orientations": len(got), "rows": got,
+        }  # fmt: skip
+    for n, times in sorted(compare_s.items()):
+        comp = statistics.median(t for t, _ in times)
+        ref = statistics.median(r for _, r in times)
+        print(
+            f"  compare, {n} a side: median {1e3 * comp:.0f} ms; reading those {2 * n} "
+            f"captures once (reference, same run) {1e3 * ref:.0f} ms: {comp / ref:.2f}x"
+        )
+        report[f"compare_time {n}"] = {"compare_s": comp, "read_s": ref}
+    return report
 
 
 if __name__ == "__main__":

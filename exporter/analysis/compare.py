@@ -1,30 +1,48 @@
 """Compare two sides: did the step get slower, by how much, beyond noise, and which work
 explains the difference, in time per step.
 
+A side is one :class:`Side` or several: **replicates**, each one capture (one process)
+of the same workload. Their steps are pooled for the times shown, and the spread
+*between* them is the run-to-run noise the verdicts are judged against; with one
+capture a side that noise is not measured and fixed floors stand in for it (the JSON
+says which: ``noise.between_runs``).
+
 The answer comes in this order:
 
-1. **Step time** (:class:`StepVerdict`): the median step of each side, the change with
-   a bootstrap interval, and a verdict against the change that separate runs of the
-   same workload show on that backend (:data:`exporter.analysis.noise.STEP_NOISE_PCT`,
-   or the spread of the workload's own history when the caller has one).
+1. **Step time** (:class:`StepVerdict`): the median step of each side (of several
+   captures, the geometric mean of their medians), the change, and a verdict judged in
+   ratio (log) space so that A vs B and B vs A mirror each other ("faster" is "slower"
+   read backwards). One capture a side: a bootstrap interval and the factor that
+   separate runs of the same workload show on that backend
+   (:data:`exporter.analysis.noise.STEP_NOISE_PCT`, or the spread of the workload's own
+   history); replicates: Student's t on the captures' log median steps.
 2. **Attribution in absolute time.** Every frame's mean time per step on each side
    (``base_ms``/``head_ms``), its change (``delta_ms``) and its **excess**: the change
    beyond the machine-wide factor ``scale`` (the time-weighted median of head/base over
    the work both sides ran; another process on the machine slows every op alike, new
    work does not). ``step_pct`` is the excess as a share of the base step at the head's
    speed (``scale`` x base median step): "this function adds 5 % to the step".
-   ``explains_pct`` is the excess as a share of the step-time change.
-3. **Verdicts.** A frame is a regression when it is significant (Mann-Whitney U across
-   steps of its scaled time per step, Benjamini-Hochberg across the frames tested) and
-   large: new work (absent from every base step) from
-   :data:`~exporter.analysis.noise.MIN_NEW_STEP_PCT` of the step, grown work from
-   :data:`~exporter.analysis.noise.MIN_GROWN_STEP_PCT` and
-   :data:`~exporter.analysis.noise.MIN_RELATIVE_CHANGE` of its own time. Runtime waits
+   ``explains_pct`` is the excess as a share of the step-time change, given only when
+   that change is a verdict (beyond noise).
+3. **Verdicts.** A frame is a regression when it is significant and large. One capture a
+   side: significant by Mann-Whitney U across steps of its scaled time per step
+   (Benjamini-Hochberg across the frames tested), large from
+   :data:`~exporter.analysis.noise.MIN_NEW_STEP_PCT` of the step for new (or, read
+   backwards, removed) work, from :data:`~exporter.analysis.noise.MIN_GROWN_STEP_PCT`
+   and :data:`~exporter.analysis.noise.MIN_RELATIVE_CHANGE` of its own time (in ratio
+   terms, both ways) for work that grew. Replicates: significant by Student's t between
+   the captures' values after each capture's own machine-wide scale
+   (:func:`exporter.analysis.noise.replicate_tests`), large from
+   :data:`~exporter.analysis.noise.REPLICATE_MIN_STEP_PCT`. Runtime waits
    (XLA's executor waiting for its thunks, a host thread in dispatch, the step
    annotation's own time while XLA works) are kept out of the candidates: their time
    is the work they wait on, which is judged itself (``"wait": true`` in the JSON).
-   When the step got slower and the frames explain less than half of it, the slowdown
-   is **uniform** (every op scaled alike: a machine, clock or configuration change).
+   When the step changed and the frames explain less than half of it, the change is
+   **uniform** (every op scaled alike: a machine, clock or configuration change).
+4. **What it could have seen** (``min_detectable``): the smallest step change and
+   per-frame excess these captures could call at the false-alarm rate, and how many
+   captures a side would bring them to 5 % (only when the between-run noise is
+   measured).
 
 ``delta_*_pts`` (each side's share of its own total, head - base) are still given: the
 flame-graph colours use them. ``share`` normalisation (no steps on a side) compares
@@ -38,7 +56,10 @@ Each list is ordered by verdict, then by excess time per step.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -48,6 +69,7 @@ import numpy as np
 from exporter.analysis import noise
 from exporter.analysis.diff import AlignedTree, DiffFrame, align
 from exporter.analysis.noise import HOST_PHASE
+from exporter.analysis.rank_tests import student_t_critical, student_t_two_sided
 from exporter.analysis.sides import HOST_FRAME, XLA_THREAD, Side
 from exporter.analysis.xla_host import RUNTIME_WAIT_RE
 
@@ -80,6 +102,14 @@ SCALE_BAND: Final = 1.5
 # Bootstrap resamples for the interval of the median step's change.
 BOOTSTRAP_RESAMPLES: Final = 2000
 _RNG_SEED: Final = 20261201  # fixed: the same inputs give the same interval
+# min_detectable: the step change and frame excess (% of the step) whose number of
+# captures a side it states, and the most captures it will name.
+TARGET_DETECTABLE_PCT: Final = 5.0
+MAX_CAPTURES_NAMED: Final = 64
+# A robust standard deviation from a median absolute deviation (a normal's).
+_MAD_SIGMA: Final = 1.4826
+# The standard error of a median is this times the one of a mean (a normal's, sqrt(pi/2)).
+_MEDIAN_SE: Final = 1.2533
 
 Normalisation = Literal["per_step", "share"]
 Verdict = Literal["slower", "faster", "unchanged", "unknown"]
@@ -125,18 +155,34 @@ def is_host_phase(frame: DiffFrame) -> bool:
 
 @dataclass
 class StepVerdict:
-    """Step time base -> head and whether it moved beyond run-to-run noise."""
+    """Step time base -> head and whether it moved beyond run-to-run noise.
+
+    The verdict is judged on the ratio head/base, so a change and its mirror image
+    (base and head swapped) get mirrored verdicts: ``noise_pct`` is the factor either
+    way (80 %: slower beyond x1.8, faster beyond x1/1.8, i.e. -44.4 %).
+    """
 
     base_median_ms: float | None
     head_median_ms: float | None
     change_pct: float | None
-    interval_pct: tuple[float, float] | None  # bootstrap 95 % interval of change_pct
-    noise_pct: float  # a change within this is what separate runs of one workload show
+    interval_pct: tuple[float, float] | None  # 95 % interval of change_pct
+    noise_pct: float  # a change within this factor is what separate runs show
     noise_source: str
     verdict: Verdict
     scale: float | None  # machine-wide factor: head/base time of the work both ran
     uniform: bool = False
-    explained_pct: float | None = None  # share of the change the regressions explain
+    explained_pct: float | None = None  # share of the change the verdicts explain
+    replicates: tuple[int, int] = (1, 1)  # captures on each side
+    between_runs: bool = False  # noise measured between the replicates
+    p_value: float | None = None  # of the between-replicate test
+
+    @property
+    def statistic(self) -> str:
+        return (
+            "median step of each side"
+            if self.replicates == (1, 1)
+            else "geometric mean of each capture's median step"
+        )
 
     def to_json(self) -> dict[str, Any]:
         def num(v: float | None) -> float | None:
@@ -145,12 +191,17 @@ class StepVerdict:
         return {
             "base_median_ms": num(self.base_median_ms),
             "head_median_ms": num(self.head_median_ms),
+            "statistic": self.statistic,
             "change_pct": num(self.change_pct),
             "interval_pct": None
             if self.interval_pct is None
             else [num(v) for v in self.interval_pct],
-            "noise_pct": self.noise_pct,
+            "noise_pct": num(self.noise_pct),
+            "noise_ratio": num(1 + self.noise_pct / 100),
             "noise_source": self.noise_source,
+            "between_runs": self.between_runs,
+            "replicates": list(self.replicates),
+            "p_value": None if self.p_value is None else float(f"{self.p_value:.3g}"),
             "verdict": self.verdict,
             "scale": num(self.scale),
             "uniform": self.uniform,
@@ -172,10 +223,11 @@ class StepVerdict:
             "unchanged": "within noise",
             "unknown": "too few steps for a verdict",
         }[self.verdict]
+        what = "median step" if self.replicates == (1, 1) else "median step (captures' geo-mean)"
         line = (
-            f"step time {self.base_median_ms:.2f} ms -> {self.head_median_ms:.2f} ms "
-            f"({self.change_pct:+.1f} %){ci}: {said} (noise {self.noise_pct:g} %, "
-            f"{self.noise_source})"
+            f"{what} {self.base_median_ms:.2f} ms -> {self.head_median_ms:.2f} ms "
+            f"({self.change_pct:+.1f} %){ci}: {said} (noise x{1 + self.noise_pct / 100:.3g} "
+            f"either way, {self.noise_source})"
         )
         if self.uniform and self.scale is not None:
             line += (
@@ -283,6 +335,11 @@ class Comparison:
     step_verdict: StepVerdict = field(
         default_factory=lambda: StepVerdict(None, None, None, None, 0.0, "", "unknown", None)
     )
+    # Each side's captures (replicates); base/head above are them pooled.
+    base_replicates: list[Side] = field(default_factory=list)
+    head_replicates: list[Side] = field(default_factory=list)
+    replicated: bool = False  # the noise between runs measured between the replicates
+    min_detectable: dict[str, Any] = field(default_factory=dict)
 
     @property
     def view(self) -> str:
@@ -342,6 +399,8 @@ class Comparison:
 
     def to_json(self, top: int | None = None) -> dict[str, Any]:
         base, head = self.base.describe(), self.head.describe()
+        base["replicates"] = len(self.base_replicates) or 1
+        head["replicates"] = len(self.head_replicates) or 1
         means = self.tree.means()
         base["total"], head["total"] = _num(means[1][0]), _num(means[3][0])
         base["whole_total"], head["whole_total"] = (
@@ -360,6 +419,15 @@ class Comparison:
                 "step_noise_pct": self.step_verdict.noise_pct,
                 "noise_view": self.noise_view,
                 "verdict": self.verdict_possible,
+                "between_runs": {
+                    "measured": self.replicated,
+                    "replicates": [len(self.base_replicates), len(self.head_replicates)],
+                    "method": "student's t between the captures, each after its own "
+                    "machine-wide scale; benjamini-hochberg across frames"
+                    if self.replicated
+                    else "not measured (one capture a side): the fixed floors stand in",
+                    "min_replicate_step_pct": noise.REPLICATE_MIN_STEP_PCT,
+                },
             }
         else:
             noise_model = {
@@ -380,6 +448,7 @@ class Comparison:
             "head": head,
             "step_time": self.step_time(),
             "step_verdict": self.step_verdict.to_json(),
+            "min_detectable": self.min_detectable,
             "regressions": [e.to_json() for e in self.regressions[:top]],
             "improvements": [e.to_json() for e in self.improvements[:top]],
             "notes": self.notes,
@@ -424,48 +493,142 @@ def _scales(base: np.ndarray, head: np.ndarray, candidates: np.ndarray) -> list[
 
 
 def _step_verdict(
-    base_ns: Sequence[int],
-    head_ns: Sequence[int],
+    base_groups: Sequence[Sequence[int]],
+    head_groups: Sequence[Sequence[int]],
     view: str,
     history: Sequence[float] | None,
 ) -> StepVerdict:
+    """The step verdict from each side's captures' step lengths (one list per capture)."""
     noise_pct, source = noise.STEP_NOISE_PCT[view], noise.STEP_NOISE_SOURCE[view]
     if history is not None and len(history) >= noise.MIN_HISTORY:
         noise_pct, source = noise.history_step_noise_pct(history), f"{len(history)} earlier runs"
+    base_ns = [n for g in base_groups for n in g]
+    head_ns = [n for g in head_groups for n in g]
+    shape = (len(base_groups), len(head_groups))
     if not base_ns or not head_ns:
-        return StepVerdict(None, None, None, None, noise_pct, source, "unknown", None)
+        return StepVerdict(None, None, None, None, noise_pct, source, "unknown", None,
+                           replicates=shape)  # fmt: skip
+    if sum(shape) >= 3 and all(len(g) for g in [*base_groups, *head_groups]):
+        return _replicate_step_verdict(base_groups, head_groups)
     b, h = np.asarray(base_ns, float), np.asarray(head_ns, float)
     b_med, h_med = float(np.median(b)), float(np.median(h))
-    change = 100 * (h_med - b_med) / b_med if b_med > 0 else None
-    if change is None or min(len(b), len(h)) < noise.MIN_STEPS:
-        return StepVerdict(
-            b_med / 1e6, h_med / 1e6, change, None, noise_pct, source, "unknown", None
-        )
-    rng = np.random.default_rng(_RNG_SEED)
-    rb = np.median(rng.choice(b, (BOOTSTRAP_RESAMPLES, len(b))), axis=1)
-    rh = np.median(rng.choice(h, (BOOTSTRAP_RESAMPLES, len(h))), axis=1)
-    changes = 100 * (rh - rb) / rb
-    lo, hi = (float(v) for v in np.percentile(changes, [2.5, 97.5]))
+    if b_med <= 0 or h_med <= 0:
+        return StepVerdict(b_med / 1e6, h_med / 1e6, None, None, noise_pct, source, "unknown",
+                           None, replicates=shape)  # fmt: skip
+    change = 100 * (h_med / b_med - 1)
+    if min(len(b), len(h)) < noise.MIN_STEPS:
+        return StepVerdict(b_med / 1e6, h_med / 1e6, change, None, noise_pct, source, "unknown",
+                           None, replicates=shape)  # fmt: skip
+    # The bootstrap of each side's median, in log space; each side's resamples are seeded
+    # by its own values, so that swapping base and head negates the interval exactly.
+    log_rb = np.log(_bootstrap_medians(b))
+    log_rh = np.log(_bootstrap_medians(h))
+    lo, hi = (float(v) for v in np.percentile(log_rh - log_rb, [2.5, 97.5]))
+    d, bound = math.log(h_med / b_med), math.log1p(noise_pct / 100)
     verdict: Verdict = "unchanged"
-    if change > noise_pct and lo > 0:
+    if d > bound and lo > 0:
         verdict = "slower"
-    elif change < -noise_pct and hi < 0:
+    elif d < -bound and hi < 0:
         verdict = "faster"
-    return StepVerdict(b_med / 1e6, h_med / 1e6, change, (lo, hi), noise_pct, source, verdict, None)
+    interval = (100 * math.expm1(lo), 100 * math.expm1(hi))
+    return StepVerdict(b_med / 1e6, h_med / 1e6, change, interval, noise_pct, source, verdict,
+                       None, replicates=shape)  # fmt: skip
 
 
-def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None) -> Comparison:
+def _bootstrap_medians(values: np.ndarray) -> np.ndarray:
+    seed = zlib.crc32(np.sort(values).tobytes()) ^ _RNG_SEED
+    rng = np.random.default_rng(seed)
+    return np.asarray(np.median(rng.choice(values, (BOOTSTRAP_RESAMPLES, len(values))), axis=1))
+
+
+def _log_median_within(groups: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per capture: its log median step, and that median's variance its own steps show."""
+    medians, within = [], []
+    for group in groups:
+        logs = np.log(np.maximum(np.asarray(group, float), 1.0))
+        med = float(np.median(logs))
+        sigma = _MAD_SIGMA * float(np.median(np.abs(logs - med)))
+        medians.append(med)
+        within.append((_MEDIAN_SE * sigma) ** 2 / len(logs))
+    return np.asarray(medians), np.asarray(within)
+
+
+def _replicate_step_verdict(
+    base_groups: Sequence[Sequence[int]], head_groups: Sequence[Sequence[int]]
+) -> StepVerdict:
+    """Student's t on the captures' log median steps (see the module doc)."""
+    mb, wb = _log_median_within(base_groups)
+    mh, wh = _log_median_within(head_groups)
+    nb, nh = len(mb), len(mh)
+    df = nb + nh - 2
+    sd = _pooled_sd(mb, mh, float(np.concatenate([wb, wh]).mean()))
+    se = sd * math.sqrt(1 / nb + 1 / nh)
+    d = float(mh.mean() - mb.mean())
+    p = float(student_t_two_sided(d / se, df)) if se > 0 else (0.0 if d else 1.0)
+    half = student_t_critical(0.05, df) * se
+    detectable = max(
+        100 * math.expm1(student_t_critical(noise.FDR_ALPHA, df) * se), noise.MIN_STEP_CHANGE_PCT
+    )
+    verdict: Verdict = "unchanged"
+    if p < noise.FDR_ALPHA and abs(d) >= math.log1p(noise.MIN_STEP_CHANGE_PCT / 100):
+        verdict = "slower" if d > 0 else "faster"
+    b_ms, h_ms = math.exp(float(mb.mean())) / 1e6, math.exp(float(mh.mean())) / 1e6
+    return StepVerdict(
+        b_ms,
+        h_ms,
+        100 * math.expm1(d),
+        (100 * math.expm1(d - half), 100 * math.expm1(d + half)),
+        round(detectable, 2),
+        f"measured between the {nb} + {nh} captures (Student's t on their log median steps)",
+        verdict,
+        None,
+        replicates=(nb, nh),
+        between_runs=True,
+        p_value=p,
+    )
+
+
+def _pooled_sd(base: np.ndarray, head: np.ndarray, within: float) -> float:
+    """The standard deviation between captures (both sides' pooled), floored by the one of
+    a capture's own statistic."""
+    df = len(base) + len(head) - 2
+    between = float(((base - base.mean()) ** 2).sum() + ((head - head.mean()) ** 2).sum()) / df
+    return math.sqrt(max(between, within))
+
+
+def captures_needed(sd: float, target: float, alpha: float) -> int | None:
+    """Fewest captures a side (n each) whose t test calls a change of ``target`` (same
+    units as ``sd``, the standard deviation between captures) at ``alpha``."""
+    if sd <= 0:
+        return 2
+    for n in range(2, MAX_CAPTURES_NAMED + 1):
+        if student_t_critical(alpha, 2 * n - 2) * sd * math.sqrt(2 / n) <= target:
+            return n
+    return None
+
+
+def compare_sides(
+    base: Side | Sequence[Side],
+    head: Side | Sequence[Side],
+    history: Sequence[float] | None = None,
+) -> Comparison:
     """Compare ``head`` against ``base`` (see the module docstring).
 
-    ``history``: median step times (ns) of earlier runs of the same workload; with
+    Each side is one :class:`Side` or a non-empty sequence of them, one per capture
+    (process): replicates, whose spread is the noise between runs. ``history``: median
+    step times (ns) of earlier runs of the same workload; with
     :data:`~exporter.analysis.noise.MIN_HISTORY` or more, their spread replaces the
-    measured step-time noise of the backend.
+    measured step-time noise of the backend (one capture a side).
     """
-    if base.kind != head.kind or base.scope != head.scope:
-        raise ValueError(
-            f"cannot compare {base.scope or base.kind} ({base.spec}) with "
-            f"{head.scope or head.kind} ({head.spec})"
-        )
+    base_reps, head_reps = _replicates(base, "base"), _replicates(head, "head")
+    first = base_reps[0]
+    for side in [*base_reps[1:], *head_reps]:
+        if side.kind != first.kind or side.scope != first.scope:
+            raise ValueError(
+                f"cannot compare {first.scope or first.kind} ({first.spec}) with "
+                f"{side.scope or side.kind} ({side.spec})"
+            )
+    base, head = _pooled(base_reps), _pooled(head_reps)
     notes: list[str] = []
     per_step = bool(base.steps and head.steps)
     if per_step:
@@ -485,14 +648,35 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
                 f"total; a change counts only beyond the noise floor of {floor:g} points "
                 "measured between captures of the same workload"
             )
-    verdict_possible = per_step and min(len(base.steps), len(head.steps)) >= noise.MIN_STEPS
+    # Replicates: every capture holds steps, and there are enough for a spread.
+    replicated = (
+        per_step
+        and len(base_reps) + len(head_reps) >= 3
+        and all(r.steps for r in [*base_reps, *head_reps])
+    )
+    if per_step and len(base_reps) + len(head_reps) >= 3 and not replicated:
+        notes.append(
+            "a capture without step markers: the captures are pooled, with no measured "
+            "between-run noise"
+        )
+    verdict_possible = per_step and (
+        replicated or min(len(base.steps), len(head.steps)) >= noise.MIN_STEPS
+    )
     if per_step and not verdict_possible:
         notes.append(
             f"{min(len(base.steps), len(head.steps))} steps on one side: fewer than "
             f"{noise.MIN_STEPS}, so no change is called significant"
         )
     view = _noise_view(base, head)
-    step = _step_verdict(base.step_ns, head.step_ns, view, history) if per_step else None
+    step = None
+    if per_step:
+        groups = (
+            ([r.step_ns for r in base_reps], [r.step_ns for r in head_reps])
+            if replicated
+            else ([base.step_ns], [head.step_ns])
+        )
+        step = _step_verdict(*groups, view, history)
+        step.replicates = (len(base_reps), len(head_reps))
     bs, bt, hs, ht = tree.means()
     shares = {
         "bs": _shares_of(bs, bt),
@@ -525,17 +709,25 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
     work = np.flatnonzero(~not_work)
     work = work[work > 0]
     base_step_ns = float(np.median(base.step_ns)) if per_step and base.step_ns else 0.0
-    scale = None
-    if per_step and base_step_ns > 0:
-        floor_ns = base_step_ns * noise.MIN_GROWN_STEP_PCT[view] / 100
+    if step is not None and step.base_median_ms is not None:
+        base_step_ns = step.base_median_ms * 1e6  # one number: the verdict's own
+    # "Changed" by the scale (see scale_of) is by the floor that the verdicts use.
+    floor_ns = (
+        base_step_ns
+        * (noise.REPLICATE_MIN_STEP_PCT if replicated else noise.MIN_GROWN_STEP_PCT[view])
+        / 100
+    )
 
+    def scale_of(reference: np.ndarray, other: np.ndarray) -> float | None:
         def changed(k: float) -> int:
             # Fewest frames changed by the floor's time; on a tie the first (all the
             # common work) is kept: measured the steadier on loaded CPU captures.
-            return int((np.abs(hs[work] - k * bs[work]) >= floor_ns).sum())
+            return int((np.abs(other[work] - k * reference[work]) >= floor_ns).sum())
 
-        scales = _scales(bs, hs, work)
-        scale = min(scales, key=changed) if scales else None
+        scales = _scales(reference, other, work)
+        return min(scales, key=changed) if scales else None
+
+    scale = scale_of(bs, hs) if per_step and base_step_ns > 0 else None
     s = scale if scale is not None else 1.0
     expected_step = s * base_step_ns
     # Excess per frame and basis: head minus the base scaled to the head's speed.
@@ -547,8 +739,13 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
         ex_total = (ht - wait_head_total) - s * (bt - wait_base_total)
     new_self = tree.base_self.max(axis=1) == 0
     new_total = tree.base_total.max(axis=1) == 0
+    gone_self = tree.head_self.max(axis=1) == 0
+    gone_total = tree.head_total.max(axis=1) == 0
     tests: dict[tuple[str, int], tuple[float, float, float]] = {}
     small = min(noise.MIN_NEW_STEP_PCT[view], noise.MIN_GROWN_STEP_PCT[view]) / 2
+    if replicated:
+        small = min(small, noise.REPLICATE_MIN_STEP_PCT / 2)
+    detect_rows: np.ndarray | None = None
     if per_step and expected_step > 0:
         # Only frames that could be large are tested: the others cannot be regressions,
         # and testing them would weaken the correction across frames.
@@ -560,11 +757,18 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
         eligible_total = np.asarray(
             [i for i in eligible_total.tolist() if tree.frames[i].children], np.int64
         )
-        base_m = np.concatenate([tree.base_self[eligible_self], tree.base_total[eligible_total]])
-        head_m = (
-            np.concatenate([tree.head_self[eligible_self], tree.head_total[eligible_total]]) / s
-        )
-        result = noise.rank_tests(base_m, head_m, np.arange(len(base_m)))
+        if replicated:
+            between = _ReplicateValues(tree, base_reps, head_reps, bs, scale_of)
+            result = between.tests(eligible_self, eligible_total)
+            detect_rows = between.detectable_ns(work[bs[work] >= SCALE_MIN_WEIGHT * bs[work].sum()])
+        else:
+            base_m = np.concatenate(
+                [tree.base_self[eligible_self], tree.base_total[eligible_total]]
+            )
+            head_m = (
+                np.concatenate([tree.head_self[eligible_self], tree.head_total[eligible_total]]) / s
+            )
+            result = noise.rank_tests(base_m, head_m, np.arange(len(base_m)))
         n = len(eligible_self)
         for k, row in enumerate(eligible_self.tolist()):
             tests[("self", row)] = (result.p_values[k], result.q_values[k], result.effects[k])
@@ -579,6 +783,7 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
         if step and step.head_median_ms is not None and step.base_median_ms is not None
         else 0.0
     )
+    beyond_noise = step is not None and step.verdict in ("slower", "faster")
 
     def entry(frame: DiffFrame, basis: Literal["self", "total"]) -> Entry:
         i = frame.index
@@ -586,6 +791,7 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
         delta = d_self[i] if basis == "self" else d_total[i]
         excess = float(ex_self[i] if basis == "self" else ex_total[i])
         is_new = bool(new_self[i] if basis == "self" else new_total[i])
+        is_gone = bool(gone_self[i] if basis == "self" else gone_total[i])
         relative = None if before == 0 else float((after - s * before) / (s * before))
         test = tests.get((basis, i))
         # A thread's (or a wait's) total is no work of its own: its frames are judged.
@@ -594,16 +800,26 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
         if per_step:
             significant = bool(verdict_possible and test is not None and test[1] < noise.FDR_ALPHA)
             sign = 1.0 if excess > 0 else -1.0
-            floor_pct = (
-                noise.MIN_NEW_STEP_PCT[view]
-                if is_new and sign > 0
-                else noise.MIN_GROWN_STEP_PCT[HOST_PHASE if phases[i] else view]
-            )
+            # New work read backwards is removed work: the same floor, so that swapping
+            # base and head mirrors the verdict.
+            appeared = is_new if sign > 0 else is_gone
+            if replicated:
+                floor_pct = (
+                    noise.MIN_NEW_STEP_PCT[view] if appeared else noise.REPLICATE_MIN_STEP_PCT
+                )
+            else:
+                floor_pct = (
+                    noise.MIN_NEW_STEP_PCT[view]
+                    if appeared
+                    else noise.MIN_GROWN_STEP_PCT[HOST_PHASE if phases[i] else view]
+                )
+            # Of its own time, in ratio terms both ways (x1.1 grown is x1/1.1 shrunk).
+            ratio = None if before == 0 or after == 0 else float(after / (s * before))
             large = bool(
                 not wait
                 and (sign > 0 or after < before)  # an improvement took less time, not only
                 and sign * step_pct >= floor_pct
-                and (relative is None or sign * relative >= noise.MIN_RELATIVE_CHANGE)
+                and (ratio is None or abs(math.log(ratio)) >= math.log1p(noise.MIN_RELATIVE_CHANGE))
                 and (test is None or sign * test[2] > 0)
             )
         else:
@@ -643,7 +859,8 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
             head_ms=float(after) * ms,
             excess_ms=excess * ms if per_step else float(after - before) * ms,
             step_pct=step_pct,
-            explains_pct=100 * excess / step_change_ns if step_change_ns else None,
+            # Only a step change beyond noise is explained: a share of noise is noise.
+            explains_pct=100 * excess / step_change_ns if step_change_ns and beyond_noise else None,
             new=is_new,
             wait=wait,
         )
@@ -667,19 +884,24 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
     )
     if step is not None:
         step.scale = scale
-        explained = sum(e.excess_ms for e in _outermost([e for e in regressions if e.regression]))
-        if step_change_ns > 0:
+        if beyond_noise and step_change_ns:
+            # What the verdicts explain, in the change's own direction (mirrored).
+            listed = regressions if step_change_ns > 0 else improvements
+            explained = sum(e.excess_ms for e in _outermost([e for e in listed if e.regression]))
             step.explained_pct = 100 * explained * 1e6 / step_change_ns
-            step.uniform = step.verdict == "slower" and step.explained_pct < 100 * (
-                UNIFORM_UNEXPLAINED
-            )
+            step.uniform = step.explained_pct < 100 * UNIFORM_UNEXPLAINED
         waited = [e for e in regressions if e.wait and e.step_pct >= small]
         if waited:
             notes.append(
                 "runtime waits left out of the verdicts (their time is the work they wait "
                 f"on): {', '.join(sorted({e.frame.name for e in waited})[:4])}"
             )
-    return Comparison(
+    if per_step and not replicated:
+        notes.append(
+            "one capture a side: no measured between-run noise, fixed floors stand in for it "
+            "(give several captures a side to measure it)"
+        )
+    comparison = Comparison(
         base.kind,
         normalisation,
         base,
@@ -695,6 +917,184 @@ def compare_sides(base: Side, head: Side, history: Sequence[float] | None = None
         if step is not None
         else StepVerdict(None, None, None, None, 0.0, "no steps", "unknown", None),
     )
+    comparison.base_replicates, comparison.head_replicates = base_reps, head_reps
+    comparison.replicated = replicated
+    comparison.min_detectable = _min_detectable(
+        comparison, expected_step, view, replicated, detect_rows
+    )
+    return comparison
+
+
+def _replicates(sides: Side | Sequence[Side], role: str) -> list[Side]:
+    if isinstance(sides, Side):
+        return [sides]
+    out = list(sides)
+    if not out:
+        raise ValueError(f"no {role} side: expected one capture or more")
+    return out
+
+
+def _pooled(reps: list[Side]) -> Side:
+    """The replicates' steps and graphs as one side (each replicate left as it was)."""
+    if len(reps) == 1:
+        return reps[0]
+    first = reps[0]
+    whole = first.whole.copy()
+    for rep in reps[1:]:
+        whole.merge(rep.whole)
+    sources = {r.step_source for r in reps}
+    notes = [n for r in reps for n in r.notes]
+    return Side(
+        " + ".join(r.spec for r in reps),
+        "replicates",
+        first.kind,
+        whole,
+        [g for r in reps for g in r.steps],
+        [n for r in reps for n in r.step_ns],
+        first.step_source if len(sources) == 1 else "mixed",
+        [f for r in reps for f in r.files],
+        list(dict.fromkeys(notes)),
+        view=max((r.view for r in reps), key=lambda v: noise.MIN_GROWN_STEP_PCT.get(v, 0.0)),
+        scope=first.scope,
+        step_names=set().union(*(r.step_names for r in reps)),
+    )
+
+
+class _ReplicateValues:
+    """Each frame's time per step in each capture, at the base's speed: a capture's means
+    divided by its own machine-wide scale against the pooled base (the load of that one
+    process), with the variance of each mean that the capture's own steps show."""
+
+    def __init__(
+        self,
+        tree: AlignedTree,
+        base_reps: list[Side],
+        head_reps: list[Side],
+        pooled_base_self: np.ndarray,
+        scale_of: Callable[[np.ndarray, np.ndarray], float | None],
+    ) -> None:
+        self.tree = tree
+        self.sides: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        for name, reps, self_m, total_m in (
+            ("base", base_reps, tree.base_self, tree.base_total),
+            ("head", head_reps, tree.head_self, tree.head_total),
+        ):
+            bounds = np.cumsum([0, *(len(r.steps) for r in reps)])
+            cols = [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+            means_s = np.stack([self_m[:, c].mean(axis=1) for c in cols], axis=1)
+            means_t = np.stack([total_m[:, c].mean(axis=1) for c in cols], axis=1)
+            scales = np.asarray(
+                [scale_of(pooled_base_self, means_s[:, j]) or 1.0 for j in range(len(cols))]
+            )
+
+            def within(m: np.ndarray, cols: list[slice] = cols) -> np.ndarray:
+                return np.stack(
+                    [
+                        m[:, c].var(axis=1, ddof=1) / (c.stop - c.start)
+                        if c.stop - c.start > 1
+                        else np.zeros(len(m))
+                        for c in cols
+                    ],
+                    axis=1,
+                )
+
+            self.sides[name] = (
+                means_s / scales,
+                means_t / scales,
+                within(self_m) / scales**2,
+                within(total_m) / scales**2,
+            )
+
+    def tests(self, rows_self: np.ndarray, rows_total: np.ndarray) -> noise.RankTests:
+        def stacked(name: str) -> tuple[np.ndarray, np.ndarray]:
+            ms, mt, ws, wt = self.sides[name]
+            return (
+                np.concatenate([ms[rows_self], mt[rows_total]]),
+                np.concatenate([ws[rows_self], wt[rows_total]]),
+            )
+
+        (b, bw), (h, hw) = stacked("base"), stacked("head")
+        return noise.replicate_tests(b, h, bw, hw)
+
+    def detectable_ns(self, rows: np.ndarray) -> np.ndarray:
+        """Per row: the between-capture standard deviation of its time per step (ns)."""
+        (bm, _, bw, _), (hm, _, hw, _) = self.sides["base"], self.sides["head"]
+        out = []
+        for row in rows.tolist():
+            within = float(np.concatenate([bw[row], hw[row]]).mean())
+            out.append(_pooled_sd(bm[row], hm[row], within))
+        return np.asarray(out)
+
+
+def _min_detectable(
+    comparison: Comparison,
+    expected_step_ns: float,
+    view: str,
+    replicated: bool,
+    frame_sd_ns: np.ndarray | None,
+) -> dict[str, Any]:
+    """The smallest step change and frame excess these captures could call (see the
+    module doc), and the captures a side that would bring them to 5 %."""
+    step = comparison.step_verdict
+    nb, nh = len(comparison.base_replicates), len(comparison.head_replicates)
+    out: dict[str, Any] = {
+        "false_alarm_rate": noise.FDR_ALPHA,
+        "captures": [nb, nh],
+        "between_run_noise": "measured" if replicated else "not measured",
+        "step_change_pct": None,
+        "frame_excess_ms": None,
+        "frame_excess_pct": None,
+        "new_frame_excess_pct": None,
+        "captures_for_5pct": {"step": None, "frame": None},
+        "basis": "",
+    }
+    if comparison.normalisation != "per_step" or expected_step_ns <= 0:
+        out["basis"] = "no steps on both sides: no time per step to detect"
+        return out
+    new_pct = noise.MIN_NEW_STEP_PCT[view]
+    out["new_frame_excess_pct"] = new_pct
+    if not replicated:
+        step_pct = step.noise_pct
+        if step.interval_pct is not None:
+            step_pct = max(step_pct, (step.interval_pct[1] - step.interval_pct[0]) / 2)
+        frame_pct = noise.MIN_GROWN_STEP_PCT[view]
+        out |= {
+            "step_change_pct": round(step_pct, 2),
+            "frame_excess_pct": frame_pct,
+            "frame_excess_ms": round(frame_pct / 100 * expected_step_ns / 1e6, 4),
+            "basis": "one capture a side: the fixed floors of the "
+            f"{view} view stand in for the unmeasured between-run noise; give 2 or more "
+            "captures a side to measure it",
+        }
+        return out
+    df = nb + nh - 2
+    out["step_change_pct"] = step.noise_pct
+    rows = frame_sd_ns if frame_sd_ns is not None else np.zeros(0)
+    m = max(1, len(rows))
+    alpha = noise.FDR_ALPHA / m  # the first rejection of BH among m frames
+    mb = _log_median_within([r.step_ns for r in comparison.base_replicates])
+    mh = _log_median_within([r.step_ns for r in comparison.head_replicates])
+    step_sd = _pooled_sd(mb[0], mh[0], float(np.concatenate([mb[1], mh[1]]).mean()))
+    target = TARGET_DETECTABLE_PCT / 100
+    out["captures_for_5pct"]["step"] = captures_needed(step_sd, math.log1p(target), noise.FDR_ALPHA)
+    if len(rows):
+        sd = float(np.median(rows))
+        se = sd * math.sqrt(1 / nb + 1 / nh)
+        excess = max(
+            student_t_critical(alpha, df) * se,
+            noise.REPLICATE_MIN_STEP_PCT / 100 * expected_step_ns,
+        )
+        out |= {
+            "frame_excess_ms": round(excess / 1e6, 4),
+            "frame_excess_pct": round(100 * excess / expected_step_ns, 2),
+        }
+        out["captures_for_5pct"]["frame"] = captures_needed(sd, target * expected_step_ns, alpha)
+    out["basis"] = (
+        f"measured between the {nb} + {nh} captures at a false-alarm rate of "
+        f"{noise.FDR_ALPHA:g}; a frame's figure is the median over the {len(rows)} frames "
+        f"holding {100 * SCALE_MIN_WEIGHT:g} % of the work or more (BH among them)"
+    )
+    return out
 
 
 def _subtree_sums(

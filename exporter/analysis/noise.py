@@ -17,8 +17,19 @@ frames move systematically (a rank test across the steps of one capture calls a
   (Benjamini-Hochberg; both computed as scipy computes them, in
   :mod:`exporter.analysis.rank_tests`).
 
-The step's own change is judged against :data:`STEP_NOISE_PCT`, or the spread of the
-workload's history (:func:`history_step_noise_pct`). Below :data:`MIN_STEPS` steps on
+The step's own change is judged in ratio (log) space, alike in both directions: with one
+capture a side against :data:`STEP_NOISE_PCT` (a factor either way: +80 % is slower as
+-44.4 % is faster), or the spread of the workload's history
+(:func:`history_step_noise_pct`).
+
+**Replicates.** With several captures a side (each capture one process: a replicate)
+the noise between runs is measured instead of assumed: the step verdict is Student's t
+on the captures' log median steps, and each frame's verdict Student's t on its time per
+step in each capture, after that capture's own machine-wide scale
+(:func:`replicate_tests`, BH across frames), the variance between captures floored by
+the variance of a capture's mean that its own steps show (two captures that agree by
+chance are no proof of a quiet machine). Size floors then only keep trivia out
+(:data:`REPLICATE_MIN_STEP_PCT`, :data:`MIN_STEP_CHANGE_PCT`). Below :data:`MIN_STEPS` steps on
 either side no verdict is given (the p-values are still reported). Without steps on both
 sides the comparison falls back to share deltas and calls a change significant only
 beyond a measured noise floor (:data:`SHARE_NOISE_FLOOR_PTS`,
@@ -33,7 +44,11 @@ from typing import Final
 
 import numpy as np
 
-from exporter.analysis.rank_tests import benjamini_hochberg, mann_whitney_u
+from exporter.analysis.rank_tests import (
+    benjamini_hochberg,
+    mann_whitney_u,
+    student_t_two_sided,
+)
 
 __all__ = [
     "FDR_ALPHA",
@@ -46,12 +61,15 @@ __all__ = [
     "MIN_NEW_STEP_PCT",
     "MIN_RELATIVE_CHANGE",
     "MIN_STEPS",
+    "MIN_STEP_CHANGE_PCT",
+    "REPLICATE_MIN_STEP_PCT",
     "SHARE_NOISE_FLOOR_PTS",
     "STEP_NOISE_PCT",
     "STEP_NOISE_SOURCE",
     "RankTests",
     "history_step_noise_pct",
     "rank_tests",
+    "replicate_tests",
 ]
 
 # False-discovery rate across the frames tested in one comparison. 1 %: a CI gate that
@@ -101,6 +119,13 @@ STEP_NOISE_SOURCE: Final = {
     "host": "measured between processes of one CPU workload (bench/detection.py)",
     "memory": "not a time",
 }
+# With replicates, the smallest step change a verdict is given for, whatever the test
+# says: captures that agree to 0.1 % make a 0.5 % change significant, and no reader acts
+# on it. A choice, not a measurement.
+MIN_STEP_CHANGE_PCT: Final = 1.0
+# With replicates, the smallest excess (% of the step) of work that grew, or new work,
+# for a frame's verdict: the between-capture test decides above it (bench/detection.py).
+REPLICATE_MIN_STEP_PCT: Final = 2.0
 # Earlier runs needed before their own spread replaces STEP_NOISE_PCT.
 MIN_HISTORY: Final = 3
 # The history's noise: this many robust standard deviations of its runs' log median
@@ -159,3 +184,39 @@ def history_step_noise_pct(medians_ns: Sequence[float]) -> float:
     logs = np.log(np.asarray(medians_ns, float))
     mad = float(np.median(np.abs(logs - np.median(logs)))) * 1.4826
     return round(max(HISTORY_FLOOR_PCT, 100 * (float(np.exp(HISTORY_SIGMAS * mad)) - 1)), 2)
+
+
+def replicate_tests(
+    base: np.ndarray,
+    head: np.ndarray,
+    base_within: np.ndarray,
+    head_within: np.ndarray,
+) -> RankTests:
+    """Student's t per row between replicates (``base``/``head``: rows x captures of each
+    capture's mean), BH across rows; ``*_within``: each capture's variance of its mean
+    (its steps' variance / their count), the floor of the variance between captures.
+
+    ``effect`` is Cliff's delta between the captures' values, as :func:`rank_tests`'s is
+    between steps.
+    """
+    rows = np.arange(len(base), dtype=np.int64)
+    nb, nh = base.shape[1], head.shape[1]
+    df = nb + nh - 2
+    if not len(rows) or nb == 0 or nh == 0 or df < 1:
+        empty = np.zeros(0)
+        return RankTests(rows[:0], empty, empty, empty)
+    between = (
+        ((base - base.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+        + ((head - head.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+    ) / df
+    within = np.concatenate([base_within, head_within], axis=1).mean(axis=1)
+    variance = np.maximum(between, within)
+    diff = head.mean(axis=1) - base.mean(axis=1)
+    se = np.sqrt(variance * (1 / nb + 1 / nh))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(se > 0, diff / se, np.where(diff == 0, 0.0, np.inf))
+    p = student_t_two_sided(t, df)
+    greater = (head[:, :, None] > base[:, None, :]).sum(axis=(1, 2))
+    less = (head[:, :, None] < base[:, None, :]).sum(axis=(1, 2))
+    effects = (greater - less) / (nb * nh)
+    return RankTests(rows, p, benjamini_hochberg(p), effects.astype(float))

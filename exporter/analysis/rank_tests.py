@@ -1,4 +1,4 @@
-"""Mann-Whitney U and Benjamini-Hochberg over many frames at once, in numpy.
+"""Mann-Whitney U, Student's t and Benjamini-Hochberg over many frames at once, in numpy.
 
 The comparison's significance test (:func:`exporter.analysis.noise.rank_tests`): every
 frame is a row of per-step times, and each row's base steps are tested against its
@@ -18,6 +18,12 @@ capture-to-report time.
   when either side has at most 8 steps and no row has a tie, else the normal
   approximation with the tie correction and a continuity correction of 1/2.
 * ``p = 2 P(U' >= U)``, clipped to [0, 1].
+
+Between replicates (several captures a side) the unit is a capture, not a step, and a
+side holds 2 to 8 of them: too few for a rank test (4 + 4 reach p = 0.029 at best), so
+the test there is Student's t on the captures' values (:func:`student_t_two_sided`,
+:func:`student_t_critical`: the integer-degrees CDF of Abramowitz & Stegun 26.7.3-4,
+exact, held to ``scipy.stats.t`` by the same test module).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import math
 
 import numpy as np
 
-__all__ = ["benjamini_hochberg", "mann_whitney_u"]
+__all__ = ["benjamini_hochberg", "mann_whitney_u", "student_t_critical", "student_t_two_sided"]
 
 EXACT_MAX_STEPS = 8  # scipy's 'auto': exact when a side has at most this many, and no ties
 
@@ -102,3 +108,42 @@ def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
     out = np.empty(m)
     out[order] = np.clip(q, 0.0, 1.0)
     return out
+
+
+def student_t_two_sided(t: np.ndarray | float, df: int) -> np.ndarray:
+    """P(|T| >= |t|) for Student's t with ``df`` (a positive integer) degrees of freedom.
+
+    A&S 26.7.3 (odd ``df``) and 26.7.4 (even): with theta = atan(|t| / sqrt(df)),
+    P(|T| < t) is a finite series in cos(theta)^2, so no special function is needed.
+    """
+    if df < 1:
+        raise ValueError("student_t_two_sided: df must be at least 1")
+    t = np.abs(np.asarray(t, float))
+    theta = np.arctan(t / math.sqrt(df))
+    c2, sin = np.cos(theta) ** 2, np.sin(theta)
+    if df % 2:
+        series, term = np.zeros_like(t), np.cos(theta)
+        for j in range(1, (df - 1) // 2 + 1):
+            series += term
+            term = term * (2 * j) / (2 * j + 1) * c2
+        inside = 2 / math.pi * (theta + sin * series)
+    else:
+        series, term = np.zeros_like(t), np.ones_like(t)
+        for j in range(1, df // 2 + 1):
+            series += term
+            term = term * (2 * j - 1) / (2 * j) * c2
+        inside = sin * series
+    return np.asarray(np.clip(1.0 - inside, 0.0, 1.0), float)
+
+
+def student_t_critical(alpha: float, df: int) -> float:
+    """The t with P(|T| >= t) = ``alpha`` (two-sided), by bisection on its CDF."""
+    if not 0 < alpha < 1:
+        raise ValueError("student_t_critical: alpha must be in (0, 1)")
+    lo, hi = 0.0, 1.0
+    while float(student_t_two_sided(hi, df)) > alpha:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if float(student_t_two_sided(mid, df)) > alpha else (lo, mid)
+    return hi

@@ -259,3 +259,162 @@ def test_rank_tests_constant_rows_are_no_change() -> None:
     result = noise.rank_tests(base, head, np.array([0, 1]))
     assert result.p_values[0] == 1.0 and result.effects[0] == 0.0
     assert result.p_values[1] < 0.01 and result.effects[1] == 1.0
+
+
+# -- both orientations alike --------------------------------------------------------------
+
+
+def cpu_side(ops: dict[str, float], steps: int, seed: int, name: str, scale: float = 1.0) -> Side:
+    """``side`` read as the device view of a CPU capture (the ``xla_host`` noise view)."""
+    made = side(ops, steps, seed, name, scale)
+    made.view = "xla_host"
+    return made
+
+
+MIRROR = {"slower": "faster", "faster": "slower", "unchanged": "unchanged", "unknown": "unknown"}
+
+
+def test_a_step_twice_as_fast_is_faster_and_the_swap_is_slower() -> None:
+    # The step floor is a factor either way. Before: 80 % applied in percent both ways, so
+    # x2.1 slower was "slower" while the same pair read backwards (-52.4 %) "unchanged".
+    fast, slow = cpu_side(BASE, 20, 1, "fast"), cpu_side(BASE, 20, 2, "slow", scale=2.1)
+    forward, backward = compare_sides(slow, fast), compare_sides(fast, slow)
+    assert forward.step_verdict.verdict == "faster"
+    assert backward.step_verdict.verdict == "slower"
+    lo, hi = forward.step_verdict.interval_pct or (0.0, 0.0)
+    blo, bhi = backward.step_verdict.interval_pct or (0.0, 0.0)
+    # The interval is the mirror image too: 1 + x and 1 / (1 + x).
+    assert (1 + lo / 100) * (1 + bhi / 100) == pytest.approx(1, rel=1e-9)
+    assert (1 + hi / 100) * (1 + blo / 100) == pytest.approx(1, rel=1e-9)
+    # Both orientations name the same uniform cause.
+    assert forward.step_verdict.uniform and backward.step_verdict.uniform
+
+
+@pytest.mark.parametrize("factor", [1.5, 1.7, 1.9, 2.2, 0.5, 0.6])
+def test_swapping_the_sides_mirrors_the_step_verdict(factor: float) -> None:
+    a, b = cpu_side(BASE, 20, 1, "a"), cpu_side(BASE, 20, 2, "b", scale=factor)
+    assert (
+        compare_sides(b, a).step_verdict.verdict == MIRROR[compare_sides(a, b).step_verdict.verdict]
+    )
+
+
+def test_removed_work_is_the_mirror_of_new_work() -> None:
+    # New work at 5 % of a CPU step is a regression from the new-work floor (2 %); read
+    # backwards it is removed work, judged by the same floor (before: by the 30 % floor
+    # of work that grew, so the swap had no verdict).
+    base, head = cpu_side(BASE, 20, 1, "b"), cpu_side(with_growth("extra", 5), 20, 2, "h")
+    forward = compare_sides(base, head).top_regression
+    assert forward is not None and forward.frame.name == "extra" and forward.new
+    backward = compare_sides(head, base)
+    named = [e for e in backward.improvements if e.regression]
+    assert named and named[0].frame.name == "extra"
+
+
+# -- replicates -----------------------------------------------------------------------------
+
+
+def replicate(ops: dict[str, float], seed: int, name: str, steps: int = 12) -> Side:
+    """One process of a workload on a busy machine: every op slowed by the machine's load
+    of that process (x0.7..x1.5), and each op on its own by a few % (ops move
+    systematically between processes, which a test across one capture's steps cannot see).
+    """
+    rng = np.random.default_rng(seed)
+    load = float(np.exp(rng.normal(0, 0.2)))
+    moved = {k: v * load * float(np.exp(rng.normal(0, 0.04))) for k, v in ops.items()}
+    return cpu_side(moved, steps, seed, name)
+
+
+def replicates(ops: dict[str, float], first_seed: int, n: int) -> list[Side]:
+    return [replicate(ops, first_seed + i, f"c{first_seed + i}") for i in range(n)]
+
+
+def test_replicates_judge_a_grown_op_between_captures() -> None:
+    # An op grown by 10 % of the step: below the one-capture floor for work that grew on a
+    # CPU (30 %), found between 4 captures a side, both orientations.
+    base = replicates(BASE, 100, 4)
+    head = replicates(with_growth("softmax", 10), 200, 4)
+    forward = compare_sides(base, head)
+    assert forward.replicated and forward.step_verdict.between_runs
+    top = forward.top_regression
+    assert top is not None and top.frame.name == "softmax"
+    # Part of its growth goes into the machine-wide scale: with four ops, the grown one
+    # is within x1.5 of the others' ratio and so of their consensus.
+    assert 4 < top.step_pct < 14
+    backward = compare_sides(head, base)
+    shrunk = [e for e in backward.improvements if e.regression]
+    assert shrunk and shrunk[0].frame.name == "softmax"
+    # One capture a side of the same change: the floors hold it (no between-run noise).
+    single = compare_sides(base[0], head[0])
+    assert not single.replicated and single.top_regression is None
+    data = single.to_json()
+    assert data["noise"]["between_runs"]["measured"] is False
+    assert data["min_detectable"]["between_run_noise"] == "not measured"
+    assert any("no measured between-run noise" in n for n in single.notes)
+
+
+def test_replicates_of_one_workload_have_no_verdict_either_way() -> None:
+    for seed in range(5):
+        a, b = replicates(BASE, 300 + 10 * seed, 4), replicates(BASE, 400 + 10 * seed, 4)
+        for one, other in ((a, b), (b, a)):
+            result = compare_sides(one, other)
+            assert result.step_verdict.verdict == "unchanged"
+            assert result.top_regression is None
+            assert not [e for e in result.improvements if e.regression]
+
+
+def test_replicates_call_a_uniform_slowdown_and_its_mirror() -> None:
+    base = replicates(BASE, 500, 4)
+    head = [replicate({k: 1.6 * v for k, v in BASE.items()}, 600 + i, f"h{i}") for i in range(4)]
+    forward, backward = compare_sides(base, head), compare_sides(head, base)
+    assert forward.step_verdict.verdict == "slower" and forward.step_verdict.uniform
+    assert backward.step_verdict.verdict == "faster" and backward.step_verdict.uniform
+    assert forward.step_verdict.p_value == pytest.approx(backward.step_verdict.p_value)
+    assert forward.step_verdict.to_json()["replicates"] == [4, 4]
+    assert not [e for e in forward.regressions if e.regression]
+
+
+def test_min_detectable_shrinks_with_captures_and_names_how_many() -> None:
+    def stated(n: int) -> dict[str, object]:
+        return compare_sides(replicates(BASE, 700, n), replicates(BASE, 800, n)).min_detectable
+
+    two, eight = stated(2), stated(8)
+    for md in (two, eight):
+        assert md["between_run_noise"] == "measured" and md["false_alarm_rate"] == 0.01
+        assert isinstance(md["captures_for_5pct"], dict)
+    assert eight["step_change_pct"] < two["step_change_pct"]  # type: ignore[operator]
+    assert eight["frame_excess_pct"] < two["frame_excess_pct"]  # type: ignore[operator]
+    frames_needed = eight["captures_for_5pct"]["frame"]  # type: ignore[index]
+    assert isinstance(frames_needed, int) and 2 <= frames_needed <= 64
+    # The figure is the test's own: a change of it is (just) called, half of it is not.
+    assert eight["frame_excess_ms"] == pytest.approx(
+        eight["frame_excess_pct"] / 100 * STEP_NS / 1e6,
+        rel=0.3,  # type: ignore[operator]
+    )
+    single = compare_sides(side(BASE, 20, 1, "b"), side(BASE, 20, 2, "h")).min_detectable
+    assert single["frame_excess_pct"] == noise.MIN_GROWN_STEP_PCT["device"]
+    assert single["captures_for_5pct"] == {"step": None, "frame": None}
+    assert "one capture a side" in str(single["basis"])
+
+
+def test_a_sequence_of_one_side_is_that_side() -> None:
+    base, head = side(BASE, 20, 1, "b"), side(with_growth("copy", 15), 20, 2, "h")
+    one, listed = compare_sides(base, head), compare_sides([base], [head])
+    assert one.to_json() == listed.to_json()
+
+
+def test_replicate_sides_must_be_given_and_of_one_kind() -> None:
+    base = side(BASE, 20, 1, "b")
+    with pytest.raises(ValueError, match="no head side"):
+        compare_sides(base, [])
+    other = side(BASE, 20, 2, "h")
+    other.kind = "host"
+    with pytest.raises(ValueError, match="cannot compare"):
+        compare_sides([base, base], [other])
+
+
+def test_explains_only_a_step_change_beyond_noise() -> None:
+    # A no-change comparison: frames moved, the step did not beyond noise; a share of a
+    # noise-sized change is no explanation (it read "explains -752 %").
+    result = compare_sides(cpu_side(BASE, 20, 1, "b"), cpu_side(BASE, 20, 2, "h", scale=1.1))
+    assert result.step_verdict.verdict == "unchanged"
+    assert all(e.explains_pct is None for e in [*result.regressions, *result.improvements])

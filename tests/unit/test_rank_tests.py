@@ -110,3 +110,17 @@ def test_a_short_side_against_a_long_one_is_exact_in_little_memory() -> None:
     np.testing.assert_array_equal(u, theirs.statistic)
     np.testing.assert_allclose(p, theirs.pvalue, rtol=1e-9)
     assert peak < 16 << 20, peak
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 6, 7, 14, 15, 30, 63])
+def test_student_t_is_scipys(df: int) -> None:
+    from scipy.stats import t as student
+
+    from exporter.analysis.rank_tests import student_t_critical, student_t_two_sided
+
+    values = np.array([0.0, 0.1, 0.5, 1.0, 2.0, 3.5, 7.0, 20.0, -2.0])
+    np.testing.assert_allclose(
+        student_t_two_sided(values, df), 2 * student.sf(np.abs(values), df), rtol=1e-9, atol=1e-15
+    )
+    for alpha in (0.05, 0.01, 0.001):
+        assert student_t_critical(alpha, df) == pytest.approx(student.isf(alpha / 2, df), rel=1e-9)
