@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from exporter import __version__
+from exporter.api.admission import ApiRequestCap
 from exporter.api.alertmanager import router as alertmanager_router
 from exporter.api.analysis import router as analysis_router
 from exporter.api.auth import check_bearer
@@ -108,6 +109,9 @@ def create_app(sidecar: Sidecar) -> FastAPI:
     app.add_middleware(
         TrustedHostMiddleware, allowed_hosts=sidecar.settings.trusted_hosts, www_redirect=False
     )
+    # Outermost: API requests past MAX_API_REQUESTS are refused before any other work,
+    # and scrapes are never counted among them (a flood must not stall /metrics).
+    app.add_middleware(ApiRequestCap)
 
     def require_token(request: Request) -> None:
         check_bearer(request, token)

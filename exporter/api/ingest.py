@@ -10,8 +10,10 @@ place for credentials. Answers:
 - ``401``/``403`` without or with a wrong bearer token (when ``MLPROF_AUTH_TOKEN`` is set);
 - ``413`` beyond ``MLPROF_INGEST_MAX_BODY_BYTES``; ``415`` for another content type,
   encoding or format;
-- ``429`` with ``Retry-After`` when ``MAX_CONCURRENT_INGESTS`` uploads are being read
-  and as many wait already (each may inflate to tens of MiB);
+- ``429`` with ``Retry-After`` when ``MAX_CONCURRENT_INGESTS`` uploads are being parsed
+  and as many wait already (each may inflate to tens of MiB), or when the bodies being
+  received hold as many bytes as that many uploads could (a slot is taken once a body
+  is in: a client trickling its body holds no slot, and only the bytes it sent);
 - ``503`` when the sidecar has no Pyroscope (``MLPROF_PYROSCOPE_URL`` unset: answered
   before the body is read or parsed) or could neither deliver nor spool it;
   Pyroscope's own refusals come back with its status.
@@ -29,7 +31,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from exporter.api.admission import AdmissionPool, app_pool
+from exporter.api.admission import AdmissionPool, ByteBudget, app_budget, app_pool
 from exporter.api.auth import check_bearer
 from exporter.api.body import read_limited
 from exporter.profiles.ingest import IngestError, push_from_connect, push_from_ingest
@@ -86,10 +88,21 @@ def _forward(sidecar: Sidecar, parse: Callable[[], pyroscope_push_pb2.PushReques
     return result
 
 
-async def _body(request: Request, sidecar: Sidecar) -> bytes:
+def _budget(request: Request, sidecar: Sidecar) -> ByteBudget:
+    # As many bytes as the uploads the pool admits could hold: the memory bound the
+    # pool gave when slots were taken before reading.
+    limit = sidecar.settings.ingest_max_body_bytes * 2 * MAX_CONCURRENT_INGESTS
+    busy = f"profile uploads being received hold {limit} bytes"
+    return app_budget(request.app, "ingest_budget", limit, busy, INGEST_RETRY_AFTER_S)
+
+
+async def _body(request: Request, sidecar: Sidecar, budget: ByteBudget) -> bytes:
     limit = sidecar.settings.ingest_max_body_bytes
     return await read_limited(
-        request, limit, f"profile upload larger than {limit} bytes (MLPROF_INGEST_MAX_BODY_BYTES)"
+        request,
+        limit,
+        f"profile upload larger than {limit} bytes (MLPROF_INGEST_MAX_BODY_BYTES)",
+        budget,
     )
 
 
@@ -106,7 +119,7 @@ def _pool(request: Request) -> AdmissionPool:
 
 def _busy(pool: AdmissionPool) -> tuple[str, dict[str, str]]:
     message = (
-        f"{pool.workers} profile uploads are being read and {pool.queue} wait: "
+        f"{pool.workers} profile uploads are being parsed and {pool.queue} wait: "
         f"try again in {INGEST_RETRY_AFTER_S}s"
     )
     return message, {"Retry-After": str(INGEST_RETRY_AFTER_S)}
@@ -133,23 +146,28 @@ async def push(request: Request) -> Response:
         return _connect_error(exc.status_code, str(exc.detail))
     if sidecar.pyroscope is None:  # before reading or parsing anything
         return _connect_error(503, NO_PYROSCOPE)
-    pool = _pool(request)
-    if not pool.admit():
-        return _connect_error(429, *_busy(pool))
+    budget = _budget(request, sidecar)
     try:
-        body = await _body(request, sidecar)
-        ctype = request.headers.get("content-type", "")
-        encoding = request.headers.get("content-encoding", "")
-        await run_in_threadpool(
-            pool.run,
-            lambda: _forward(sidecar, lambda: push_from_connect(body, ctype, encoding)),
-        )
+        body = await _body(request, sidecar, budget)
     except HTTPException as exc:
-        return _connect_error(exc.status_code, str(exc.detail))
-    except _RefusedError as exc:
-        return _connect_error(exc.status, exc.message)
+        return _connect_error(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+    try:
+        pool = _pool(request)
+        if not pool.admit():
+            return _connect_error(429, *_busy(pool))
+        try:
+            ctype = request.headers.get("content-type", "")
+            encoding = request.headers.get("content-encoding", "")
+            await run_in_threadpool(
+                pool.run,
+                lambda: _forward(sidecar, lambda: push_from_connect(body, ctype, encoding)),
+            )
+        except _RefusedError as exc:
+            return _connect_error(exc.status, exc.message)
+        finally:
+            pool.release()
     finally:
-        pool.release()
+        budget.give(len(body))
     return Response(
         pyroscope_push_pb2.PushResponse().SerializeToString(), media_type="application/proto"
     )
@@ -171,24 +189,28 @@ async def ingest(request: Request) -> JSONResponse:
     check_bearer(request, sidecar.settings.token)
     if sidecar.pyroscope is None:  # before reading or parsing anything
         return JSONResponse({"detail": NO_PYROSCOPE}, status_code=503)
-    pool = _pool(request)
-    if not pool.admit():
-        message, headers = _busy(pool)
-        return JSONResponse({"detail": message}, status_code=429, headers=headers)
+    budget = _budget(request, sidecar)
+    body = await _body(request, sidecar, budget)
     try:
-        body = await _body(request, sidecar)
-        query = dict(request.query_params)
-        ctype = request.headers.get("content-type", "")
-        encoding = request.headers.get("content-encoding", "")
-        now_s = int(time.time())
-        result = await run_in_threadpool(
-            pool.run,
-            lambda: _forward(
-                sidecar, lambda: push_from_ingest(query, body, ctype, encoding, now_s=now_s)
-            ),
-        )
-    except _RefusedError as exc:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        pool = _pool(request)
+        if not pool.admit():
+            message, headers = _busy(pool)
+            return JSONResponse({"detail": message}, status_code=429, headers=headers)
+        try:
+            query = dict(request.query_params)
+            ctype = request.headers.get("content-type", "")
+            encoding = request.headers.get("content-encoding", "")
+            now_s = int(time.time())
+            result = await run_in_threadpool(
+                pool.run,
+                lambda: _forward(
+                    sidecar, lambda: push_from_ingest(query, body, ctype, encoding, now_s=now_s)
+                ),
+            )
+        except _RefusedError as exc:
+            return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        finally:
+            pool.release()
     finally:
-        pool.release()
+        budget.give(len(body))
     return JSONResponse({"status": result.status})
