@@ -21,6 +21,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from exporter.ascii_digits import parse_ascii_int
 from exporter.errors import ConfigError
 
 __all__ = [
@@ -66,9 +67,10 @@ def parse_hostport(value: str, default_port: int | None = None) -> tuple[str, in
         if default_port is None:
             raise ValueError(f"expected HOST:PORT with a port, got {value!r}")
         return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    port = parse_ascii_int(port_text)
+    if port is None or not 0 < port < 65536:
         raise ValueError(f"expected a port 1-65535, got {port_text!r} in {value!r}")
-    return host, int(port_text)
+    return host, port
 
 
 def redact_url(text: str) -> str:

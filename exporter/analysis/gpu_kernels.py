@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from exporter.ascii_digits import parse_ascii_int
 from exporter.profiles.nesting import FAR
 
 if TYPE_CHECKING:
@@ -116,7 +117,8 @@ class LaunchConfig:
 
 
 def _uint32(text: str) -> int | None:
-    return int(text) if text.isdigit() and int(text) < _UINT32 else None
+    value = parse_ascii_int(text)  # not isdigit(): '²' is a digit to it, not to int()
+    return value if value is not None and value < _UINT32 else None
 
 
 def parse_kernel_details(details: str) -> LaunchConfig | None:
@@ -218,8 +220,9 @@ def _stat_int(stat: Any) -> int:
     kind = stat.WhichOneof("value")
     if kind in ("int64_value", "uint64_value"):
         return int(getattr(stat, kind))
-    if kind == "str_value" and stat.str_value.isdigit():
-        return int(stat.str_value)
+    if kind == "str_value":
+        value = parse_ascii_int(stat.str_value)
+        return -1 if value is None else value
     return -1
 
 

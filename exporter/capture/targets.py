@@ -25,6 +25,7 @@ from typing import Any, Final, Protocol
 import httpx
 
 from exporter import schema
+from exporter.ascii_digits import parse_ascii_int
 from exporter.config import parse_hostport
 from exporter.regular_files import read_regular
 
@@ -356,7 +357,8 @@ class K8sDiscovery:
             return None
         labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
         port_text = str(annotations.get(PORT_ANNOTATION, self.port))
-        port = int(port_text) if port_text.isdigit() and 0 < int(port_text) < 65536 else self.port
+        port = parse_ascii_int(port_text) or 0
+        port = port if 0 < port < 65536 else self.port
         run_id = next((d[k] for k in RUN_ID_KEYS for d in (labels, annotations) if d.get(k)), None)
         return ProfilerTarget(format_address(ip, port), str(meta.get("name") or ip), run_id, "k8s")
 

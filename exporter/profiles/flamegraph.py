@@ -24,6 +24,7 @@ import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from exporter.ascii_digits import parse_ascii_int
 from exporter.profiles.frames import FrameLabel
 
 __all__ = ["OTHER", "FlameGraph", "Frame", "FrameKey", "cut_name", "format_value"]
@@ -264,9 +265,10 @@ class FlameGraph:
             if not line:
                 continue
             stack, _, value = line.rpartition(" ")
-            if not stack or not value.lstrip("-").isdigit():
+            count = parse_ascii_int(value, signed=True)
+            if not stack or count is None:
                 raise ValueError(f"line {number}: expected 'frame;frame VALUE', got {raw!r}")
-            graph.add(stack.split(";"), int(value))
+            graph.add(stack.split(";"), count)
         return graph
 
     def to_dict(self) -> dict[str, object]:

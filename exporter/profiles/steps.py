@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from exporter.ascii_digits import parse_ascii_int
 from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import (
@@ -83,8 +84,8 @@ def _number(value: object) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str):
+        return parse_ascii_int(value, signed=True)
     return None
 
 

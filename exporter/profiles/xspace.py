@@ -18,6 +18,7 @@ protobuf.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -34,6 +35,7 @@ import numpy as np
 from google.protobuf.internal.decoder import _DecodeVarint as _decode_varint
 from google.protobuf.message import DecodeError
 
+from exporter.ascii_digits import parse_ascii_int
 from exporter.errors import InputError
 from exporter.profiles.capture_files import CAPTURES_NAMED, CHUNKED_SUFFIX
 from exporter.profiles.nesting import FAR
@@ -561,9 +563,10 @@ def stat_int(stat: xplane_pb2.XStat) -> int:
     if kind in ("int64_value", "uint64_value", "ref_value"):
         return int(getattr(stat, kind))
     if kind == "double_value":
-        return int(stat.double_value)
-    if kind == "str_value" and stat.str_value.lstrip("-").isdigit():
-        return int(stat.str_value)
+        # NaN and inf (int() raises on them) hold no number either.
+        return int(stat.double_value) if math.isfinite(stat.double_value) else 0
+    if kind == "str_value":
+        return parse_ascii_int(stat.str_value, signed=True) or 0
     return 0
 
 

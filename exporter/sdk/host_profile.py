@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from exporter import schema
+from exporter.ascii_digits import parse_ascii_int
 
 __all__ = [
     "Destination",
@@ -153,9 +154,10 @@ def options_from_env(
         for key, var in numbers:
             raw = env.get(ENV_PREFIX + var, "").strip()
             if raw:
-                if not raw.isdigit():
+                number = parse_ascii_int(raw)
+                if number is None:
                     raise ValueError(f"{ENV_PREFIX}{var}={raw!r}: expected a whole number")
-                options[key] = int(raw)
+                options[key] = number
         url = env.get(ENV_PREFIX + "URL", "").strip()
         if url:
             options["server_address"] = url.rstrip("/")
