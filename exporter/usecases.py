@@ -248,24 +248,25 @@ def report_document(report: Report, fmt: str, title: str | None = None) -> bytes
 
 
 def flamegraph_subtree(
-    path: Path,
+    spec: str,
+    context: SideContext,
     frames: Sequence[str] = (),
     kind: Kind | None = None,
     limit: int = 50,
     *,
     settings: Settings | None = None,
 ) -> dict[str, Any]:
-    """The frame at ``frames`` (root-first names) of ``path``'s flame graph, with its
-    children's self and total."""
+    """The frame at ``frames`` (root-first names) of the flame graph of what ``spec``
+    names (a capture, a profile, a session), with its children's self and total."""
     from exporter.config import load_settings
-    from exporter.profiles.convert import flamegraph_from_path
+    from exporter.profiles.convert import flamegraph_from_path, resolve_input
     from exporter.profiles.pprof import InflateLimits
 
     def limits() -> InflateLimits:
         found = settings or load_settings(None)
         return InflateLimits(found.max_profile_bytes, found.max_profile_ratio)
 
-    graph = flamegraph_from_path(path, kind, False, limits)
+    graph = flamegraph_from_path(resolve_input(spec, context.store), kind, False, limits)
     node = graph.root
     for depth, name in enumerate(frames):
         found = node.named(name)
