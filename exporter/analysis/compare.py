@@ -69,7 +69,11 @@ import numpy as np
 from exporter.analysis import noise
 from exporter.analysis.diff import AlignedTree, DiffFrame, align
 from exporter.analysis.noise import HOST_PHASE
-from exporter.analysis.rank_tests import student_t_critical, student_t_two_sided
+from exporter.analysis.rank_tests import (
+    benjamini_hochberg,
+    student_t_critical,
+    student_t_two_sided,
+)
 from exporter.analysis.sides import HOST_FRAME, XLA_THREAD, Side
 from exporter.analysis.xla_host import RUNTIME_WAIT_RE
 
@@ -601,10 +605,17 @@ def captures_needed(sd: float, target: float, alpha: float) -> int | None:
     units as ``sd``, the standard deviation between captures) at ``alpha``."""
     if sd <= 0:
         return 2
-    for n in range(2, MAX_CAPTURES_NAMED + 1):
-        if student_t_critical(alpha, 2 * n - 2) * sd * math.sqrt(2 / n) <= target:
-            return n
-    return None
+
+    def enough(n: int) -> bool:
+        return student_t_critical(alpha, 2 * n - 2) * sd * math.sqrt(2 / n) <= target
+
+    if not enough(MAX_CAPTURES_NAMED):
+        return None
+    lo, hi = 1, MAX_CAPTURES_NAMED  # enough(hi); not known for lo (a side needs 2)
+    while hi - lo > 1:  # the detectable change falls as n grows: bisect
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return max(2, hi)
 
 
 def compare_sides(
@@ -760,6 +771,32 @@ def compare_sides(
         if replicated:
             between = _ReplicateValues(tree, base_reps, head_reps, bs, scale_of)
             result = between.tests(eligible_self, eligible_total)
+            # New (or removed) work is absent from every capture of one side: no run of
+            # that side has it to vary, so its steps are the samples, as with one capture
+            # a side (where new work had no false alarm, bench/detection.py).
+            appeared = np.concatenate(
+                [
+                    (new_self | gone_self)[eligible_self],
+                    (new_total | gone_total)[eligible_total],
+                ]
+            )
+            if appeared.any():
+                rows = np.flatnonzero(appeared)
+                pooled = noise.rank_tests(
+                    np.concatenate(
+                        [tree.base_self[eligible_self], tree.base_total[eligible_total]]
+                    )[rows],
+                    np.concatenate(
+                        [tree.head_self[eligible_self], tree.head_total[eligible_total]]
+                    )[rows]
+                    / s,
+                    np.arange(len(rows)),
+                )
+                p_values, effects = result.p_values.copy(), result.effects.copy()
+                p_values[rows], effects[rows] = pooled.p_values, pooled.effects
+                result = noise.RankTests(
+                    result.rows, p_values, benjamini_hochberg(p_values), effects
+                )
             detect_rows = between.detectable_ns(work[bs[work] >= SCALE_MIN_WEIGHT * bs[work].sum()])
         else:
             base_m = np.concatenate(
@@ -1019,11 +1056,14 @@ class _ReplicateValues:
     def detectable_ns(self, rows: np.ndarray) -> np.ndarray:
         """Per row: the between-capture standard deviation of its time per step (ns)."""
         (bm, _, bw, _), (hm, _, hw, _) = self.sides["base"], self.sides["head"]
-        out = []
-        for row in rows.tolist():
-            within = float(np.concatenate([bw[row], hw[row]]).mean())
-            out.append(_pooled_sd(bm[row], hm[row], within))
-        return np.asarray(out)
+        bm, hm = bm[rows], hm[rows]
+        df = bm.shape[1] + hm.shape[1] - 2
+        between = (
+            ((bm - bm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+            + ((hm - hm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+        ) / df
+        within = np.concatenate([bw[rows], hw[rows]], axis=1).mean(axis=1)
+        return np.asarray(np.sqrt(np.maximum(between, within)))
 
 
 def _min_detectable(

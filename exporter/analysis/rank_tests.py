@@ -28,6 +28,7 @@ exact, held to ``scipy.stats.t`` by the same test module).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -136,14 +137,16 @@ def student_t_two_sided(t: np.ndarray | float, df: int) -> np.ndarray:
     return np.asarray(np.clip(1.0 - inside, 0.0, 1.0), float)
 
 
+@functools.lru_cache(maxsize=1024)
 def student_t_critical(alpha: float, df: int) -> float:
-    """The t with P(|T| >= t) = ``alpha`` (two-sided), by bisection on its CDF."""
+    """The t with P(|T| >= t) = ``alpha`` (two-sided), by bisection on its CDF (cached:
+    a comparison asks for a few (alpha, df) pairs many times)."""
     if not 0 < alpha < 1:
         raise ValueError("student_t_critical: alpha must be in (0, 1)")
     lo, hi = 0.0, 1.0
     while float(student_t_two_sided(hi, df)) > alpha:
         hi *= 2
-    for _ in range(100):
+    for _ in range(64):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if float(student_t_two_sided(mid, df)) > alpha else (lo, mid)
     return hi
