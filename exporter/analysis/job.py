@@ -3,8 +3,9 @@
 The sidecar never analyses a capture in its own process: a capture is written by the
 workload (or by anyone with access to the shared directory), and a hostile or simply
 huge file must not wedge or crash the sidecar. :func:`run_job` starts
-``python -m exporter.analysis.job`` with an address-space limit and a deadline and
-reads what it wrote into an output directory.
+``python -m exporter.analysis.job`` in the sandbox (:mod:`exporter.sandbox`: an
+address-space limit reserved from the memory budget, a deadline) and reads what it
+wrote into an output directory.
 
     python -m exporter.analysis.job analyze INPUT OUT_DIR [--baseline SPEC ...]
     python -m exporter.analysis.job compare BASE HEAD OUT_DIR [--kind K ...]
@@ -21,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from exporter.sandbox import MemoryBudget, last_message, limit_memory, run_python
 
 if TYPE_CHECKING:
     from exporter.profiles.flamegraph import FlameGraph
@@ -41,10 +41,6 @@ COMPARE_JSON = "comparison.json"
 COMPARE_HTML = "comparison.html"
 GRAPHS_JSON = "graphs.json"
 CONVERT_KINDS = ("capture", "memory", "torch")
-# Lines of a child's stderr that are not its error: interpreter noise at exit, and the
-# frames of a traceback (the exception line itself is kept).
-_NOISE = ("Exception ignored in", "Traceback (most recent call last)", "During handling of",
-          "The above exception", "  ", "\t", "^", "~")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,63 +53,39 @@ class JobResult:
 
 
 def run_job(
-    args: Sequence[str], timeout_s: float, max_memory_mb: int, env: dict[str, str] | None = None
+    args: Sequence[str],
+    timeout_s: float,
+    max_memory_mb: int,
+    env: dict[str, str] | None = None,
+    *,
+    budget: MemoryBudget | None = None,
 ) -> JobResult:
-    """Run ``python -m exporter.analysis.job ARGS`` under the limits."""
-    import time
+    """Run ``python -m exporter.analysis.job ARGS`` under the limits, in the sandbox.
 
-    started = time.monotonic()
-    child_env = {
-        **os.environ,
-        **(env or {}),
-        # One BLAS thread: each reserves address space and the analysis is not BLAS-bound.
-        "OPENBLAS_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    try:
-        # The child bounds its own address space (--max-memory-mb) before it reads
-        # anything: no preexec_fn, so the sidecar never forks (a fork copies its gRPC
-        # and other threads' state; Python then spawns the child without one).
-        bound = ["--max-memory-mb", str(max_memory_mb)] if max_memory_mb else []
-        done = subprocess.run(
-            [sys.executable, "-m", "exporter.analysis.job", *args, *bound],
-            capture_output=True,
-            timeout=timeout_s,
-            env=child_env,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return JobResult(False, f"analysis took over {timeout_s:g}s and was stopped")
-    seconds = time.monotonic() - started
-    if done.returncode == 0:
-        return JobResult(True, seconds=seconds)
-    message = last_message(done.stderr.decode("utf-8", "replace"))
-    if done.returncode < 0 or "MemoryError" in message:
-        message = f"analysis stopped (exit {done.returncode}; memory limit {max_memory_mb} MiB?)"
-    return JobResult(
-        False, message.removeprefix("mlprof: ")[:500] or f"exit {done.returncode}", seconds
+    The child's address-space limit is reserved from ``budget`` (default: the process's,
+    :func:`exporter.sandbox.default_budget`) before it starts: it may wait there, within
+    ``timeout_s``.
+    """
+    done = run_python(
+        ["-m", "exporter.analysis.job", *args],
+        memory_mb=max_memory_mb,
+        timeout_s=timeout_s,
+        what=f"analysis job ({args[0] if args else 'none'})",
+        env=env,
+        budget=budget,
     )
-
-
-def last_message(stderr: str) -> str:
-    """The child's own last message: ``mlprof: ...`` if it wrote one, else the last
-    exception line, never a traceback frame or "Exception ignored in:" noise."""
-    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
-    own = [ln for ln in lines if ln.startswith("mlprof: ")]
-    if own:
-        return own[-1]
-    real: list[str] = []
-    ignored = False  # inside an "Exception ignored in:" report, up to its exception line
-    for line in lines:
-        if line.startswith("Exception ignored in"):
-            ignored = True
-        elif line.startswith(_NOISE):
-            continue
-        elif ignored:
-            ignored = False  # the ignored exception itself: not why the child failed
-        else:
-            real.append(line)
-    return (real or lines or [""])[-1].strip()
+    if done.ok:
+        return JobResult(True, seconds=done.seconds)
+    if done.timed_out:
+        return JobResult(False, f"analysis took over {timeout_s:g}s and was stopped")
+    if done.no_budget:
+        return JobResult(False, f"analysis not started: {done.error}", done.seconds)
+    message = done.error
+    if done.killed:
+        message = f"analysis stopped (exit {done.returncode}; memory limit {done.memory_mb} MiB?)"
+    return JobResult(
+        False, message.removeprefix("mlprof: ")[:500] or f"exit {done.returncode}", done.seconds
+    )
 
 
 def flamegraphs_in_child(
@@ -262,9 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-profile-ratio", type=float)
     parser.add_argument("--max-memory-mb", type=int, help="address-space limit (RLIMIT_AS)")
     ns = parser.parse_args(argv)
-    if ns.max_memory_mb:  # before anything reads the input (run_job)
-        limit = ns.max_memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if ns.max_memory_mb:  # run by hand: run_job's sandbox has set its own limit already
+        limit_memory(ns.max_memory_mb)
     from exporter.errors import MlprofError
     from exporter.heap import keep_freed_memory
 
