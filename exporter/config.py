@@ -304,6 +304,14 @@ class Settings(BaseSettings):
     report_max_memory_mb: int = Field(
         4096, ge=256, le=1 << 20, description="Address-space limit of one analysis (MiB)."
     )
+    memory_limit_mb: int | None = Field(
+        None,
+        ge=256,
+        le=1 << 22,
+        description="Memory the sidecar's bounded children reserve together (MiB); a child "
+        "waits for its share. Unset: the cgroup's memory limit less 512 MiB for the sidecar, "
+        "else 8192 (exporter/sandbox.py).",
+    )
     report_xprof: bool = Field(
         True, description="Cross-check reports with XProf's converters when installed."
     )

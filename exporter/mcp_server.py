@@ -20,10 +20,7 @@ line, never a traceback.
 
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 from collections import OrderedDict
@@ -426,26 +423,27 @@ class ProfileTools:
             for i, path in enumerate(paths):
                 name = path.name if not (copies / path.name).exists() else f"{i}_{path.name}"
                 shutil.copyfile(path, copies / name)
-            env = {
-                **os.environ,
-                "TMPDIR": tmp,  # where XProf spills a large answer: removed with the rest
-                "TF_CPP_MIN_LOG_LEVEL": "3",
-                "GLOG_minloglevel": "3",
-            }
-            try:
-                done = subprocess.run(
-                    [sys.executable, "-c", XPROF_CLI_MAIN, tool, str(copies), *flags],
-                    stdin=subprocess.DEVNULL,  # stdin is the MCP client's
-                    capture_output=True,
-                    timeout=XPROF_CLI_TIMEOUT_S,
-                    env=env,
-                    cwd=tmp,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                raise InputError(
-                    f"xprof {tool}: no answer within {XPROF_CLI_TIMEOUT_S:g}s"
-                ) from None
+            from exporter.config import load_settings
+            from exporter.sandbox import run_python
+
+            # Bounded as the report's own XProf child (MLPROF_REPORT_MAX_MEMORY_MB), its
+            # limit reserved from the memory budget; stdin is /dev/null, not the client's.
+            done = run_python(
+                ["-c", XPROF_CLI_MAIN, tool, str(copies), *flags],
+                memory_mb=load_settings(None).report_max_memory_mb,
+                timeout_s=XPROF_CLI_TIMEOUT_S,
+                what=f"xprof {tool}",
+                env={
+                    "TMPDIR": tmp,  # where XProf spills a large answer: removed with the rest
+                    "TF_CPP_MIN_LOG_LEVEL": "3",
+                    "GLOG_minloglevel": "3",
+                },
+                cwd=tmp,
+            )
+            if done.timed_out:
+                raise InputError(f"xprof {tool}: no answer within {XPROF_CLI_TIMEOUT_S:g}s")
+            if done.returncode is None:
+                raise InputError(f"xprof {tool}: {done.error}")
         if len(done.stdout) > MAX_XPROF_ANSWER_BYTES:
             raise InputError(f"xprof {tool}: answer over {MAX_XPROF_ANSWER_BYTES} bytes; narrow it")
         try:
@@ -456,8 +454,10 @@ class ProfileTools:
             if isinstance(answer, dict) and answer.get("status") == "ERROR":
                 reason = f"{answer.get('reason')}: {answer.get('error')}"
             else:
-                tail = done.stderr.decode("utf-8", "replace").strip().splitlines()
-                reason = f"exit {done.returncode}" + (f" ({tail[-1][:200]})" if tail else "")
+                killed = "; killed: out of memory or a signal" if done.killed else ""
+                said = done.error[:200] if done.stderr.strip() else ""
+                tail = f" ({said}{killed})" if said or killed else ""
+                reason = f"exit {done.returncode}{tail}"
             raise InputError(f"xprof {tool}: {reason}")
         if isinstance(answer, dict) and answer.get("status") == "SAVED_TO_FILE":
             raise InputError(f"xprof {tool}: answer over 10 MB; narrow it (e.g. limit=20)")

@@ -33,6 +33,7 @@ from exporter.metrics.training import TrainingMetrics
 from exporter.profiles.memory_watcher import MemoryProfileWatcher
 from exporter.profiles.pprof import InflateLimits
 from exporter.regular_files import remove_file, replace_file
+from exporter.sandbox import MemoryBudget, set_default_budget
 from exporter.sinks.events import Emit, EventSink, events_from_settings, report_written
 from exporter.sinks.pyroscope import sink_from_settings
 
@@ -162,6 +163,9 @@ class Sidecar:
             extra_readers=[r for r in [otlp_reader(settings)] if r is not None]
         )
         meter = self.telemetry.meter
+        # One memory budget for every bounded child this process starts (exporter.sandbox).
+        self.memory_budget = MemoryBudget.from_settings(settings, meter)
+        set_default_budget(self.memory_budget)
         # Run events (MLPROF_EVENTS): every component below gets this sink's emit.
         self.events = events or events_from_settings(settings, meter)
         # /metrics bytes rendered ahead of the expected scrape (rendering 1k series ~16 ms).

@@ -17,10 +17,8 @@ runs on a capture over :data:`XPROF_MAX_CAPTURE_MB`: the fact is then
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,8 +60,10 @@ TOOLS: Final = tuple(dict.fromkeys(FACT_TOOLS.values()))
 # XProf takes about 5 s and 700 MiB for a 2-million-event capture (issue 10's figures);
 # a minute leaves room on a loaded machine, and a report never waits longer.
 XPROF_TIMEOUT_S: Final = 60.0
-# The converters' child's address-space bound (MiB); None: the caller's own, which a
-# sidecar's report job has from MLPROF_REPORT_MAX_MEMORY_MB.
+# The converters' child's address-space bound (MiB), reserved from the memory budget
+# (exporter.sandbox); None: the caller's own, which a sidecar's report job has from
+# MLPROF_REPORT_MAX_MEMORY_MB (inside that job the budget is what its own bound leaves),
+# else that setting's default.
 XPROF_MAX_MEMORY_MB: int | None = None
 # XProf's converters hold the whole XSpace and the op stats built from it. Measured
 # (issue 20; write_tpu_capture(devices=4, ops_per_step=10_000, distinct_ops=400,
@@ -525,33 +525,30 @@ def _run_child(
     cwd: str,
     memory_mb: int | None,
 ) -> tuple[dict[str, Any], str]:
-    """One tool in its own child: its answer, and why the child failed ('' if it did not).
+    """One tool in its own sandboxed child: its answer, and why it failed ('' if not).
 
     ``timeouts``: the seconds left of the converters' deadline, and that deadline.
     """
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "GLOG_minloglevel": "3"}
-    # The child bounds its own address space before it imports XProf (no preexec_fn:
-    # a fork of a process with threads, as job.run_job explains).
-    bound = ["--memory-mb", str(memory_mb)] if memory_mb is not None else []
-    command = [
-        sys.executable, "-m", "exporter.analysis.xprof_tools", *bound, "--tools", tool, *copies
-    ]  # fmt: skip
-    try:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            timeout=timeouts[0],
-            env=env,
-            cwd=cwd,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    from exporter.sandbox import run_python
+
+    done = run_python(
+        ["-m", "exporter.analysis.xprof_tools", "--tools", tool, *copies],
+        memory_mb=_child_memory_mb(memory_mb),
+        timeout_s=timeouts[0],
+        what=f"XProf {tool}",
+        env={"TF_CPP_MIN_LOG_LEVEL": "3", "GLOG_minloglevel": "3"},
+        cwd=cwd,
+    )
+    if done.timed_out:
         failure = f"XProf's converters took over {timeouts[1]:g}s (at {tool})"
         return {"error": failure}, failure
-    if done.returncode != 0:
-        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-        killed = " (killed: out of memory or a signal)" if done.returncode < 0 else ""
-        failure = f"XProf's converters failed (exit {done.returncode}{killed}: {tail[0][:200]})"
+    if done.no_budget:
+        failure = f"XProf's converters not started ({tool}): {done.error}"
+        return {"error": failure}, failure
+    if not done.ok:
+        killed = " (killed: out of memory or a signal)" if done.killed else ""
+        reason = done.error or "no output"
+        failure = f"XProf's converters failed (exit {done.returncode}{killed}: {reason[:200]})"
         return {"error": failure}, failure
     try:
         answer = json.loads(done.stdout)[tool]
@@ -561,10 +558,25 @@ def _run_child(
     return answer, ""
 
 
+def _child_memory_mb(memory_mb: int | None) -> int:
+    """The converters' child's bound: ``memory_mb``, else this process's own address-space
+    limit (a report job's), else the sidecar's analysis bound by default."""
+    if memory_mb is not None:
+        return memory_mb
+    own = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if own != resource.RLIM_INFINITY:
+        return int(own >> 20)
+    from exporter.config import Settings
+
+    default: int = Settings.model_fields["report_max_memory_mb"].default
+    return default
+
+
 def _main(argv: list[str]) -> None:
-    if argv[:1] == ["--memory-mb"]:  # first, before XProf is imported
-        limit = int(argv[1]) * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if argv[:1] == ["--memory-mb"]:  # run by hand; the sandbox sets its children's limit
+        from exporter.sandbox import limit_memory
+
+        limit_memory(int(argv[1]))
         argv = argv[2:]
     from exporter.heap import keep_freed_memory
 

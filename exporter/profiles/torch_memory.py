@@ -44,7 +44,6 @@ import io
 import os
 import pickle
 import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -516,12 +515,6 @@ def convert_file(path: Path, *, follow_symlinks: bool = True, fd: int | None = N
     return bytes(snapshot_profile(snapshot, str(path)).SerializeToString())
 
 
-def _package_root() -> str:
-    import exporter
-
-    return str(Path(exporter.__file__).resolve().parent.parent)
-
-
 def torch_memory_pprof(
     path: Path,
     memory_limit: int = CONVERT_MEMORY_BYTES,
@@ -538,41 +531,38 @@ def torch_memory_pprof(
     shared directory) refuses a link in any directory between it and the file too.
     InputError (one line) when the file is not a snapshot or needs more than the limits.
     """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
+    from exporter.sandbox import run_python
+
     module = "exporter.profiles.torch_memory"  # this module, run as the child
     with _open_snapshot(path, follow_symlinks, below) as handle:
         fd = handle.fileno()
-        command = [sys.executable, "-m", module, "--memory-limit", str(memory_limit),
-                   "--fd", str(fd), str(path)]  # fmt: skip
-        try:
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                timeout=timeout_s,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                check=False,
-                pass_fds=(fd,),
-            )
-        except subprocess.TimeoutExpired:
-            raise InputError(
-                f"{path}: converting the memory snapshot took over {timeout_s:g}s; stopped"
-            ) from None
-        except OSError as exc:
-            raise MlprofError(
-                f"cannot start the snapshot converter ({exc.strerror or exc})"
-            ) from None
+        # Its data segment is bounded, not its address space: the interpreter maps
+        # hundreds of MB it never touches. What is bounded is reserved from the budget.
+        done = run_python(
+            ["-m", module, "--memory-limit", str(memory_limit), "--fd", str(fd), str(path)],
+            memory_mb=-(-memory_limit // 2**20),
+            limit="data",
+            timeout_s=timeout_s,
+            what="memory snapshot conversion",
+            pass_fds=(fd,),
+        )
+    if done.timed_out:
+        raise InputError(
+            f"{path}: converting the memory snapshot took over {timeout_s:g}s; stopped"
+        )
+    if done.no_budget:
+        raise InputError(f"{path}: memory snapshot not converted: {done.error}")
+    if done.returncode is None:
+        raise MlprofError(f"cannot start the snapshot converter: {done.error}")
     if done.returncode == 0:
         output: bytes = done.stdout
         return output
-    lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    if done.returncode < 0 or not lines:
+    if done.returncode < 0 or not done.stderr.strip():
         raise InputError(
             f"{path}: the snapshot converter died (exit {done.returncode}) within its "
             f"{memory_limit} bytes memory limit: file too large or hostile"
         )
-    raise InputError(_one_line(lines[-1], 500))
+    raise InputError(_one_line(done.error, 500))
 
 
 def load_torch_memory_profile(

@@ -30,7 +30,7 @@ def tpu_capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Children:
-    """Stands in for subprocess.run in xprof_tools: records each child's tools."""
+    """Stands in for subprocess.run in the sandbox: records each XProf child's tools."""
 
     def __init__(self) -> None:
         self.asked: list[list[str]] = []
@@ -51,7 +51,7 @@ def children(monkeypatch: pytest.MonkeyPatch) -> Children:
         lambda name, *a: object() if name == "xprof" else found(name, *a),
     )
     fake = Children()
-    monkeypatch.setattr("exporter.analysis.xprof_tools.subprocess.run", fake)
+    monkeypatch.setattr("exporter.sandbox.subprocess.run", fake)  # every child starts there
     return fake
 
 
