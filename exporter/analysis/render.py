@@ -108,13 +108,27 @@ def comparison_text(comparison: Comparison, top: int = 20) -> str:
                 f"  machine-wide scale x{scale:.3f} (head/base time of the work both ran, or "
                 "of the frames that agree); excess = head - scale x base"
             )
-        out.append(
-            f"  a regression: q < {noise['fdr_alpha']:g} (Mann-Whitney U across steps, "
-            f"Benjamini-Hochberg) and excess >= {noise['min_new_step_pct']:g} % of the step "
-            f"for new work, >= {noise['min_grown_step_pct']:g} % and "
-            f"{noise['min_relative_change_pct']:g} % of its own time for work that grew "
-            f"(noise of the {noise['noise_view']} view)"
-        )
+        between = noise["between_runs"]
+        if between["measured"]:
+            nb, nh = between["replicates"]
+            out.append(
+                f"  a regression: q < {noise['fdr_alpha']:g} (Student's t between the {nb} + "
+                f"{nh} captures, each after its own machine-wide scale; new work: Mann-Whitney "
+                f"U across steps; Benjamini-Hochberg) and excess >= "
+                f"{noise['min_new_step_pct']:g} % of the step for new work, >= "
+                f"{between['min_replicate_step_pct']:g} % and "
+                f"{noise['min_relative_change_pct']:g} % of its own time for work that grew"
+            )
+        else:
+            out.append(
+                f"  a regression: q < {noise['fdr_alpha']:g} (Mann-Whitney U across steps, "
+                f"Benjamini-Hochberg) and excess >= {noise['min_new_step_pct']:g} % of the step "
+                f"for new work, >= {noise['min_grown_step_pct']:g} % and "
+                f"{noise['min_relative_change_pct']:g} % of its own time for work that grew "
+                f"(noise of the {noise['noise_view']} view; one capture a side: between-run "
+                "noise not measured)"
+            )
+        out.append("  " + detectable_sentence(data["min_detectable"]))
     else:
         out.append(
             f"  no steps on both sides: a change counts beyond {data['noise']['noise_floor_pts']:g}"
@@ -137,6 +151,29 @@ def comparison_text(comparison: Comparison, top: int = 20) -> str:
         rows = [_entry_row(e, unit, per_step) for e in shown]
         out.append(_table(rows, header) if shown else "  none")
     return "\n".join(out) + "\n"
+
+
+def detectable_sentence(md: dict[str, Any]) -> str:
+    """``min_detectable`` in one line: the smallest change these captures could show."""
+    if md.get("step_change_pct") is None:
+        return f"smallest detectable change: {md.get('basis') or 'none (no steps)'}"
+    nb, nh = md["captures"]
+    line = (
+        f"smallest change {nb} + {nh} captures could show (false alarms "
+        f"{100 * md['false_alarm_rate']:g} %): step ±{md['step_change_pct']:g} % (as a ratio), "
+        f"a frame's excess {md['frame_excess_ms']:.3g} ms/step ({md['frame_excess_pct']:g} % "
+        f"of the step), new work {md['new_frame_excess_pct']:g} %"
+    )
+    needed = md["captures_for_5pct"]
+    if md["between_run_noise"] != "measured":
+        return line + "; between-run noise not measured (one capture a side)"
+
+    def n(value: int | None) -> str:
+        return "more than 64" if value is None else str(value)
+
+    return line + (
+        f"; captures a side for 5 %: step {n(needed['step'])}, a frame {n(needed['frame'])}"
+    )
 
 
 def _diff_tree(comparison: Comparison, max_frames: int) -> dict[str, Any]:
@@ -195,14 +232,17 @@ def comparison_html(comparison: Comparison, title: str | None = None) -> str:
     view = "step view" if data["view"] == "step" else data["kind"]
     title = title or f"{view} diff: {comparison.base.spec} → {comparison.head.spec}"
     per = "mean per step" if comparison.normalisation == "per_step" else "whole capture"
-    step = data["step_time"]
+    step = data["step_verdict"]
     meta = (
         f"{data['sample_type']} ({data['unit']}), values {per}, shares of each side's own "
         f"total; base {comparison.base.spec} ({data['base']['steps']} steps), head "
         f"{comparison.head.spec} ({data['head']['steps']} steps)"
     )
     if step["change_pct"] is not None:
-        meta += f"; step time {step['change_pct']:+.1f}%"
+        # The verdict's own statistic (medians), as the text says it: one number per fact.
+        meta += f"; median step {step['change_pct']:+.1f}% ({step['verdict']})"
+    if comparison.normalisation == "per_step":
+        meta += "; " + detectable_sentence(data["min_detectable"])
     floor = comparison.noise_floor_pts
     payload = {
         "title": title,

@@ -291,8 +291,13 @@ def test_the_demos_input_slowdown_is_the_first_regression_and_trips_the_gate(
     first = data["regressions"][0]
     assert first["name"] == "input_pipeline" and first["regression"], first
     assert first["frame"].startswith("host;"), first
-    # It explains most of the step's growth, in ms per step.
-    assert first["excess_ms"] > 10 and first["explains_pct"] > 50, first
+    # It explains most of the step's growth, in ms per step; "explains" is said only of
+    # a step change beyond noise (a share of a noise-sized change is no explanation).
+    assert first["excess_ms"] > 10, first
+    if data["step_verdict"]["verdict"] == "slower":
+        assert first["explains_pct"] > 50, first
+    else:
+        assert first["explains_pct"] is None, first
     assert data["step_verdict"]["change_pct"] > 50
 
 

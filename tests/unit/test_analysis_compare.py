@@ -418,3 +418,32 @@ def test_explains_only_a_step_change_beyond_noise() -> None:
     result = compare_sides(cpu_side(BASE, 20, 1, "b"), cpu_side(BASE, 20, 2, "h", scale=1.1))
     assert result.step_verdict.verdict == "unchanged"
     assert all(e.explains_pct is None for e in [*result.regressions, *result.improvements])
+
+
+def test_new_work_between_two_captures_a_side_is_judged_across_steps() -> None:
+    # Student's t with 2 + 2 captures has 2 degrees of freedom: nothing short of a huge
+    # change passes it. New work is absent from every base capture, so no base run varies
+    # it: its steps are the samples, as with one capture a side.
+    base, head = replicates(BASE, 900, 2), replicates(with_growth("extra", 5), 910, 2)
+    forward = compare_sides(base, head)
+    assert forward.replicated
+    top = forward.top_regression
+    assert top is not None and top.frame.name == "extra" and top.new
+    named = [e for e in compare_sides(head, base).improvements if e.regression]
+    assert named and named[0].frame.name == "extra"
+
+
+def test_the_text_and_page_state_min_detectable_and_one_step_statistic() -> None:
+    from exporter.analysis.render import comparison_html, comparison_text
+
+    result = compare_sides(replicates(BASE, 100, 4), replicates(with_growth("softmax", 10), 200, 4))
+    text = comparison_text(result)
+    assert "smallest change 4 + 4 captures could show" in text
+    assert "captures a side for 5 %" in text and "Student's t between the 4 + 4" in text
+    page = comparison_html(result)
+    assert "smallest change 4 + 4 captures could show" in page
+    # The page's step change is the verdict's (medians), as the text's is, not the mean.
+    change = result.step_verdict.change_pct
+    assert change is not None and f"median step {change:+.1f}%" in page
+    single = comparison_text(compare_sides(side(BASE, 20, 1, "b"), side(BASE, 20, 2, "h")))
+    assert "between-run noise not measured (one capture a side)" in single
