@@ -22,6 +22,7 @@ from exporter.api.auth import check_bearer
 from exporter.api.captures import router as captures_router
 from exporter.api.ingest import router as ingest_router
 from exporter.api.ui import router as ui_router
+from exporter.errors import MlprofError
 from exporter.profiles import xspace
 from exporter.profiles.memory_watcher import (
     MEMORY_REQUEST_ID,
@@ -150,10 +151,16 @@ def create_app(sidecar: Sidecar) -> FastAPI:
         tags=["profiles"],
         dependencies=[Depends(require_token)],
     )
-    def post_memory_profile() -> dict[str, str]:
+    def post_memory_profile() -> JSONResponse:
         """Ask the workload (SDK) for a device-memory profile; it is pushed when it appears."""
-        request_id = request_memory_profile(sidecar.settings.shared_dir)
-        return {"request_id": request_id, "status_url": f"/api/v1/memory-profiles/{request_id}"}
+        try:
+            request_id = request_memory_profile(sidecar.settings.shared_dir)
+        except MlprofError as exc:  # e.g. requests/ made a link: one line, no traceback
+            return JSONResponse({"detail": str(exc)}, 500)
+        return JSONResponse(
+            {"request_id": request_id, "status_url": f"/api/v1/memory-profiles/{request_id}"},
+            202,
+        )
 
     @app.get(
         "/api/v1/memory-profiles/{request_id}",

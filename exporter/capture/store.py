@@ -129,7 +129,7 @@ class SessionStore:
         self.refused: Counter[str] = Counter()
         self._said: set[str] = set()  # what was logged as set aside (once each)
         if not self.is_local:
-            fs = _BoundedRemote(fs, text)
+            fs = _BoundedRemote(fs)
             _settle_bucket_type(fs, self.root)
         self.fs: Any = fs
         self.profile_root = posixpath.join(self.root, PROFILE_DIR)
@@ -310,6 +310,7 @@ class SessionStore:
         if len(self._said) > 10_000:  # bounded, whatever a bucket holds
             self._said.clear()
         self._said.add(key)
+        detail = detail.removeprefix(f"{path}: ")  # the path is said once
         log.warning("%s: set aside, not read (%s): %s", path, reason, detail[:300])
 
     def update_record(
@@ -530,9 +531,8 @@ class _BoundedRemote:
     _BOUNDED_CALLS: Final = frozenset({"ls", "info", "cat_file", "cat", "exists", "isdir",
                                        "isfile", "find", "glob"})  # fmt: skip
 
-    def __init__(self, fs: Any, url: str, timeout_s: float = STORE_CALL_TIMEOUT_S) -> None:
+    def __init__(self, fs: Any, timeout_s: float = STORE_CALL_TIMEOUT_S) -> None:
         self._fs = fs
-        self._url = url
         self.timeout_s = timeout_s
         self.endpoint = _endpoint_of(fs)
 
@@ -545,10 +545,10 @@ class _BoundedRemote:
         @functools.wraps(value)
         def call(*args: Any, **kwargs: Any) -> Any:
             if self.endpoint is not None:
-                self.endpoint.check(self._url)
+                self.endpoint.check()
             try:
                 if bounded:
-                    return _within(self.timeout_s, value, args, kwargs, self._url, name)
+                    return _within(self.timeout_s, value, args, kwargs, name)
                 return value(*args, **kwargs)
             except FileNotFoundError:
                 raise
@@ -571,9 +571,7 @@ class _BoundedRemote:
         return repr(self._fs)
 
 
-def _within(
-    timeout_s: float, func: Callable[..., Any], args: Any, kwargs: Any, url: str, name: str
-) -> Any:
+def _within(timeout_s: float, func: Callable[..., Any], args: Any, kwargs: Any, name: str) -> Any:
     """``func(*args, **kwargs)``, or StoreUnreachableError after ``timeout_s``.
 
     A daemon thread per call: a call that never returns holds no pool slot and keeps
@@ -591,9 +589,7 @@ def _within(
     thread.start()
     thread.join(timeout_s)
     if not box:
-        raise StoreUnreachableError(
-            f"{url}: the store did not answer ({name}) within {timeout_s:g} s"
-        )
+        raise StoreUnreachableError(f"the store did not answer ({name}) within {timeout_s:g} s")
     ok, value = box[0]
     if not ok:
         raise value
@@ -613,7 +609,7 @@ class _Endpoint:
         """A call failed: connect again before the next one."""
         self._verified = False
 
-    def check(self, url: str) -> None:
+    def check(self) -> None:
         """StoreUnreachableError when the endpoint does not take a TCP connection."""
         if self._verified:
             return
@@ -630,7 +626,8 @@ class _Endpoint:
                 cause = exc.strerror or str(exc) or type(exc).__name__
                 if isinstance(exc, TimeoutError | socket.timeout):
                     cause = f"no answer within {CONNECT_TIMEOUT_S:g} s"
-                message = f"{url}: cannot reach {self.host}:{self.port} ({cause}); {self.hint}"
+                # Without the store's URL: every message that shows it names the store.
+                message = f"cannot reach {self.host}:{self.port} ({cause}); {self.hint}"
                 self._failed = (now, message)
                 raise StoreUnreachableError(message) from None
             self._verified, self._failed = True, None
@@ -761,7 +758,7 @@ def _settle_bucket_type(remote: _BoundedRemote, root: str) -> None:
         return
     try:
         if endpoint is not None:  # unreachable: no minute of the lookup's retries
-            endpoint.check(f"gs://{bucket}")
+            endpoint.check()
         found = lookup(bucket)
     except Exception as exc:  # the store's own calls report an unreachable bucket
         log.debug("gs://%s: bucket type not read (%s)", bucket, exc)

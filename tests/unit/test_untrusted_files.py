@@ -470,3 +470,89 @@ def test_a_store_that_does_not_answer_is_bounded_and_shown_by_readyz(
     assert "did not answer" in detail and "gs://bucket/hung" in detail
     assert baselines.status_code == 503
     assert "does not answer" in baselines.json()["detail"]
+
+
+# -- procs/, memory/, requests/ and a store session's own files (these doors held) -------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "huge"])
+def test_a_planted_process_record_in_procs_names_no_run(
+    tmp_path: Path, outside: Path, kind: str
+) -> None:
+    from exporter.metrics.run_pids import RunPids
+
+    shared = tmp_path / "shared"
+    path = shared / schema.PROCS_DIR / "h-7.json"
+    payload = json.dumps({"pid": 7, "run_id": PLANTED, "name": PLANTED, "start_unix": 1.0})
+    _plant(kind, path, outside, payload.encode())
+    pids = RunPids(shared, started=lambda pid: None)
+
+    assert _read(kind, path, payload.encode(), lambda: pids.identity(7)) is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "huge"])
+def test_the_api_reads_no_planted_memory_profile_identity(
+    api: tuple[TestClient, SessionStore], tmp_path: Path, outside: Path, kind: str
+) -> None:
+    client, _ = api
+    memory = tmp_path / "shared" / schema.MEMORY_DIR
+    request_id = "1700000000-0a1b2c3d"
+    path = memory / f"p1{schema.MEMORY_META_SUFFIX}"
+    payload = json.dumps({"request_id": request_id}).encode()
+    _plant(kind, path, outside, payload)
+    (memory / f"p1{schema.MEMORY_PROFILE_SUFFIX}").write_bytes(b"\x1f\x8b")
+
+    answer = _read(kind, path, payload, lambda: client.get(f"/api/v1/memory-profiles/{request_id}"))
+
+    assert answer.status_code == 200  # type: ignore[attr-defined]
+    assert answer.json()["profiles"] == []  # type: ignore[attr-defined]
+
+
+def test_a_linked_requests_dir_gets_no_request_written_through_it(
+    api: tuple[TestClient, SessionStore], tmp_path: Path, outside: Path
+) -> None:
+    client, _ = api
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    (shared / schema.REQUESTS_DIR).symlink_to(outside, target_is_directory=True)
+
+    answer = client.post("/api/v1/memory-profiles")
+
+    assert answer.status_code >= 400
+    assert sorted(p.name for p in outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["session.json", "analysis.json"])
+@pytest.mark.parametrize("kind", ["fifo", "link", "huge"])
+def test_a_planted_file_in_a_local_store_session_is_set_aside_by_the_api(
+    api: tuple[TestClient, SessionStore], outside: Path, kind: str, name: str
+) -> None:
+    client, store = api
+    store.write_record(_record("s1"))
+    path = Path(store.session_dir("s1")) / name
+    path.unlink(missing_ok=True)
+    payload = b'{"status": "OPTIMAL", "forged_marker": true}'
+    _plant(kind, path, outside, payload)
+
+    answer = _read(kind, path, payload, lambda: client.get("/api/v1/sessions/s1/report"))
+
+    # No record: no such session (404). A report that is a link or a FIFO is no file of
+    # the session (listed as none: no report yet); a huge one is refused (500), counted.
+    assert answer.status_code == (500 if (name, kind) == ("analysis.json", "huge") else 404)  # type: ignore[attr-defined]
+    assert b"forged_marker" not in answer.content  # type: ignore[attr-defined]
+    counted = name == "session.json" or kind == "huge"
+    assert sum(store.refused.values()) == (1 if counted else 0)
+
+
+def test_refused_store_objects_are_exported_by_reason(tmp_path: Path) -> None:
+    sidecar = Sidecar(settings_in(tmp_path, reports=False))
+    store = sidecar.captures.store
+    store.write_record(_record("base-1"))
+    forged = _record("base-1", status="running")
+    _put(store, "zz-orphan", "session.json", forged.model_dump_json().encode())
+
+    assert store.read_record("zz-orphan") is None
+    exposition = sidecar.exposition.get().decode()
+
+    assert 'mlprof_store_objects_refused_total{reason="id_mismatch"} 1.0' in exposition
+    assert 'mlprof_store_objects_refused_total{reason="too_large"} 0.0' in exposition
