@@ -176,6 +176,11 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
         # lets one alert wait on the global limit while another capture runs.
         "MLPROF_TARGETS": f"localhost:{profiler_port}",
     }
+    # The demo's input-pipeline knob slows each step (as in test_capture.py): a capture
+    # then holds a few hundred steps, not thousands, and the workload leaves the cores
+    # to the sidecar and the rest of the suite. No test here reads the workload's speed.
+    shared.mkdir(parents=True)
+    (shared / "demo-input-delay").write_text("0.05")
     workload = Proc.python(
         ["-m", "exporter.demo.workload", "--shared-dir", str(shared),
          "--profiler-port", str(profiler_port),
