@@ -28,6 +28,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
         "MLPROF_STORE": str(tmp / "store"),
         "MLPROF_COLLECT_INTERVAL_S": "0.5",
     }
+    # The demo's input knob slows each step (as in test_capture.py): a small capture that
+    # ends in seconds, and cores left to the sidecar and the browser.
+    shared.mkdir(parents=True)
+    (shared / "demo-input-delay").write_text("0.05")
     workload = Proc.python(
         ["-m", "exporter.demo.workload", "--shared-dir", str(shared), "--profiler-port",
          str(profiler), "--batch", "32", "--features", "32", "--hidden", "64"],
