@@ -152,6 +152,11 @@ def test_ctrl_c_stops_the_demo_and_its_workload_cleanly(tmp_path: Path) -> None:
     """Also: the capture command the banner prints runs as printed, from a shell whose
     PATH has no venv (what `make demo` leaves), and XProf's output stays off the console."""
     port, profiler_port = free_port(), free_port()
+    # The demo's input knob at 0.05 s (its banner's "slow it down"), set before it starts:
+    # the capture holds a few steps, not thousands, so it and its report end in seconds.
+    knob = tmp_path / "mlprof-data" / "shared" / "demo-input-delay"
+    knob.parent.mkdir(parents=True)
+    knob.write_text("0.05")
     demo = subprocess.Popen(
         [sys.executable, "-m", "exporter.cli", "demo", "--profiler-port", str(profiler_port),
          "--listen", f"127.0.0.1:{port}"],
