@@ -243,6 +243,8 @@ class SessionStore:
         except OSError:
             return None  # the bucket failed: the next poll reads it again
         try:
+            # pydantic's parser (jiter) is bounded as json_limits is: nesting past its
+            # limit and lone surrogates are a ValidationError, never a RecursionError.
             record = SessionRecord.model_validate_json(data)
         except ValidationError as exc:
             self._set_aside(path, "invalid", f"not a session record ({exc.errors()[0]['msg']})")

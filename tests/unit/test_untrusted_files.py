@@ -296,6 +296,29 @@ def test_a_baseline_mark_past_its_bound_is_refused_unread(store: SessionStore) -
     assert store.refused["too_large"] == 1
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id": "s1", "alert": {"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}",
+        b'{"id": "s1", "name": "\\ud800"}',
+        b"[1, 2]",
+        b"\xff\xfe",
+    ],
+    ids=["deep", "lone-surrogate", "array", "not-utf8"],
+)
+def test_a_bad_record_is_set_aside_once_never_an_exception(
+    store: SessionStore, tmp_path: Path, body: bytes
+) -> None:
+    _put(store, "s1", "session.json", body)
+    store.write_record(_record("s2"))
+    watcher = SessionWatcher(store, tmp_path / "logdir")
+
+    assert [watcher.poll()[0] for _ in range(2)] == ["ok", "ok"]
+    assert store.read_record("s1") is None
+    assert [r.id for r in store.records()] == ["s2"]
+    assert store.refused["invalid"] >= 1
+
+
 def test_a_record_past_its_bound_is_set_aside(store: SessionStore) -> None:
     record = _record("s1").model_dump(mode="json") | {"pad": "x" * (5 << 20)}
     _put(store, "s1", "session.json", json.dumps(record).encode())
