@@ -236,6 +236,21 @@ def evaluate(
                     )
                     hit = named(entries, name)
                 md = result.min_detectable
+                # The change's size as the captures show it: the named frames' excess, %
+                # of the base step (K is calibrated in each process: on a loaded machine
+                # its realisation varies).
+                measured = None
+                if variant not in ("same", "uniform") and result.step_verdict.base_median_ms:
+                    name = NAMES[shape][variant]
+                    grown = (
+                        result.regressions if orientation == "forward" else (result.improvements)
+                    )
+                    moved = sum(
+                        e.excess_ms
+                        for e in grown
+                        if e.basis == "self" and name in e.to_json()["frame"]
+                    )
+                    measured = 100 * abs(moved) / result.step_verdict.base_median_ms
                 rows[(n, variant, k)].append({
                     "orientation": orientation,
                     "detected": hit,
@@ -244,6 +259,7 @@ def evaluate(
                     "step_verdict": result.step_verdict.verdict,
                     "min_step_pct": md.get("step_change_pct"),
                     "min_frame_pct": md.get("frame_excess_pct"),
+                    "measured_k": measured,
                 })  # fmt: skip
     report: dict[str, Any] = {}
     print(f"\n[{shape}] {len(same)} unchanged captures; "
@@ -261,10 +277,12 @@ def evaluate(
         steps = [r["min_step_pct"] for r in got if r["min_step_pct"] is not None]
         frames = [r["min_frame_pct"] for r in got if r["min_frame_pct"] is not None]
         md = (
-            f"{statistics.median(steps):5.1f} / {statistics.median(frames):5.1f}"
+            f"{statistics.median(steps):7.1f} / {statistics.median(frames):5.1f}"
             if steps and frames
             else "-"
         )
+        ks_seen = [r["measured_k"] for r in got if r["measured_k"] is not None]
+        md += f"   {statistics.median(ks_seen):6.1f}" if ks_seen else "        -"
         print(
             f"  {n}  {label:12s} {len(fwd):6d}     "
             f"{det_f:3d} ({100 * det_f / max(1, len(fwd)):3.0f}%)  "

@@ -110,6 +110,9 @@ _RNG_SEED: Final = 20261201  # fixed: the same inputs give the same interval
 # captures a side it states, and the most captures it will name.
 TARGET_DETECTABLE_PCT: Final = 5.0
 MAX_CAPTURES_NAMED: Final = 64
+# Replicates: a frame's time per step is compared in log space, floored at this share of
+# the step (see _ReplicateValues).
+LOG_FLOOR_STEP_FRACTION: Final = 0.001
 # A robust standard deviation from a median absolute deviation (a normal's).
 _MAD_SIGMA: Final = 1.4826
 # The standard error of a median is this times the one of a mean (a normal's, sqrt(pi/2)).
@@ -755,8 +758,10 @@ def compare_sides(
     tests: dict[tuple[str, int], tuple[float, float, float]] = {}
     small = min(noise.MIN_NEW_STEP_PCT[view], noise.MIN_GROWN_STEP_PCT[view]) / 2
     if replicated:
-        small = min(small, noise.REPLICATE_MIN_STEP_PCT / 2)
-    detect_rows: np.ndarray | None = None
+        # Between captures the floor is low and the test's degrees of freedom few: only
+        # frames that could be verdicts are tested, so that BH divides alpha among them.
+        small = min(noise.MIN_NEW_STEP_PCT[view], noise.REPLICATE_MIN_STEP_PCT)
+    detect_rows: tuple[np.ndarray, np.ndarray] | None = None
     if per_step and expected_step > 0:
         # Only frames that could be large are tested: the others cannot be regressions,
         # and testing them would weaken the correction across frames.
@@ -797,7 +802,7 @@ def compare_sides(
                 result = noise.RankTests(
                     result.rows, p_values, benjamini_hochberg(p_values), effects
                 )
-            detect_rows = between.detectable_ns(work[bs[work] >= SCALE_MIN_WEIGHT * bs[work].sum()])
+            detect_rows = between.spread(work[bs[work] >= SCALE_MIN_WEIGHT * bs[work].sum()])
         else:
             base_m = np.concatenate(
                 [tree.base_self[eligible_self], tree.base_total[eligible_total]]
@@ -998,9 +1003,17 @@ def _pooled(reps: list[Side]) -> Side:
 
 
 class _ReplicateValues:
-    """Each frame's time per step in each capture, at the base's speed: a capture's means
-    divided by its own machine-wide scale against the pooled base (the load of that one
-    process), with the variance of each mean that the capture's own steps show."""
+    """Each frame's time per step in each capture, at the base's speed and in log space: a
+    capture's means divided by its own machine-wide scale against the pooled base (the
+    load of that one process), their logs, and the variance of each log mean that the
+    capture's own steps show (delta method).
+
+    Logs, because what varies between processes multiplies: a frame's time moves by a
+    share of itself (measured: a grown loop whose size varied x3 between its captures
+    was p = 0.13 in ms and every head capture above every base one). A frame's time is
+    floored at :data:`LOG_FLOOR_STEP_FRACTION` of the step, so that frames near zero do
+    not swing in log space.
+    """
 
     def __init__(
         self,
@@ -1011,6 +1024,7 @@ class _ReplicateValues:
         scale_of: Callable[[np.ndarray, np.ndarray], float | None],
     ) -> None:
         self.tree = tree
+        self.eps = max(LOG_FLOOR_STEP_FRACTION * float(pooled_base_self.sum()), 1e-12)
         self.sides: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         for name, reps, self_m, total_m in (
             ("base", base_reps, tree.base_self, tree.base_total),
@@ -1024,8 +1038,14 @@ class _ReplicateValues:
                 [scale_of(pooled_base_self, means_s[:, j]) or 1.0 for j in range(len(cols))]
             )
 
-            def within(m: np.ndarray, cols: list[slice] = cols) -> np.ndarray:
-                return np.stack(
+            def logged(
+                m: np.ndarray,
+                means: np.ndarray,
+                cols: list[slice] = cols,
+                scales: np.ndarray = scales,
+            ) -> tuple[np.ndarray, np.ndarray]:
+                level = means / scales + self.eps
+                var = np.stack(
                     [
                         m[:, c].var(axis=1, ddof=1) / (c.stop - c.start)
                         if c.stop - c.start > 1
@@ -1034,13 +1054,10 @@ class _ReplicateValues:
                     ],
                     axis=1,
                 )
+                return np.log(level), var / scales**2 / level**2
 
-            self.sides[name] = (
-                means_s / scales,
-                means_t / scales,
-                within(self_m) / scales**2,
-                within(total_m) / scales**2,
-            )
+            (ls, ws), (lt, wt) = logged(self_m, means_s), logged(total_m, means_t)
+            self.sides[name] = (ls, lt, ws, wt)
 
     def tests(self, rows_self: np.ndarray, rows_total: np.ndarray) -> noise.RankTests:
         def stacked(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -1053,8 +1070,9 @@ class _ReplicateValues:
         (b, bw), (h, hw) = stacked("base"), stacked("head")
         return noise.replicate_tests(b, h, bw, hw)
 
-    def detectable_ns(self, rows: np.ndarray) -> np.ndarray:
-        """Per row: the between-capture standard deviation of its time per step (ns)."""
+    def spread(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: the between-capture standard deviation of its log time per step, and
+        its time per step (ns, the base captures' geometric mean)."""
         (bm, _, bw, _), (hm, _, hw, _) = self.sides["base"], self.sides["head"]
         bm, hm = bm[rows], hm[rows]
         df = bm.shape[1] + hm.shape[1] - 2
@@ -1063,7 +1081,7 @@ class _ReplicateValues:
             + ((hm - hm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
         ) / df
         within = np.concatenate([bw[rows], hw[rows]], axis=1).mean(axis=1)
-        return np.asarray(np.sqrt(np.maximum(between, within)))
+        return np.sqrt(np.maximum(between, within)), np.exp(bm.mean(axis=1))
 
 
 def _min_detectable(
@@ -1071,7 +1089,7 @@ def _min_detectable(
     expected_step_ns: float,
     view: str,
     replicated: bool,
-    frame_sd_ns: np.ndarray | None,
+    frame_spread: tuple[np.ndarray, np.ndarray] | None,
 ) -> dict[str, Any]:
     """The smallest step change and frame excess these captures could call (see the
     module doc), and the captures a side that would bring them to 5 %."""
@@ -1109,29 +1127,30 @@ def _min_detectable(
         return out
     df = nb + nh - 2
     out["step_change_pct"] = step.noise_pct
-    rows = frame_sd_ns if frame_sd_ns is not None else np.zeros(0)
-    m = max(1, len(rows))
+    m = max(1, 0 if frame_spread is None else len(frame_spread[0]))
     alpha = noise.FDR_ALPHA / m  # the first rejection of BH among m frames
     mb = _log_median_within([r.step_ns for r in comparison.base_replicates])
     mh = _log_median_within([r.step_ns for r in comparison.head_replicates])
     step_sd = _pooled_sd(mb[0], mh[0], float(np.concatenate([mb[1], mh[1]]).mean()))
     target = TARGET_DETECTABLE_PCT / 100
     out["captures_for_5pct"]["step"] = captures_needed(step_sd, math.log1p(target), noise.FDR_ALPHA)
-    if len(rows):
-        sd = float(np.median(rows))
-        se = sd * math.sqrt(1 / nb + 1 / nh)
-        excess = max(
-            student_t_critical(alpha, df) * se,
-            noise.REPLICATE_MIN_STEP_PCT / 100 * expected_step_ns,
-        )
+    if frame_spread is not None and len(frame_spread[0]):
+        sd_log, level = frame_spread
+        # Per frame: the smallest excess its own spread lets the test call.
+        factor = student_t_critical(alpha, df) * math.sqrt(1 / nb + 1 / nh)
+        excesses = level * np.expm1(factor * sd_log)
+        k = int(np.argsort(excesses)[len(excesses) // 2])  # the median frame
+        excess = max(float(excesses[k]), noise.REPLICATE_MIN_STEP_PCT / 100 * expected_step_ns)
         out |= {
             "frame_excess_ms": round(excess / 1e6, 4),
             "frame_excess_pct": round(100 * excess / expected_step_ns, 2),
         }
-        out["captures_for_5pct"]["frame"] = captures_needed(sd, target * expected_step_ns, alpha)
+        out["captures_for_5pct"]["frame"] = captures_needed(
+            float(sd_log[k]), math.log1p(target * expected_step_ns / float(level[k])), alpha
+        )
     out["basis"] = (
         f"measured between the {nb} + {nh} captures at a false-alarm rate of "
-        f"{noise.FDR_ALPHA:g}; a frame's figure is the median over the {len(rows)} frames "
+        f"{noise.FDR_ALPHA:g}; a frame's figure is the median over the {m} frames "
         f"holding {100 * SCALE_MIN_WEIGHT:g} % of the work or more (BH among them)"
     )
     return out
