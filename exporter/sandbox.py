@@ -363,7 +363,7 @@ def set_default_budget(budget: MemoryBudget | None) -> None:
 def _limit_from_env() -> int:
     text = os.environ.get("MLPROF_MEMORY_LIMIT_MB", "").strip()
     if text.isdigit() and int(text) > 0:
-        return int(text)
+        return max(256, int(text))  # the setting's own floor (config.Settings)
     return default_memory_limit_mb()
 
 
