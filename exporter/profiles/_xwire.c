@@ -15,9 +15,13 @@
  * Only the canonical encoding protobuf writers produce is decoded (the field numbers
  * and wire types of exporter/proto/xplane.proto, fields in any order, unknown fields
  * skipped). Anything else -- a known field with another wire type, a group, a varint
- * longer than 10 bytes, a length past the end -- returns None, and the caller reads that
- * line with protobuf instead (exporter/profiles/xspace.py), so both paths give the same
- * columns and protobuf's own error names a corrupt line. No dependency beyond CPython's
+ * longer than 10 bytes, a tag longer than 5, a length past the end, a string field
+ * (line names, a stat's str_value) that is not UTF-8, an event's stat that does not
+ * frame -- returns None, and the caller reads that line with protobuf instead
+ * (exporter/profiles/xspace.py), so both paths give the same columns and protobuf's own
+ * error names a corrupt line. The rule is one-sided: this core may hand protobuf a line
+ * protobuf accepts, never accept one protobuf refuses (the differential fuzz in
+ * tests/unit/test_decoder.py holds it to that). No dependency beyond CPython's
  * C API: the package builds with the machine's compiler, and installs without this
  * module where there is none (setuptools' optional extension).
  */
@@ -31,11 +35,19 @@ enum { LINE_ID = 1, LINE_NAME = 2, LINE_TIMESTAMP_NS = 3, LINE_EVENTS = 4,
        LINE_DURATION_PS = 9, LINE_DISPLAY_ID = 10, LINE_DISPLAY_NAME = 11 };
 enum { EVENT_METADATA_ID = 1, EVENT_OFFSET_PS = 2, EVENT_DURATION_PS = 3,
        EVENT_STATS = 4, EVENT_NUM_OCCURRENCES = 5 };
+enum { STAT_STR_VALUE = 5 };
 enum { WIRE_VARINT = 0, WIRE_FIXED64 = 1, WIRE_LEN = 2, WIRE_FIXED32 = 5 };
+/* protobuf reads a tag as a 32-bit varint: at most 5 bytes (upb refuses a longer one). */
+enum { MAX_TAG_BYTES = 5 };
 
 /* Reads a varint at *p (< end) into *out; 0 when truncated or longer than 10 bytes. */
 static inline int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
     const uint8_t *q = *p;
+    if (q < end && !(*q & 0x80)) { /* one byte: tags, ids and lengths, mostly */
+        *out = *q;
+        *p = q + 1;
+        return 1;
+    }
     uint64_t value = 0;
     for (int shift = 0; shift < 70 && q < end; shift += 7) {
         uint8_t byte = *q++;
@@ -72,14 +84,61 @@ static inline int skip_value(const uint8_t **p, const uint8_t *end, unsigned wir
     }
 }
 
-/* Reads a tag: field number and wire type; 0 on a bad tag. */
+/* Reads a tag: field number and wire type; 0 on a bad tag (longer than protobuf's). */
 static inline int read_tag(const uint8_t **p, const uint8_t *end, uint64_t *number,
                            unsigned *wire) {
+    const uint8_t *start = *p;
     uint64_t tag;
-    if (!read_varint(p, end, &tag)) return 0;
+    if (!read_varint(p, end, &tag) || *p - start > MAX_TAG_BYTES) return 0;
     *number = tag >> 3;
     *wire = (unsigned)(tag & 7);
     return *number >= 1 && *number <= 0x1fffffff;
+}
+
+/* Whether [p, end) is UTF-8 as protobuf (utf8_range) and Python's codec check it for a
+ * proto3 string: no overlong forms, no surrogates, nothing past U+10FFFF. */
+static int valid_utf8(const uint8_t *p, const uint8_t *end) {
+    while (p < end) {
+        uint8_t c = *p;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        int more;
+        uint8_t lo = 0x80, hi = 0xbf; /* the range of the second byte */
+        if (c >= 0xc2 && c <= 0xdf) more = 1;
+        else if (c == 0xe0) more = 2, lo = 0xa0;
+        else if (c == 0xed) more = 2, hi = 0x9f;
+        else if (c >= 0xe1 && c <= 0xef) more = 2;
+        else if (c == 0xf0) more = 3, lo = 0x90;
+        else if (c == 0xf4) more = 3, hi = 0x8f;
+        else if (c >= 0xf1 && c <= 0xf3) more = 3;
+        else return 0;
+        if (end - p <= more || p[1] < lo || p[1] > hi) return 0;
+        for (int i = 2; i <= more; i++)
+            if ((p[i] & 0xc0) != 0x80) return 0;
+        p += more + 1;
+    }
+    return 1;
+}
+
+/* Whether an XStat's bytes parse in protobuf, judged no more leniently: every field
+ * frames (tags, lengths, no groups) and a str_value is UTF-8. Its values are not read:
+ * no conversion through this core uses them, but protobuf refuses the line without them. */
+static inline int valid_stat(const uint8_t *p, const uint8_t *end) {
+    while (p < end) {
+        uint64_t number, n;
+        unsigned wire;
+        if (!read_tag(&p, end, &number, &wire)) return 0;
+        if (number == STAT_STR_VALUE && wire == WIRE_LEN) {
+            if (!read_varint(&p, end, &n) || n > (uint64_t)(end - p)) return 0;
+            if (!valid_utf8(p, p + n)) return 0;
+            p += n;
+        } else if (!skip_value(&p, end, wire)) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* Decodes one XEvent; protobuf's rules: the last value of a field wins, and the
@@ -99,7 +158,10 @@ static int decode_event(const uint8_t *p, const uint8_t *end, int64_t *meta, int
             else if (number == EVENT_DURATION_PS) d = (int64_t)value;
             else o = 0;
         } else if (number == EVENT_STATS) {
-            if (wire != WIRE_LEN || !skip_value(&p, end, wire)) return 0;
+            if (wire != WIRE_LEN || !read_varint(&p, end, &value) ||
+                value > (uint64_t)(end - p) || !valid_stat(p, p + value))
+                return 0;
+            p += value;
         } else if (!skip_value(&p, end, wire)) {
             return 0;
         }
@@ -119,6 +181,7 @@ static int next_field(const uint8_t **p, const uint8_t *end, int final, uint64_t
     const uint8_t *q = *p;
     uint64_t tag;
     if (!read_varint(&q, end, &tag)) return !final && end - q < 10 ? 0 : -1;
+    if (q - *p > MAX_TAG_BYTES) return -1;
     *number = tag >> 3;
     *wire = (unsigned)(tag & 7);
     if (*number < 1 || *number > 0x1fffffff) return -1;
@@ -177,7 +240,7 @@ static int scan(const uint8_t *p, const uint8_t *end, int final, Scan *out, int6
             out->ints[slot] = (int64_t)value;
             out->seen |= 1 << slot;
         } else if (number == LINE_NAME || number == LINE_DISPLAY_NAME) {
-            if (wire != WIRE_LEN) return -1;
+            if (wire != WIRE_LEN || !valid_utf8(body, body + value)) return -1;
             if (number == LINE_NAME) {
                 out->name = body, out->name_end = body + value, out->seen |= 1 << 4;
             } else {
