@@ -20,6 +20,7 @@ import gzip
 import json
 import os
 import resource
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from exporter import regular_files, sandbox, schema
+from exporter import regular_files, schema
 from exporter.analysis.sides import SideContext, load_side
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
@@ -445,17 +446,17 @@ def test_a_snapshot_swapped_for_a_link_after_the_check_is_not_read(
     secret = ts.write(outside / "secret.pickle", ts.random_snapshot(5, blocks=40))
     own = ts.training_snapshot()
     path = ts.write(tmp_path / "h-1.pickle", own)
-    real_run = sandbox.subprocess.run  # every child starts in the sandbox
+    real_run = subprocess.run
 
     def swap_then_run(*args: Any, **kwargs: Any) -> Any:
         path.unlink()
         path.symlink_to(secret)  # the swap lands between the check and the child's read
         return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(sandbox.subprocess, "run", swap_then_run)
+    monkeypatch.setattr("exporter.sandbox.subprocess.run", swap_then_run)  # every child's start
     pprof = torch_memory.torch_memory_pprof(path)
     assert pprof == torch_memory.snapshot_profile(own, str(path)).SerializeToString()
-    monkeypatch.setattr(sandbox.subprocess, "run", real_run)
+    monkeypatch.setattr("exporter.sandbox.subprocess.run", real_run)
     with pytest.raises(InputError, match="symbolic link"):
         torch_memory.load_torch_memory_profile(path)  # the link itself, now in place
 
