@@ -186,6 +186,10 @@ def _diff_tree(comparison: Comparison, max_frames: int) -> dict[str, Any]:
         if e.regression
     }
 
+    # Per step the page colours by excess time per step (head - scale x base), the number
+    # the verdicts use: by share, unchanged work beside a regression read "shrank".
+    scale = comparison.step_verdict.scale or 1.0
+
     def build(node: Any) -> dict[str, Any]:
         i = node.index
         out: dict[str, Any] = {
@@ -195,6 +199,8 @@ def _diff_tree(comparison: Comparison, max_frames: int) -> dict[str, Any]:
             "hs": round(float(hs[i]), 1),
             "ht": round(float(ht[i]), 1),
         }
+        if per_step:
+            out["ex"] = round(float(ht[i] - scale * bt[i]), 1)
         if node.file:
             out["f"] = f"{node.file}:{node.line}" if node.line else node.file
         source = node.source
@@ -249,6 +255,12 @@ def comparison_html(comparison: Comparison, title: str | None = None) -> str:
         "meta": meta,
         "unit": data["unit"],
         "colourFloorPts": floor if floor is not None else PER_STEP_COLOUR_FLOOR_PTS,
+        # Per step: colour by excess per step, neutral within this share of the step.
+        "colourBy": "excess" if comparison.normalisation == "per_step" else "share",
+        "stepValue": (comparison.step_verdict.scale or 1.0)
+        * (comparison.step_verdict.base_median_ms or 0.0)
+        * (1e6 if comparison.tree.unit == "nanoseconds" else 1.0),
+        "excessFloorPct": PER_STEP_COLOUR_FLOOR_PTS,
         "untested": "not tested (no steps on both sides)"
         if comparison.normalisation == "share"
         else "not tested (too small on both sides to be a regression)",

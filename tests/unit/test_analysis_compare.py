@@ -447,3 +447,24 @@ def test_the_text_and_page_state_min_detectable_and_one_step_statistic() -> None
     assert change is not None and f"median step {change:+.1f}%" in page
     single = comparison_text(compare_sides(side(BASE, 20, 1, "b"), side(BASE, 20, 2, "h")))
     assert "between-run noise not measured (one capture a side)" in single
+
+
+def test_the_diff_page_colours_by_excess_per_step() -> None:
+    import json
+    import re
+
+    from exporter.analysis.render import comparison_html
+
+    # Every op x1.5 and softmax x3: by share the unchanged ops read "shrank" beside it; by
+    # excess beyond the machine-wide scale they are no change.
+    grown = {k: 1.5 * v for k, v in BASE.items()} | {"softmax": 3 * BASE["softmax"]}
+    result = compare_sides(side(BASE, 20, 1, "b"), side(grown, 20, 2, "h"))
+    page = comparison_html(result)
+    match = re.search(r'<script id="diff-data" type="application/json">(.*?)</script>', page, re.S)
+    assert match is not None
+    data = json.loads(match.group(1))
+    assert data["colourBy"] == "excess" and data["stepValue"] > 0
+    frames = {c["n"]: c for c in data["root"]["c"][0]["c"]}
+    floor = data["excessFloorPct"] / 100 * data["stepValue"]
+    assert abs(frames["matmul"]["ex"]) < 2 * floor  # unchanged beyond the scale: grey
+    assert frames["softmax"]["ex"] > 10 * floor  # the regression: red
