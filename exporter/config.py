@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from exporter.ascii_digits import parse_ascii_int
 from exporter.errors import ConfigError
+from exporter.heap import malloc_choice
 
 __all__ = [
     "ENV_PREFIX",
@@ -626,4 +627,5 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     except ValidationError as exc:
         lines = [_describe(err, config_file, cleaned) for err in exc.errors()]
         raise ConfigError("; ".join(lines)) from None
+    malloc_choice()  # not a setting, but the children `serve` starts read it: refuse it now
     return Settings.model_construct(**dict(loaded))

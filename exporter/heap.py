@@ -16,17 +16,24 @@ read captures (``mlprof flamegraph``, ``analyze``, ``compare``) and the bounded 
 (``exporter.analysis.job``, the XProf converters' child). Never in the sidecar's own
 process or any other long-running one: with a 1 GiB trim threshold, memory it freed
 would stay resident for the rest of its life. ``MLPROF_MALLOC=default`` keeps glibc's
-defaults (to measure against, or if a process's memory bound is tight).
+defaults (to measure against, or if a process's memory bound is tight); any other value
+is refused in one line (:func:`malloc_choice`), by every command that reads settings
+(``mlprof serve`` before it starts a child) and by the converting commands themselves.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
-__all__ = ["MALLOC_ENV", "keep_freed_memory"]
+from exporter.errors import ConfigError
+
+__all__ = ["MALLOC_CHOICES", "MALLOC_ENV", "keep_freed_memory", "malloc_choice"]
 
 MALLOC_ENV = "MLPROF_MALLOC"  # "default": leave glibc's allocator settings alone
+# What MLPROF_MALLOC may say (case and spaces aside): unset or empty keeps freed blocks.
+MALLOC_CHOICES = {"": "keep", "default": "default"}
 # mallopt(3) parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -37,12 +44,28 @@ _TRIM_THRESHOLD_BYTES = 1 << 30
 _applied: bool | None = None  # once per process: the answer of the first call
 
 
+def malloc_choice(environ: Mapping[str, str] | None = None) -> str:
+    """``keep`` or ``default``, from ``MLPROF_MALLOC``; ConfigError naming the accepted values.
+
+    A misspelt value (``defualt``, ``glibc``) had silently meant "keep freed blocks".
+    """
+    raw = (os.environ if environ is None else environ).get(MALLOC_ENV, "")
+    choice = MALLOC_CHOICES.get(raw.strip().lower())
+    if choice is None:
+        raise ConfigError(
+            f"{MALLOC_ENV}={raw!r}: expected 'default' (glibc's own allocator settings) "
+            "or unset (converting processes keep freed blocks for reuse)"
+        )
+    return choice
+
+
 def keep_freed_memory() -> bool:
     """Keep large blocks on glibc's heap for reuse in this process; True if applied.
 
     False (and nothing changed) where the C library is not glibc, where it refuses,
     or with ``MLPROF_MALLOC=default``. Call it at the start of a short-lived converting
-    process, never in a long-running one (module docstring). Never raises.
+    process, never in a long-running one (module docstring). Raises ConfigError only
+    for an ``MLPROF_MALLOC`` :func:`malloc_choice` refuses (the first call's answer holds).
     """
     global _applied
     if _applied is None:
@@ -51,7 +74,7 @@ def keep_freed_memory() -> bool:
 
 
 def _apply() -> bool:
-    if os.environ.get(MALLOC_ENV, "").strip().lower() == "default":
+    if malloc_choice() == "default":
         return False
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION"):  # musl, macOS: no such mallopt
