@@ -30,8 +30,9 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
+from exporter.config import Settings
 from exporter.errors import ConfigError, InputError, MlprofError
-from exporter.profiles.capture_files import CAPTURES_NAMED, capture_stem, find_captures
+from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures
 
 __all__ = ["XPROF_CLI_TOOLS", "ProfileTools", "build_server"]
 
@@ -133,8 +134,12 @@ def one_line(exc: BaseException) -> str:
 class ProfileTools:
     """The MCP server's tools on one store; each answers the CLI's JSON or raises.
 
-    A bad name or input raises :class:`InputError` (one line); the server turns every
-    exception into a tool error. Reports are cached per session and capture files.
+    Names are checked as every door that serves others checks them
+    (:func:`exporter.usecases.stored_side`); analyses, comparisons and flame graphs run
+    in a bounded child (:func:`exporter.usecases.in_child`), so a hostile capture in the
+    store costs a child, never this server. A bad name or input raises
+    :class:`InputError` (one line); the server turns every exception into a tool error.
+    Reports are cached per session and capture files.
     """
 
     def __init__(
@@ -144,15 +149,18 @@ class ProfileTools:
         *,
         api_url: str | None = None,
         token: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
         from exporter.capture.store import SessionStore
+        from exporter.config import load_settings
 
         self.store = SessionStore(store)
         self.store_url = store
         self.shared_dir = shared_dir
         self.api_url = api_url
         self.token = token
-        self._reports: OrderedDict[tuple[object, ...], Any] = OrderedDict()
+        self.settings = settings or load_settings(None, store=store)
+        self._reports: OrderedDict[tuple[object, ...], dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- names ---------------------------------------------------------------------
@@ -175,27 +183,22 @@ class ProfileTools:
             )
         return directory
 
-    def _spec(self, name: str) -> str:
-        """What the CLI would be given: a session's directory, or ``run:<id>`` checked."""
-        if name.startswith(RUN_PREFIX):
-            from exporter.capture.session import check_session_id
+    def _spec(self, name: str, field: str = "session") -> str:
+        """What the job child is given: a session (its directory when local), or
+        ``run:<id>`` checked; never a file path (exporter.usecases.stored_side)."""
+        from exporter.usecases import stored_side
 
-            try:
-                check_session_id(name[len(RUN_PREFIX) :])
-            except ValueError:
-                raise InputError(
-                    f"{name!r}: expected run:<run id> with a run id of A-Z a-z 0-9 . _ -"
-                ) from None
-            return name
-        return str(self._session_dir(name))
+        return stored_side(
+            self.store, name, pyroscope=bool(self.settings.pyroscope_url), field=field
+        )
 
     def _context(self) -> Any:
-        from exporter.analysis.sides import SideContext
+        from exporter.usecases import side_context
 
-        kwargs: dict[str, Any] = {"store": self.store_url}
-        if self.shared_dir is not None:
-            kwargs["shared_dir"] = self.shared_dir
-        return SideContext(**kwargs)
+        context = side_context(self.settings)
+        context.store = self.store_url
+        context.shared_dir = self.shared_dir
+        return context
 
     def _captures(self, session: str) -> list[Path]:
         directory = self._session_dir(session)
@@ -204,22 +207,45 @@ class ProfileTools:
             raise InputError(f"session {session!r}: no XProf captures ({CAPTURES_NAMED}) in it")
         return paths
 
-    def _report(self, name: str, *, xprof: bool, baseline: str | None = None) -> Any:
-        """``mlprof analyze``'s report of a session or run, cached by its capture files."""
-        from exporter.analysis.report import analyze, capture_paths
+    def _in_child(self, command: str, inputs: list[str], options: list[str], name: str) -> Any:
+        """The JSON file ``name`` that job ``command`` wrote, run bounded."""
+        from exporter.usecases import ChildLimits, in_child
+
+        limits = ChildLimits.from_settings(self.settings)
+        found = in_child(command, inputs, self._context(), limits, options, read=[name])
+        return json.loads(found[name])
+
+    def _stamp(self, spec: str) -> tuple[object, ...]:
+        """What a cached report depends on: the capture files (or the run's sessions)."""
+        if spec.startswith(RUN_PREFIX):
+            run_id = spec[len(RUN_PREFIX) :].partition("~")[0]
+            return tuple(
+                (r.id, r.status, tuple(sorted(n for t in r.targets for n in t.files)))
+                for r in self.store.records()
+                if r.in_run(run_id)
+            )
+        path = Path(spec)
+        if path.is_dir():
+            return tuple(
+                (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in find_captures(path)
+            )
+        return tuple(sorted(self.store.files(spec).items()))
+
+    def _report(self, name: str, *, xprof: bool, baseline: str | None = None) -> dict[str, Any]:
+        """``mlprof analyze --format json``'s report of a session or run, cached by its
+        capture files."""
+        from exporter.analysis.job import REPORT_JSON
 
         spec = self._spec(name)
-        base = self._spec(baseline) if baseline is not None else None
-        context = self._context()
-        paths, _ = capture_paths(spec, context)
-        stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
-        key = (name, xprof, baseline, stamp)
+        base = self._spec(baseline, "baseline") if baseline is not None else None
+        key = (name, xprof, baseline, self._stamp(spec))
         with self._lock:
             if key in self._reports:
                 self._reports.move_to_end(key)
                 return self._reports[key]
-        report = analyze(spec, context, baseline=base, xprof=xprof)
-        report.input["spec"] = name  # as `mlprof analyze <id>` names it
+        options = [f"--shown-as={name}", *([] if xprof else ["--no-xprof"])]
+        options += [f"--baseline={base}"] if base is not None else []
+        report: dict[str, Any] = self._in_child("analyze", [spec], options, REPORT_JSON)
         with self._lock:
             self._reports[key] = report
             while len(self._reports) > CACHED_REPORTS:
@@ -231,72 +257,49 @@ class ProfileTools:
         self, run_id: str | None = None, status: str | None = None, limit: int = 50
     ) -> dict[str, Any]:
         """Sessions in the store, newest first, as ``GET /api/v1/sessions`` lists them."""
-        records = self.store.records()
-        chosen = [
-            r
-            for r in reversed(records)
-            if (run_id is None or r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
-            and (status is None or r.status == status)
-        ]
-        recorded = {r.id for r in records}
-        # Directories without session.json (an XProf logdir's runs) are still analysable.
-        unrecorded = [i for i in self.store.session_ids() if i not in recorded]
-        return {
-            "sessions": [r.model_dump(mode="json") for r in chosen[:limit]],
-            "total": len(chosen),
-            "stored": len(records),
-            "unrecorded": unrecorded[:limit],
-        }
+        from exporter.usecases import list_sessions
+
+        return list_sessions(self.store, run_id=run_id, status=status, limit=limit)
 
     def list_runs(self) -> dict[str, Any]:
         """The runs the store's sessions belong to: sessions, hosts, first and last."""
-        runs: dict[str, dict[str, Any]] = {}
-        for record in self.store.records():
-            ids = {record.run_id, *(t.run_id for t in record.targets)} - {None}
-            for run_id in sorted(i for i in ids if i):
-                run = runs.setdefault(
-                    run_id,
-                    {"run_id": run_id, "workload": None, "sessions": [], "hosts": []},
-                )
-                run["workload"] = run["workload"] or record.workload
-                run["sessions"].append(record.id)
-                run["hosts"] = sorted({*run["hosts"], *(t.host for t in record.targets)})
-                created = record.created.isoformat()
-                run.setdefault("first", created)
-                run["last"] = created
-        return {"runs": sorted(runs.values(), key=lambda r: r["last"], reverse=True)}
+        from exporter.usecases import list_runs
+
+        return list_runs(self.store)
 
     def analyze(self, session: str, baseline: str | None = None, xprof: bool = True) -> Any:
         """``mlprof analyze SESSION --format json`` (with ``--baseline``, ``--no-xprof``)."""
-        return self._report(session, xprof=xprof, baseline=baseline).to_json()
+        return self._report(session, xprof=xprof, baseline=baseline)
 
-    def compare(self, base: str, head: str, kind: str | None = None, top: int = 20) -> Any:
-        """``mlprof compare BASE HEAD --format json``."""
-        from exporter.analysis.compare import compare_sides
-        from exporter.analysis.sides import load_side
+    def compare(
+        self,
+        base: str | Sequence[str],
+        head: str | Sequence[str],
+        kind: str | None = None,
+        top: int = 20,
+    ) -> Any:
+        """``mlprof compare --base ... --head ... --format json`` (several a side: replicates)."""
+        from exporter.analysis.job import COMPARE_JSON
 
-        context = self._context()
-        base_side = load_side(self._spec(base), kind, context)  # type: ignore[arg-type]
-        head_kind = kind or (None if base_side.scope == "step" else base_side.kind)
-        head_side = load_side(self._spec(head), head_kind, context)  # type: ignore[arg-type]
-        try:
-            comparison = compare_sides(base_side, head_side)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-        return comparison.to_json(top=top)
+        bases = [base] if isinstance(base, str) else list(base)
+        heads = [head] if isinstance(head, str) else list(head)
+        options = ["--top", str(top), *(["--kind", kind] if kind else [])]
+        options += [f"--base={self._spec(b, 'base')}" for b in bases]
+        options += [f"--head={self._spec(h, 'head')}" for h in heads]
+        return self._in_child("compare", [], options, COMPARE_JSON)
 
     def top_ops(self, session: str, limit: int = 20) -> dict[str, Any]:
         """The report's ``facts.top_ops`` (device self time per XLA op)."""
-        facts = self._report(session, xprof=False).facts
-        answer: dict[str, Any] = {"session": session, "top_ops": facts.top_ops[:limit]}
-        if "device" in facts.unavailable:
-            answer["unavailable"] = facts.unavailable["device"]
+        facts = self._report(session, xprof=False)["facts"]
+        answer: dict[str, Any] = {"session": session, "top_ops": facts["top_ops"][:limit]}
+        if "device" in facts["unavailable"]:
+            answer["unavailable"] = facts["unavailable"]["device"]
         return answer
 
     def gpu_kernels(self, session: str, limit: int = 20) -> dict[str, Any]:
         """The report's ``facts.gpu_kernels``: kernels by total time (``limit`` rows, of
         the report's 20), launch configuration and launch overhead."""
-        found = dict(self._report(session, xprof=False).facts.gpu_kernels or {})
+        found = dict(self._report(session, xprof=False)["facts"].get("gpu_kernels") or {})
         if "kernels" in found:
             found["kernels"] = found["kernels"][:limit]
         return {"session": session, "gpu_kernels": found}
@@ -309,84 +312,24 @@ class ProfileTools:
         limit: int = 50,
     ) -> dict[str, Any]:
         """The frame at ``frames`` (root-first names) with its children's self/total."""
-        from exporter.config import load_settings
-        from exporter.profiles.convert import flamegraph_from_path
-        from exporter.profiles.pprof import InflateLimits
+        from exporter.analysis.job import SUBTREE_JSON
 
-        def limits() -> InflateLimits:
-            settings = load_settings(None)
-            return InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio)
-
-        graph = flamegraph_from_path(self._session_dir(session), kind, False, limits)  # type: ignore[arg-type]
-        node = graph.root
-        for depth, name in enumerate(frames):
-            found = node.named(name)
-            if found is None:
-                known = sorted(node.children.values(), key=lambda c: -c.total)[:10]
-                where = ";".join(frames[:depth]) or "the root"
-                raise InputError(
-                    f"frame path: no frame {name!r} under {where} (its largest children: "
-                    + (", ".join(repr(c.name) for c in known) or "none")
-                    + ")"
-                )
-            node = found
-        total = graph.root.total
-        children = sorted(node.children.values(), key=lambda c: -c.total)
-
-        def share(value: int) -> float:
-            return round(100 * value / total, 3) if total else 0.0
-
-        return {
-            "session": session,
-            "sample_type": graph.sample_type,
-            "unit": graph.unit,
-            "graph_total": total,
-            "path": list(frames),
-            "self": node.self_value,
-            "total": node.total,
-            "total_pct": share(node.total),
-            "children": [
-                {
-                    "name": c.name,
-                    **({"file": f"{c.file}:{c.line}" if c.line else c.file} if c.file else {}),
-                    "self": c.self_value,
-                    "total": c.total,
-                    "total_pct": share(c.total),
-                    "children": len(c.children),
-                }
-                for c in children[:limit]
-            ],
-            "more_children": max(0, len(children) - limit),
-        }
+        spec = self._spec(session)
+        if spec.startswith((RUN_PREFIX, "pyroscope:")):
+            raise InputError(f"{session!r}: expected a session id")
+        options = ["--frames", json.dumps(list(frames)), "--limit", str(limit)]
+        options += ["--kind", kind] if kind else []
+        answer = self._in_child("subtree", [spec], options, SUBTREE_JSON)
+        return {"session": session, **answer}
 
     def hosts(self, session: str) -> dict[str, Any]:
         """Per host (capture file): steps, step time and the breakdown of the report."""
-        report = self._report(session, xprof=False)
-        found = report.facts.to_json().get("hosts")
-        if found is not None:  # the report's own per-host facts, where it has them
-            return {"session": session, "hosts": found, "source": "facts.hosts"}
-        from exporter.analysis.facts import gather_facts
-
-        hosts = []
-        for path in self._captures(session):  # an older report: each file's own facts
-            facts = gather_facts([path], xprof=False)
-            steps = facts.steps or {}
-            hosts.append(
-                {
-                    "name": capture_stem(path.name),  # as XProf names hosts
-                    "file": str(path),
-                    "steps": steps.get("count", 0),
-                    "step_median_ms": steps.get("median_ms"),
-                    "step_p90_ms": steps.get("p90_ms"),
-                    "step_mean_ms": steps.get("mean_ms"),
-                    "breakdown": facts.breakdown,
-                }
-            )
-        return {"session": session, "hosts": hosts, "source": "facts per capture file"}
+        found = self._report(session, xprof=False)["facts"].get("hosts")
+        return {"session": session, "hosts": found or [], "source": "facts.hosts"}
 
     def memory_peak(self, session: str) -> dict[str, Any]:
         """The report's device-memory peak against capacity, and the largest buffers."""
-        facts = self._report(session, xprof=True).facts.to_json()
+        facts = self._report(session, xprof=True)["facts"]
         answer: dict[str, Any] = {"session": session, "memory": facts.get("memory")}
         if "memory" in facts["unavailable"]:
             answer["unavailable"] = facts["unavailable"]["memory"]
@@ -507,6 +450,13 @@ Input = Annotated[
     str,
     Field(description="A session id in the store, or run:<run id> for all of a run's sessions"),
 ]
+Sides = Annotated[
+    str | list[str],
+    Field(
+        description="A session id, run:<run id> (run:<run id>~N: its N newest sessions), or a "
+        "list of them: each capture is a replicate, and their spread is the between-run noise"
+    ),
+]
 Kind = Annotated[
     Literal["device", "host", "memory"] | None,
     Field(description="device time, host time or memory (default: device when present)"),
@@ -589,8 +539,8 @@ def build_server(tools: ProfileTools, *, allow_capture: bool = False) -> Any:
 
     @server.tool(annotations=read_only)
     def compare(
-        base: Input,
-        head: Input,
+        base: Sides,
+        head: Sides,
         kind: Kind = None,
         top: Annotated[int, Field(ge=1, le=1000, description="Entries per list")] = 20,
     ) -> JSON:

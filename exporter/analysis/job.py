@@ -9,13 +9,17 @@ wrote into an output directory.
 
     python -m exporter.analysis.job analyze INPUT OUT_DIR [--baseline SPEC ...]
     python -m exporter.analysis.job compare BASE HEAD OUT_DIR [--kind K ...]
+    python -m exporter.analysis.job compare OUT_DIR --base SPEC ... --head SPEC ... [...]
+    python -m exporter.analysis.job subtree INPUT OUT_DIR [--frames JSON --kind K --limit N]
     python -m exporter.analysis.job flamegraphs INPUT OUT_DIR --kind capture|memory|torch
     python -m exporter.analysis.job sides INPUT OUT_DIR
 
 ``flamegraphs`` is the sidecar's conversion of a session's capture or a workload's
 memory profile (:func:`flamegraphs_in_child`): the graphs come back as pprof files.
-``sides`` reads a session into its sides as a comparison would, so that each capture's
-side cache is written beside it (:mod:`exporter.analysis.side_cache`; nothing in OUT_DIR).
+``analyze``, ``compare`` and ``subtree`` run :mod:`exporter.usecases` (the doors that serve
+others call them here, bounded). ``sides`` reads a session into its sides as a comparison
+would, so that each capture's side cache is written beside it
+(:mod:`exporter.analysis.side_cache`; nothing in OUT_DIR).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ REPORT_HTML = "summary.html"
 COMPARE_JSON = "comparison.json"
 COMPARE_HTML = "comparison.html"
 GRAPHS_JSON = "graphs.json"
+SUBTREE_JSON = "subtree.json"
+COMMANDS = ("analyze", "compare", "flamegraphs", "sides", "subtree")
 CONVERT_KINDS = ("capture", "memory", "torch")
 
 
@@ -192,30 +198,42 @@ def _write_graphs(out: Path, graphs: dict[str, Any]) -> None:
 
 
 def _context(ns: argparse.Namespace) -> Any:
+    """The parent's SideContext (exporter.usecases.child_context_args), rebuilt."""
     from exporter.analysis.sides import SideContext
+    from exporter.usecases import child_headers
 
-    headers = json.loads(ns.pyroscope_headers) if ns.pyroscope_headers else {}
     return SideContext(
         store=ns.store,
         shared_dir=Path(ns.shared_dir) if ns.shared_dir else None,
         pyroscope_url=ns.pyroscope_url,
-        pyroscope_headers=headers,
+        pyroscope_headers=child_headers(),
         time_from=ns.time_from,
         time_until=ns.time_until,
+        profile_type=ns.profile_type,
     )
 
 
 def _write(out: Path, name: str, data: str) -> None:
+    _write_bytes(out, name, data.encode())
+
+
+def _write_bytes(out: Path, name: str, data: bytes) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / name).write_text(data, encoding="utf-8")
+    (out / name).write_bytes(data)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="exporter.analysis.job")
-    parser.add_argument("command", choices=["analyze", "compare", "flamegraphs", "sides"])
+    parser.add_argument("command", choices=[*COMMANDS])
     parser.add_argument("inputs", nargs="+")
     parser.add_argument("--kind")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--base", action="append", default=[], help="compare: a BASE replicate")
+    parser.add_argument("--head", action="append", default=[], help="compare: a HEAD replicate")
+    parser.add_argument("--history", action="append", default=[], help="compare: earlier run")
+    parser.add_argument("--shown-as", help="analyze: the name the user gave the input")
+    parser.add_argument("--frames", help="subtree: JSON list of frame names, root first")
+    parser.add_argument("--limit", type=int, default=50, help="subtree: children shown")
     parser.add_argument("--baseline")
     parser.add_argument("--baseline-session")
     parser.add_argument("--baseline-reason", default="given")
@@ -226,9 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store")
     parser.add_argument("--shared-dir")
     parser.add_argument("--pyroscope-url")
-    parser.add_argument("--pyroscope-headers")
     parser.add_argument("--from", dest="time_from")
     parser.add_argument("--until", dest="time_until")
+    parser.add_argument("--profile-type")
     parser.add_argument("--no-xprof", action="store_true")
     parser.add_argument("--max-profile-bytes", type=int)
     parser.add_argument("--max-profile-ratio", type=float)
@@ -257,35 +275,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             load_side(specs[0], None, context)
             return 0
-        if ns.command == "analyze":
-            from exporter.analysis.render import report_html
-            from exporter.analysis.report import analyze
+        from exporter import usecases
 
+        if ns.command == "analyze":
             samples = json.loads(ns.memory_samples) if ns.memory_samples else []
-            report = analyze(
+            report = usecases.analyze(
                 specs[0],
                 context,
                 baseline=ns.baseline,
+                xprof=not ns.no_xprof,
+                shown_as=ns.shown_as,
                 baseline_session=ns.baseline_session,
                 baseline_reason=ns.baseline_reason,
-                xprof=not ns.no_xprof,
                 memory_samples=samples,
                 history=json.loads(ns.history_ns) if ns.history_ns else None,
             )
             report.links = json.loads(ns.links) if ns.links else {}
-            _write(out, REPORT_JSON, json.dumps(report.to_json(), indent=2) + "\n")
-            _write(out, REPORT_HTML, report_html(report, ns.title))
-        else:
-            from exporter.analysis.compare import compare_sides
-            from exporter.analysis.render import comparison_html
-            from exporter.analysis.sides import load_side
-
-            base = load_side(specs[0], ns.kind, context)
-            head_kind = ns.kind or (None if base.scope == "step" else base.kind)
-            head = load_side(specs[1], head_kind, context)
-            comparison = compare_sides(base, head)
-            _write(out, COMPARE_JSON, json.dumps(comparison.to_json(top=ns.top), indent=2) + "\n")
-            _write(out, COMPARE_HTML, comparison_html(comparison))
+            _write_bytes(out, REPORT_JSON, usecases.report_document(report, "json"))
+            _write_bytes(out, REPORT_HTML, usecases.report_document(report, "html", ns.title))
+        elif ns.command == "compare":
+            # BASE HEAD OUT, or OUT with --base/--head replicates.
+            base, head = (ns.base, ns.head) if ns.base or ns.head else ([specs[0]], specs[1:2])
+            comparison = usecases.compare(base, head, context, kind=ns.kind, history=ns.history)
+            document = usecases.comparison_document
+            _write_bytes(out, COMPARE_JSON, document(comparison, "json", ns.top))
+            _write_bytes(out, COMPARE_HTML, document(comparison, "html"))
+        else:  # subtree
+            frames = json.loads(ns.frames) if ns.frames else []
+            answer = usecases.flamegraph_subtree(specs[0], context, frames, ns.kind, ns.limit)
+            _write(out, SUBTREE_JSON, json.dumps(answer))
     except (MlprofError, ValueError) as exc:
         print(f"mlprof: {exc}", file=sys.stderr)
         return 1
