@@ -9,6 +9,8 @@ A side is any of:
 * a session: its directory, or its id in the session store (every host's capture);
 * ``run:<run_id>``: every finished session of the run in the store, merged (for
   ``--kind memory``, the run's device-memory profiles in the shared directory);
+* ``run:<run_id>~N``: the run's N newest finished sessions, each its own side: a
+  comparison's replicates (:func:`expand_replicates`);
 * ``pyroscope:{service_name="…",run_id="…"}``: a Pyroscope selection over
   ``--from``/``--until``, fetched with ``SelectMergeProfile`` (``MLPROF_PYROSCOPE_URL``).
 
@@ -52,9 +54,11 @@ __all__ = [
     "Side",
     "SideContext",
     "capture_side",
+    "expand_replicates",
     "join_step_view",
     "load_side",
     "load_sides",
+    "run_spec",
     "sample_cycles",
     "step_cycles",
     "step_view",
@@ -66,8 +70,11 @@ PYROSCOPE_PREFIX = "pyroscope:"
 # resolves a fraction of a point of share; a fast workload's capture can hold thousands
 # of steps, and each sample is a flame graph to build. More are spread evenly.
 MAX_STEP_SAMPLES = 200
+# Sessions one run:<run_id>~N side may name: each is a capture to read.
+MAX_REPLICATES = 32
 _FAR_FUTURE_NS = 1 << 62
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
+# What a run id may be (the SDK's, or $MLPROF_RUN_ID): one path component, bounded.
+RUN_ID_RE = _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 # The step view's frame holding the host threads' own time.
 HOST_FRAME = "host"
 # Host threads that run XLA's own work (the CPU client, Eigen and runtime pools): the
@@ -504,11 +511,7 @@ def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -
     if context.store is None:
         raise ConfigError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
     store = SessionStore(context.store)
-    records = [
-        r
-        for r in store.records()
-        if r.finished_ok and (r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
-    ]
+    records = [r for r in store.records() if r.finished_ok and r.in_run(run_id)]
     if not records:
         raise InputError(f"{spec}: no finished capture session of run {run_id!r} in {store.url}")
     side: Side | None = None
@@ -601,6 +604,48 @@ def _read_run_memory(run_id: str, context: SideContext, spec: str) -> Side:
     side.files = [copies.get(f, f) for f in side.files]
     side.notes.extend(f"skipped {s}" for s in skipped)
     return side
+
+
+def run_spec(spec: str) -> tuple[str, int | None]:
+    """``run:<run_id>`` or ``run:<run_id>~N`` as (run id, N or None); ConfigError else."""
+    run_id, tilde, count = spec.removeprefix(RUN_PREFIX).partition("~")
+    if not _RUN_ID.fullmatch(run_id):
+        raise ConfigError(f"{spec}: expected run:<run_id> (letters, digits, . _ : -)")
+    if not tilde:
+        return run_id, None
+    if not (count.isascii() and count.isdigit() and 0 < int(count) <= MAX_REPLICATES):
+        raise ConfigError(f"{spec}: expected run:<run_id>~N with N of 1-{MAX_REPLICATES}")
+    return run_id, int(count)
+
+
+def expand_replicates(spec: str, context: SideContext) -> list[str]:
+    """The specs ``spec`` stands for as replicates (one capture session each):
+    ``run:<run_id>~N`` is the run's N newest finished capture sessions (InputError if it
+    has fewer); anything else is itself."""
+    if not spec.startswith(RUN_PREFIX):
+        return [spec]
+    run_id, wanted = run_spec(spec)
+    if wanted is None:
+        return [spec]
+    if context.store is None:
+        raise ConfigError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
+    from exporter.capture.store import SessionStore
+
+    store = SessionStore(context.store)
+    records = [
+        r
+        for r in store.records()
+        if r.finished_ok
+        and r.in_run(run_id)
+        and any(is_capture_name(name) for t in r.targets for name in t.files)
+    ]
+    records.sort(key=lambda r: r.created)
+    if len(records) < wanted:
+        raise InputError(
+            f"{spec}: run {run_id!r} has {len(records)} finished capture sessions in "
+            f"{store.url}, not {wanted}"
+        )
+    return [r.id for r in records[-wanted:]]
 
 
 def load_side(spec: str, kind: Kind | None = None, context: SideContext | None = None) -> Side:
