@@ -55,7 +55,14 @@ def fifo(tmp_path: Path) -> Path:
     return path
 
 
+_released: set[Path] = set()
+
+
 def _release(path: Path) -> None:
+    """Let the child held on ``path`` end (once: a second writer would wait forever)."""
+    if path in _released:
+        return
+    _released.add(path)
     with path.open("w") as out:  # blocks until the held child opens it: then both go on
         out.write("go")
 
@@ -90,8 +97,7 @@ def held(fifo: Path) -> Iterator[tuple[MemoryBudget, list[object]]]:
     try:
         yield budget, results
     finally:
-        if first.is_alive():
-            _release(fifo)
+        _release(fifo)  # unless the test did
         first.join()
 
 
