@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,23 @@ from tests.integration.test_object_stores import BUCKET, emulators  # noqa: F401
 pytestmark = pytest.mark.integration
 
 CAPTURE = "host-a_9999.xplane.pb"
+
+
+def _clear_client_caches() -> None:
+    import gcsfs  # type: ignore[import-untyped]
+    import s3fs  # type: ignore[import-untyped]
+
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_clients() -> Iterator[None]:
+    """fsspec keeps one client per set of arguments, the emulator's address not among
+    them: a client of an earlier module's (stopped) emulator must not be reused."""
+    _clear_client_caches()
+    yield
+    _clear_client_caches()
 
 
 @pytest.fixture(params=["gs", "s3"])
