@@ -579,19 +579,6 @@ def load_torch_memory_profile(
     return memory_flamegraph(pprof, str(path))
 
 
-def _limit_memory(limit: int) -> None:
-    try:
-        import resource
-    except ImportError:  # not on this platform: the size bound still holds
-        return
-    # The data limit (heap and private mappings), not the address space: the interpreter
-    # maps hundreds of MB of address space it never touches.
-    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Child entry point: ``[--memory-limit BYTES] [--fd N] FILE`` -> raw pprof on stdout.
 
@@ -611,7 +598,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               "[--fd N] FILE", file=sys.stderr)  # fmt: skip
         return 2
     path = Path(args[0])
-    _limit_memory(limit)
+    from exporter.sandbox import limit_memory
+
+    # Run by hand (the sandbox set it already): the data segment (heap and private
+    # mappings), not the address space, which the interpreter maps far beyond its use.
+    limit_memory(-(-limit // 2**20), "data")
     try:
         output = convert_file(path, fd=fd)
     except MlprofError as exc:
