@@ -136,7 +136,7 @@ class ProfileTools:
 
     Names are checked as every door that serves others checks them
     (:func:`exporter.usecases.stored_side`); analyses, comparisons and flame graphs run
-    in a bounded child (:func:`exporter.usecases.in_child`), so a hostile capture in the
+    in a bounded child (:func:`exporter.analysis.job.in_child`), so a hostile capture in the
     store costs a child, never this server. A bad name or input raises
     :class:`InputError` (one line); the server turns every exception into a tool error.
     Reports are cached per session and capture files.
@@ -209,7 +209,7 @@ class ProfileTools:
 
     def _in_child(self, command: str, inputs: list[str], options: list[str], name: str) -> Any:
         """The JSON file ``name`` that job ``command`` wrote, run bounded."""
-        from exporter.usecases import ChildLimits, in_child
+        from exporter.analysis.job import ChildLimits, in_child
 
         limits = ChildLimits.from_settings(self.settings)
         found = in_child(command, inputs, self._context(), limits, options, read=[name])

@@ -10,8 +10,9 @@ bounded child is decided here, so the doors cannot drift apart
 (``tests/integration/test_doors.py`` holds them to the same JSON).
 
 The doors that serve other people's requests (the API, MCP, the sidecar's workers) run
-the heavy use cases in a bounded child (:func:`in_child`); the CLI is one command of the
-user's own and runs them in its process.
+the heavy use cases in a bounded child (:func:`exporter.analysis.job.in_child`, the job
+child being a door too); the CLI is one command of the user's own and runs them in its
+process.
 
 >>> context = side_context(load_settings(None, store="/var/lib/mlprof/store"))  # doctest: +SKIP
 >>> compare(["base-session"], ["head-session"], context).step_verdict.verdict  # doctest: +SKIP
@@ -21,12 +22,8 @@ user's own and runs them in its process.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from exporter.errors import ConfigError, InputError
@@ -40,14 +37,12 @@ if TYPE_CHECKING:
     from exporter.profiles.convert import Kind
 
 __all__ = [
-    "ChildLimits",
     "NoSuchSessionError",
     "analyze",
     "compare",
     "comparison_document",
     "flamegraph_subtree",
     "head_kind",
-    "in_child",
     "list_runs",
     "list_sessions",
     "report_document",
@@ -57,9 +52,6 @@ __all__ = [
 
 RUN_PREFIX: Final = "run:"
 PYROSCOPE_PREFIX: Final = "pyroscope:"
-# The job child reads the Pyroscope credentials from its environment, never from its
-# command line: /proc/<pid>/cmdline is readable by every user of the machine.
-CHILD_HEADERS_ENV: Final = "MLPROF_CHILD_PYROSCOPE_HEADERS"
 
 
 class NoSuchSessionError(InputError):
@@ -362,69 +354,3 @@ def list_runs(store: SessionStore) -> dict[str, Any]:
             run.setdefault("first", created)
             run["last"] = created
     return {"runs": sorted(runs.values(), key=lambda r: r["last"], reverse=True)}
-
-
-# -- in a bounded child ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChildLimits:
-    """A child's deadline and address space (``MLPROF_REPORT_TIMEOUT_S``,
-    ``MLPROF_REPORT_MAX_MEMORY_MB``)."""
-
-    timeout_s: float = 300.0
-    max_memory_mb: int = 4096
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ChildLimits:
-        return cls(settings.report_timeout_s, settings.report_max_memory_mb)
-
-
-def child_context_args(context: SideContext) -> tuple[list[str], dict[str, str]]:
-    """A SideContext as the job child's arguments and environment (credentials)."""
-    args: list[str] = []
-    for flag, value in (
-        ("--store", context.store),
-        ("--shared-dir", str(context.shared_dir) if context.shared_dir else None),
-        ("--pyroscope-url", context.pyroscope_url),
-        ("--from", context.time_from),
-        ("--until", context.time_until),
-        ("--profile-type", context.profile_type),
-    ):
-        if value:
-            args += [flag, value]
-    env = {CHILD_HEADERS_ENV: json.dumps(context.pyroscope_headers)}
-    return args, env
-
-
-def child_headers() -> dict[str, str]:
-    """The Pyroscope credentials the parent handed this child (see CHILD_HEADERS_ENV)."""
-    found = json.loads(os.environ.get(CHILD_HEADERS_ENV) or "{}")
-    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
-
-
-def in_child(
-    command: str,
-    inputs: Sequence[str],
-    context: SideContext,
-    limits: ChildLimits,
-    options: Sequence[str] = (),
-    *,
-    read: Sequence[str],
-) -> dict[str, bytes]:
-    """Run job ``command`` on ``inputs`` in a bounded child; the files it wrote that
-    ``read`` names, as bytes. InputError with the child's one-line reason on failure."""
-    from exporter.analysis.job import run_job
-
-    context_args, env = child_context_args(context)
-    with tempfile.TemporaryDirectory(prefix=f"mlprof-{command}-") as out:
-        args = [command, *inputs, out, *context_args, *options]
-        result = run_job(args, limits.timeout_s, limits.max_memory_mb, env=env)
-        if not result.ok:
-            raise InputError(result.error)
-        found: dict[str, bytes] = {}
-        for name in read:
-            path = Path(out) / name
-            if path.is_file():  # our own child's output, written under its own bound
-                found[name] = path.read_bytes()
-        return found

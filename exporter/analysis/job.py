@@ -26,18 +26,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from exporter.sandbox import MemoryBudget, last_message, limit_memory, run_python
 
 if TYPE_CHECKING:
+    from exporter.analysis.sides import SideContext
+    from exporter.config import Settings
     from exporter.profiles.flamegraph import FlameGraph
 
-__all__ = ["JobResult", "flamegraphs_in_child", "last_message", "run_job"]
+__all__ = [
+    "ChildLimits",
+    "JobResult",
+    "child_context_args",
+    "flamegraphs_in_child",
+    "in_child",
+    "last_message",
+    "run_job",
+]
 
 REPORT_JSON = "analysis.json"
 REPORT_HTML = "summary.html"
@@ -45,6 +57,9 @@ COMPARE_JSON = "comparison.json"
 COMPARE_HTML = "comparison.html"
 GRAPHS_JSON = "graphs.json"
 SUBTREE_JSON = "subtree.json"
+# The child reads the Pyroscope credentials from its environment, never from its
+# command line: /proc/<pid>/cmdline is readable by every user of the machine.
+CHILD_HEADERS_ENV: Final = "MLPROF_CHILD_PYROSCOPE_HEADERS"
 COMMANDS = ("analyze", "compare", "flamegraphs", "sides", "subtree")
 CONVERT_KINDS = ("capture", "memory", "torch")
 
@@ -150,6 +165,69 @@ def flamegraphs_in_child(
         return graphs
 
 
+@dataclass(frozen=True)
+class ChildLimits:
+    """A child's deadline and address space (``MLPROF_REPORT_TIMEOUT_S``,
+    ``MLPROF_REPORT_MAX_MEMORY_MB``)."""
+
+    timeout_s: float = 300.0
+    max_memory_mb: int = 4096
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ChildLimits:
+        return cls(settings.report_timeout_s, settings.report_max_memory_mb)
+
+
+def child_context_args(context: SideContext) -> tuple[list[str], dict[str, str]]:
+    """A SideContext as the job child's arguments and environment (credentials)."""
+    args: list[str] = []
+    for flag, value in (
+        ("--store", context.store),
+        ("--shared-dir", str(context.shared_dir) if context.shared_dir else None),
+        ("--pyroscope-url", context.pyroscope_url),
+        ("--from", context.time_from),
+        ("--until", context.time_until),
+        ("--profile-type", context.profile_type),
+    ):
+        if value:
+            args += [flag, value]
+    env = {CHILD_HEADERS_ENV: json.dumps(context.pyroscope_headers)}
+    return args, env
+
+
+def child_headers() -> dict[str, str]:
+    """The Pyroscope credentials the parent handed this child (see CHILD_HEADERS_ENV)."""
+    found = json.loads(os.environ.get(CHILD_HEADERS_ENV) or "{}")
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def in_child(
+    command: str,
+    inputs: Sequence[str],
+    context: SideContext,
+    limits: ChildLimits,
+    options: Sequence[str] = (),
+    *,
+    read: Sequence[str],
+) -> dict[str, bytes]:
+    """Run job ``command`` on ``inputs`` in a bounded child; the files it wrote that
+    ``read`` names, as bytes. InputError with the child's one-line reason on failure."""
+    from exporter.errors import InputError
+
+    context_args, env = child_context_args(context)
+    with tempfile.TemporaryDirectory(prefix=f"mlprof-{command}-") as out:
+        args = [command, *inputs, out, *context_args, *options]
+        result = run_job(args, limits.timeout_s, limits.max_memory_mb, env=env)
+        if not result.ok:
+            raise InputError(result.error)
+        found: dict[str, bytes] = {}
+        for name in read:
+            path = Path(out) / name
+            if path.is_file():  # our own child's output, written under its own bound
+                found[name] = path.read_bytes()
+        return found
+
+
 def _convert(path: Path, kind: str, ns: argparse.Namespace) -> dict[str, Any]:
     """The child's side of :func:`flamegraphs_in_child`."""
     below = Path(ns.shared_dir) if ns.shared_dir else None
@@ -198,9 +276,8 @@ def _write_graphs(out: Path, graphs: dict[str, Any]) -> None:
 
 
 def _context(ns: argparse.Namespace) -> Any:
-    """The parent's SideContext (exporter.usecases.child_context_args), rebuilt."""
+    """The parent's SideContext (child_context_args), rebuilt."""
     from exporter.analysis.sides import SideContext
-    from exporter.usecases import child_headers
 
     return SideContext(
         store=ns.store,

@@ -185,7 +185,7 @@ async def get_compare(
     ``pyroscope:{...}``; repeat ``base``/``head`` for several captures a side.
     """
     from exporter import usecases
-    from exporter.analysis.job import COMPARE_HTML, COMPARE_JSON
+    from exporter.analysis.job import COMPARE_HTML, COMPARE_JSON, ChildLimits, in_child
 
     sidecar = _sidecar(request)
     if len(base) + len(head) > MAX_SIDES:
@@ -208,11 +208,11 @@ async def get_compare(
     try:
         found = await run_in_threadpool(
             pool.run,
-            lambda: usecases.in_child(
+            lambda: in_child(
                 "compare",
                 [],
                 context,
-                usecases.ChildLimits.from_settings(settings),
+                ChildLimits.from_settings(settings),
                 options,
                 read=[wanted],
             ),
