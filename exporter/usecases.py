@@ -119,7 +119,7 @@ def stored_side(store: SessionStore, value: str, *, pyroscope: bool, field: str 
     if local is not None:
         if not local.is_dir():
             raise NoSuchSessionError(f"{field}: no session {value!r} in the store {store.url}")
-        return str(local)
+        return str(local.absolute())
     if store.read_record(value) is None:
         raise NoSuchSessionError(f"{field}: no session {value!r} in the store {store.url}")
     return value

@@ -80,6 +80,7 @@ def run_job(
     env: dict[str, str] | None = None,
     *,
     budget: MemoryBudget | None = None,
+    cwd: Path | None = None,
 ) -> JobResult:
     """Run ``python -m exporter.analysis.job ARGS`` under the limits, in the sandbox.
 
@@ -94,6 +95,7 @@ def run_job(
         what=f"analysis job ({args[0] if args else 'none'})",
         env=env,
         budget=budget,
+        cwd=cwd,
     )
     if done.ok:
         return JobResult(True, seconds=done.seconds)
@@ -181,9 +183,12 @@ class ChildLimits:
 def child_context_args(context: SideContext) -> tuple[list[str], dict[str, str]]:
     """A SideContext as the job child's arguments and environment (credentials)."""
     args: list[str] = []
+    store = context.store
+    if store and "://" not in store:  # a local store: the child runs in another directory
+        store = str(Path(store).absolute())
     for flag, value in (
-        ("--store", context.store),
-        ("--shared-dir", str(context.shared_dir) if context.shared_dir else None),
+        ("--store", store),
+        ("--shared-dir", str(context.shared_dir.absolute()) if context.shared_dir else None),
         ("--pyroscope-url", context.pyroscope_url),
         ("--from", context.time_from),
         ("--until", context.time_until),
@@ -217,7 +222,11 @@ def in_child(
     context_args, env = child_context_args(context)
     with tempfile.TemporaryDirectory(prefix=f"mlprof-{command}-") as out:
         args = [command, *inputs, out, *context_args, *options]
-        result = run_job(args, limits.timeout_s, limits.max_memory_mb, env=env)
+        # In an empty directory: a store's session id can never name a file of the
+        # sidecar's working directory (the child's readers try a name as a path first).
+        empty = Path(out) / "cwd"
+        empty.mkdir()
+        result = run_job(args, limits.timeout_s, limits.max_memory_mb, env=env, cwd=empty)
         if not result.ok:
             raise InputError(result.error)
         found: dict[str, bytes] = {}

@@ -457,3 +457,27 @@ def test_an_outage_of_the_bucket_costs_a_retry_not_the_session(outage: Outage) -
 def test_an_outage_of_the_bucket_is_logged_once_not_per_poll(outage: Outage) -> None:
     repeated = _warnings_repeated(outage.logs, 3)
     assert not repeated, f"logged on every poll while the bucket was down: {repeated[:2]}"
+
+
+def test_a_bucket_session_is_never_read_from_the_doors_working_directory(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bucket's session goes to the bounded child by id, and the child's readers try a
+    # name as a path first: run where a directory has the session's name, it compared
+    # that directory (here: a copy of the base, so "no change") instead of the bucket's.
+    from exporter.mcp_server import ProfileTools
+
+    remote = SessionStore(store_url)
+    _add_session(remote, tmp_path / "src-base", "base-1", 0, ops=300)
+    _add_session(remote, tmp_path / "src-head", "head-1", 10, ops=420)
+    decoy = tmp_path / "cwd" / "head-1"
+    decoy.mkdir(parents=True)
+    write_tpu_capture(decoy / CAPTURE, devices=2, steps=4, ops_per_step=300, distinct_ops=48)
+    expected = json.loads(
+        _cli("compare", "base-1", "head-1", "--store", store_url, "--format", "json")
+    )
+    monkeypatch.chdir(tmp_path / "cwd")
+    found = ProfileTools(store_url).compare("base-1", "head-1")
+    assert expected["regressions"], expected  # the bucket's head has work the base has not
+    assert found["regressions"] == expected["regressions"]
+    assert found["step_verdict"] == expected["step_verdict"]
