@@ -148,7 +148,17 @@ def capture(
     if no_wait:
         click.echo(json.dumps(started, indent=2) if as_json else session_id)
         return
-    record = _wait(client, status_url, started, timeout_s)
+    try:
+        record = _wait(client, status_url, started, timeout_s)
+    except KeyboardInterrupt:
+        # Ctrl-C stops this command's waiting, not the capture: the sidecar runs it to its
+        # end and stores it (there is no cancel). click alone said "Aborted!".
+        click.echo(
+            f"\nmlprof: stopped waiting; session {session_id} continues in the sidecar and "
+            f"is stored when it ends: {client.base_url}{status_url}",
+            err=True,
+        )
+        raise click.exceptions.Exit(130) from None  # 128 + SIGINT, as shells report it
     _report(record, as_json)
     if not as_json:
         # The analysis runs after the capture, in the sidecar: say where its answer lands.

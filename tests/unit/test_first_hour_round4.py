@@ -1,0 +1,50 @@
+"""Issue 31, a new user's first hour (items 10-13): what the first pages and errors say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from exporter.analysis.render import _esc, report_html
+from exporter.analysis.report import analyze
+from exporter.cli import main
+from exporter.profiles.synthetic import write_tpu_capture
+
+
+def test_the_report_page_puts_the_findings_right_after_the_summary(tmp_path: Path) -> None:
+    capture = tmp_path / "s" / "tpu-vm-0.xplane.pb"
+    write_tpu_capture(capture, devices=1, steps=4, ops_per_step=40)
+    report = analyze(str(capture.parent), xprof=False)
+    assert report.findings, "precondition: the synthetic capture has a finding"
+    page = report_html(report)
+    summary, findings = page.index('id="summary"'), page.index('id="findings"')
+    numbers = page.index("<h2>Key numbers</h2>")  # five detail tables, 2,300 px tall
+    assert summary < findings < numbers
+    assert findings < page.index(_esc(report.findings[0].impact)) < numbers
+
+
+class _InterruptedSidecar:
+    """Starts a session, then the user presses Ctrl-C while the command polls it."""
+
+    base_url = "http://127.0.0.1:9464"
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"session_id": "s-123", "status_url": "/api/v1/captures/s-123",
+                "targets": [{"address": "vm:9999"}], "options": {"duration_ms": 2000}}  # fmt: skip
+
+    def get(self, path: str, **params: Any) -> dict[str, Any]:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_capture_says_the_session_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("exporter.cli_capture._client", lambda *a: _InterruptedSidecar())
+    done = CliRunner().invoke(main, ["capture"])
+    assert done.exit_code == 130
+    assert "Aborted!" not in done.output  # all click said before
+    assert done.output.strip().endswith(
+        "mlprof: stopped waiting; session s-123 continues in the sidecar and is stored when it "
+        "ends: http://127.0.0.1:9464/api/v1/captures/s-123"
+    )
