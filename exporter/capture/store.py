@@ -91,6 +91,8 @@ MAX_REPORT_BYTES: Final = 32 << 20
 # retries a failing call six times with backoff (67 s seen on a 503), which a request
 # (GET /api/v1/baselines) or a readiness probe must not wait out.
 STORE_CALL_TIMEOUT_S: Final = 15.0
+# Writes of at most this many bytes (records, marks, errors) are bounded the same way.
+SMALL_WRITE_BYTES: Final = 1 << 20
 # Threads that run those bounded calls (hung calls hold one each until the client's
 # own retries end; beyond this many, calls wait and time out).
 STORE_CALL_THREADS: Final = 16
@@ -535,7 +537,7 @@ class _BoundedRemote:
 
     _PASSED: Final = (OSError, ValueError, TypeError, KeyError, NotImplementedError)
     _BOUNDED_CALLS: Final = frozenset({"ls", "info", "cat_file", "cat", "exists", "isdir",
-                                       "isfile", "find", "glob"})  # fmt: skip
+                                       "isfile", "find", "glob", "makedirs"})  # fmt: skip
 
     def __init__(self, fs: Any, timeout_s: float = STORE_CALL_TIMEOUT_S) -> None:
         self._fs = fs
@@ -546,14 +548,17 @@ class _BoundedRemote:
         value = getattr(self._fs, name)
         if name.startswith("_") or not callable(value):
             return value
-        bounded = name in self._BOUNDED_CALLS
 
         @functools.wraps(value)
         def call(*args: Any, **kwargs: Any) -> Any:
             if self.endpoint is not None:
                 self.endpoint.check()
+            # A small write (a record, a mark: on the path of POST /api/v1/captures) is
+            # bounded too; a report or a capture takes the time its size needs.
+            data = args[1] if name == "pipe_file" and len(args) > 1 else None
+            small = isinstance(data, bytes | bytearray) and len(data) <= SMALL_WRITE_BYTES
             try:
-                if bounded:
+                if name in self._BOUNDED_CALLS or small:
                     return _within(self.timeout_s, value, args, kwargs, name)
                 return value(*args, **kwargs)
             except FileNotFoundError:

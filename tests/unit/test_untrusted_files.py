@@ -493,6 +493,9 @@ def test_a_store_that_does_not_answer_is_bounded_and_shown_by_readyz(
     assert "did not answer" in detail and "gs://bucket/hung" in detail
     assert baselines.status_code == 503
     assert "does not answer" in baselines.json()["detail"]
+    # A record's write (on the path of POST /api/v1/captures: 67.5 s on a 503) too.
+    with pytest.raises(OSError, match="did not answer"):
+        store.write_record(_record("s1"))
 
 
 # -- procs/, memory/, requests/ and a store session's own files (these doors held) -------
