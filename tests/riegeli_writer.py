@@ -7,7 +7,10 @@ beginning and on to the end of the chunk it interrupts. The file begins with the
 64 bytes of the signature chunk. Simple chunks (``'r'``) hold a compression byte, the
 size of the compressed sizes buffer (varint), the sizes buffer (one varint per record)
 and the concatenated records; a compressed buffer starts with its decompressed size
-(varint). Hash fields are written as zeros (the reader does not verify them).
+(varint). Every hash is Riegeli's: HighwayHash-64 under its fixed key, of a block
+header's two distances, of a chunk header's other 32 bytes and of a chunk's data
+(``Writer(hashes=False)`` writes zeros instead, as this writer once did: files that
+XProf's server reads as empty and the reader refuses).
 
 This is independent of ``exporter.profiles.riegeli``: it builds the physical file by
 walking byte positions, inserting a block header whenever the position reaches a block
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import brotli
 
+from exporter.profiles.highwayhash import riegeli_hash
 from exporter.proto import xplane_pb2
 
 BLOCK = 1 << 16
@@ -58,6 +62,11 @@ def spec_chunk_end(begin: int, data_size: int, num_records: int) -> int:
     return max(with_overhead, boundary)
 
 
+def rehash_chunk_header(buf: bytearray, begin: int) -> None:
+    """Recompute the header_hash of the chunk header at ``begin`` (not across a block)."""
+    buf[begin : begin + 8] = riegeli_hash(bytes(buf[begin + 8 : begin + 40])).to_bytes(8, "little")
+
+
 def compress_block(raw: bytes, compression: str) -> bytes:
     if compression == "none":
         return raw
@@ -76,16 +85,20 @@ def simple_chunk_data(records: Sequence[bytes], compression: str = "brotli") -> 
 class Writer:
     """Builds a Riegeli/records file in memory."""
 
-    def __init__(self, signature: bool = True) -> None:
+    def __init__(self, signature: bool = True, *, hashes: bool = True) -> None:
         self.buf = bytearray()
+        self.hashes = hashes
         if signature:
             self.buf += SIGNATURE
 
     def _block_header(self, chunk_begin: int, chunk_end: int) -> None:
         block = len(self.buf)
-        self.buf += bytes(8)  # header_hash: not computed
-        self.buf += (block - chunk_begin).to_bytes(8, "little")
-        self.buf += (chunk_end - block).to_bytes(8, "little")
+        distances = (block - chunk_begin).to_bytes(8, "little")
+        distances += (chunk_end - block).to_bytes(8, "little")
+        self.buf += self._hash(distances) + distances
+
+    def _hash(self, data: bytes) -> bytes:
+        return (riegeli_hash(data) if self.hashes else 0).to_bytes(8, "little")
 
     def _put(self, logical: bytes, chunk_begin: int, chunk_end: int) -> None:
         at = 0
@@ -103,14 +116,14 @@ class Writer:
         """Append one chunk; returns its (begin, end) positions."""
         begin = len(self.buf)
         end = spec_chunk_end(begin, len(data), num_records)
-        header = (
-            bytes(8)  # header_hash
-            + len(data).to_bytes(8, "little")
-            + bytes(8)  # data_hash
+        rest = (
+            len(data).to_bytes(8, "little")
+            + self._hash(data)  # data_hash
             + chunk_type
             + num_records.to_bytes(7, "little")
             + decoded_size.to_bytes(8, "little")
         )
+        header = self._hash(rest) + rest  # header_hash first
         self._put(header + data, begin, end)
         while len(self.buf) < end:  # the chunk's padding
             if len(self.buf) % BLOCK == 0:
@@ -149,9 +162,10 @@ def write_file(
     compression: str = "brotli",
     per_chunk: int = 1,
     pad: bool = True,
+    hashes: bool = True,
 ) -> bytes:
     """Write ``records``, ``per_chunk`` to a chunk; returns the bytes written."""
-    writer = Writer()
+    writer = Writer(hashes=hashes)
     batch: list[bytes] = []
     for record in records:
         batch.append(record)

@@ -29,7 +29,7 @@ Where these files come from (read in the public sources):
   defines inline (the tsl copy was not readable where this was written).
   :func:`write_xspace` does that merge; :func:`_merge_records` lists the rules.
   XProf reads with a recovery callback that skips damaged regions silently; here a
-  damaged file is refused, naming what is wrong.
+  damaged file is refused, naming what is wrong (see "Hashes" below).
 
 File format: google/riegeli ``doc/riegeli_records_file_format.md``. Handled: block
 headers every 64 KiB (their distances are checked against the chunk they interrupt),
@@ -39,14 +39,21 @@ simple chunks (``'r'``) uncompressed or brotli compressed (what the writer uses)
 Refused with an :class:`~exporter.errors.InputError`: transposed chunks (``'t'``; the
 writer does not make them), zstd and snappy compression (likewise), unknown chunk types.
 
-Hashes (64-bit HighwayHash) are **not verified**: no maintained Python library computes
-them. Instead every size is checked against the file's size and the chunk's own
-fields: the chunk's end computed from its header must lie inside the file, block headers
-must point at the chunk being read, the sizes buffer must hold exactly ``num_records``
-sizes summing to ``decoded_data_size``, decompressed sizes must equal the sizes the
-chunk declares. A corrupted hash field is therefore not noticed; a corrupted size, type
-or count is refused once it makes the file inconsistent (the tests flip every such byte
-of a chunk header and of a block header).
+Hashes are verified, as the Riegeli library does (``riegeli/records/block.h``,
+``riegeli/chunk_encoding/chunk.h``): every block header's ``header_hash`` (of its two
+distances), every chunk header's ``header_hash`` (of its other 32 bytes) and every
+chunk's ``data_hash`` (of its data), each 64-bit HighwayHash under Riegeli's fixed key
+(:mod:`exporter.profiles.highwayhash`). A mismatch is an :class:`InputError` naming the
+chunk or block header and both values, not a counted skip as XProf's recovery makes:
+a skipped chunk is a missing piece of the capture (XProf reads a file whose hashes are
+all wrong as an empty session), and totals computed without it would be wrong without
+saying so. A chunk's data is hashed in a first pass, block by block, before any of it is
+decompressed, so a damaged chunk is never decoded. ``records_bytes`` verifies headers
+only (it reads no chunk data). Beside the hashes every size is still checked against
+the file's size and the chunk's own fields: the chunk's end computed from its header
+must lie inside the file, block headers must point at the chunk being read, the sizes
+buffer must hold exactly ``num_records`` sizes summing to ``decoded_data_size``,
+decompressed sizes must equal the sizes the chunk declares.
 
 Memory: one chunk's decoded records at a time (plus the record the caller keeps), at
 most ``max_chunk_bytes``; compressed data is streamed through the decompressor in pieces
@@ -67,6 +74,7 @@ from typing import IO, BinaryIO, Final
 from google.protobuf.message import DecodeError
 
 from exporter.errors import InputError
+from exporter.profiles.highwayhash import HighwayHash64, riegeli_hash
 from exporter.proto import xplane_pb2
 
 __all__ = [
@@ -168,6 +176,20 @@ class _File:
     def read(self, n: int) -> bytes:
         return b"".join(self.pieces(n))
 
+    def check_data_hash(self, chunk: _Chunk, stored: int) -> None:
+        """Hash the chunk's data (a pass of its own, block by block); the file stays put."""
+        start = self.pos
+        hasher = HighwayHash64()
+        for piece in self.pieces(chunk.data_size):
+            hasher.update(piece)
+        self.pos = start
+        computed = hasher.digest()
+        if computed != stored:
+            raise self.fail(
+                f"{chunk.where}: data_hash {stored:#018x} is not the hash of its "
+                f"{chunk.data_size} data bytes ({computed:#018x})"
+            )
+
     def check_block_headers(self, chunk_begin: int, chunk_end: int) -> None:
         """Every block header inside the chunk must point at its beginning and its end."""
         first = -(-chunk_begin // BLOCK_SIZE) * BLOCK_SIZE
@@ -176,6 +198,12 @@ class _File:
             raw = self.handle.read(BLOCK_HEADER_SIZE)
             if len(raw) != BLOCK_HEADER_SIZE:
                 raise self.fail(f"truncated block header at byte {block}")
+            stored, computed = _u64(raw, 0), riegeli_hash(raw[8:])
+            if stored != computed:
+                raise self.fail(
+                    f"block header at byte {block}: header_hash {stored:#018x} is not the "
+                    f"hash of its contents ({computed:#018x})"
+                )
             previous, following = _u64(raw, 8), _u64(raw, 16)
             if previous != block - chunk_begin or following != chunk_end - block:
                 raise self.fail(
@@ -335,8 +363,10 @@ class _Chunk:
         return f"chunk at byte {self.begin}"
 
 
-def _chunks(path: Path) -> Iterator[tuple[_File, _Chunk]]:
+def _chunks(path: Path, *, verify_data: bool = True) -> Iterator[tuple[_File, _Chunk]]:
     """Each chunk of the Riegeli/records file ``path``, its header and block headers checked.
+
+    With ``verify_data`` the chunk's data is hashed and checked against its header first.
 
     The file is positioned after the chunk's header; the caller may read its data, and
     the next chunk is read from the chunk's end whatever the caller did.
@@ -355,6 +385,13 @@ def _chunks(path: Path) -> Iterator[tuple[_File, _Chunk]]:
         while data.pos < size:
             chunk_begin = data.pos
             header = data.read(CHUNK_HEADER_SIZE)
+            stored, computed = _u64(header, 0), riegeli_hash(header[8:])
+            if stored != computed:
+                raise data.fail(
+                    f"chunk at byte {chunk_begin}: header_hash {stored:#018x} is not the hash "
+                    f"of its header ({computed:#018x}; a damaged file, or one written "
+                    "without Riegeli's hashes)"
+                )
             data_size = _u64(header, 8)
             num_records = int.from_bytes(header[25:32], "little")
             chunk = _Chunk(
@@ -384,6 +421,8 @@ def _chunks(path: Path) -> Iterator[tuple[_File, _Chunk]]:
                 )
             elif chunk.kind != _SIMPLE:
                 raise data.fail(f"{chunk.where}: unknown chunk type 0x{chunk.kind:02x}")
+            if verify_data:
+                data.check_data_hash(chunk, _u64(header, 16))
             yield data, chunk
             data.pos = chunk.end
 
@@ -405,11 +444,13 @@ def iter_records(path: Path, *, max_chunk_bytes: int = MAX_CHUNK_BYTES) -> Itera
 def records_bytes(path: Path) -> int:
     """The records' size once decoded: what the chunked capture is as XSpaces.
 
-    Read from the chunk headers alone (nothing is decompressed), so it costs a seek per
-    chunk. A brotli-compressed capture is several times its file size once decoded, and
-    XProf's converters take memory in proportion to that, not to the file.
+    Read from the chunk headers alone (nothing is decompressed, only the headers are
+    hashed), so it costs a seek per chunk. A brotli-compressed capture is several times
+    its file size once decoded, and XProf's converters take memory in proportion to
+    that, not to the file.
     """
-    return sum(chunk.decoded_size for _, chunk in _chunks(path) if chunk.kind == _SIMPLE)
+    chunks = _chunks(path, verify_data=False)
+    return sum(chunk.decoded_size for _, chunk in chunks if chunk.kind == _SIMPLE)
 
 
 # -- protobuf wire format ---------------------------------------------------------------

@@ -298,9 +298,9 @@ def test_truncated_files_are_refused(sample: tuple[Path, bytes], tmp_path: Path)
 def test_flipped_header_bytes_are_refused(sample: tuple[Path, bytes], tmp_path: Path) -> None:
     _, data = sample
     bad = tmp_path / "flipped.xplane.riegeli"
-    chunk = 64  # the first data chunk's header; its hash fields are not checked
-    offsets = [*range(chunk + 8, chunk + 16), *range(chunk + 24, chunk + 40)]
-    offsets += range(rw.BLOCK + 8, rw.BLOCK + 24)  # a block header's two distances
+    chunk = 64  # the first data chunk's header: every byte, hashes included
+    offsets = list(range(chunk, chunk + 40))
+    offsets += range(rw.BLOCK, rw.BLOCK + 24)  # a block header: hash and distances
     offsets += [0, 20, 40]  # the signature
     for offset in offsets:
         for mask in (0x01, 0x80):
@@ -315,6 +315,7 @@ def test_a_chunk_claiming_two_to_the_sixtieth_bytes(tmp_path: Path) -> None:
     writer.records([b"record"])
     data = bytearray(writer.getvalue())
     data[64 + 8 : 64 + 16] = (1 << 60).to_bytes(8, "little")
+    rw.rehash_chunk_header(data, 64)  # a header consistent with itself: sizes checked
     path = tmp_path / "huge.xplane.riegeli"
     path.write_bytes(data)
     message, peak = _traced(lambda: _expect_input_error(path))
@@ -387,3 +388,56 @@ def test_records_that_are_not_xspaces_and_empty_files(tmp_path: Path) -> None:
     assert list(iter_records(path)) == []
     assert "no records" in _expect_input_error(path, merge=True)
     assert "cannot open" in _expect_input_error(tmp_path / "missing.xplane.riegeli")
+
+
+# -- hashes -------------------------------------------------------------------------------
+def test_files_without_hashes_are_refused_naming_the_chunk(tmp_path: Path) -> None:
+    # What this writer made before it computed hashes: XProf's server reads such a file
+    # as an empty session; here it is refused at its first chunk.
+    path = tmp_path / "zeros.xplane.riegeli"
+    rw.write_file(path, [b"one", b"two"], hashes=False)
+    message = _expect_input_error(path)
+    assert "chunk at byte 64: header_hash 0x0000000000000000 is not the hash" in message
+    assert "without Riegeli's hashes" in message
+
+
+def test_a_damaged_chunk_is_refused_before_any_of_its_records(tmp_path: Path) -> None:
+    writer = rw.Writer()
+    writer.records([b"first chunk"], "none")
+    begin, _ = writer.records([b"x" * 100_000, b"second"], "none")  # crosses a block
+    data = bytearray(writer.getvalue())
+    data[begin + 40 + 50_000] ^= 0x04  # a record byte; sizes and headers intact
+    path = tmp_path / "damaged.xplane.riegeli"
+    path.write_bytes(data)
+    got: list[bytes] = []
+    with pytest.raises(InputError) as caught:
+        got.extend(iter_records(path))
+    assert got == [b"first chunk"]
+    assert f"chunk at byte {begin}: data_hash 0x" in str(caught.value)
+    assert "is not the hash of its 100" in str(caught.value)
+
+
+def test_a_damaged_block_header_is_named(sample: tuple[Path, bytes], tmp_path: Path) -> None:
+    _, data = sample
+    flipped = bytearray(data)
+    flipped[rw.BLOCK + 3] ^= 0x10  # its header_hash
+    path = tmp_path / "block.xplane.riegeli"
+    path.write_bytes(flipped)
+    assert f"block header at byte {rw.BLOCK}: header_hash" in _expect_input_error(path)
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_both_hash_implementations_read_the_same(
+    sample: tuple[Path, bytes], monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> None:
+    from exporter.profiles import highwayhash
+
+    if pure:  # what a build without a compiler verifies with
+        monkeypatch.setattr(highwayhash, "_compiled", None)
+    path, _ = sample
+    records = list(iter_records(path))
+    assert len(records) > 5
+    flipped = bytearray(path.read_bytes())
+    flipped[200] ^= 0x01  # inside the first chunk's data
+    path.write_bytes(flipped)
+    assert "data_hash" in _expect_input_error(path)
