@@ -337,11 +337,20 @@ class SessionStore:
             self.write_record(record)
             return record
 
-    def session_ids(self) -> list[str]:
-        """Ids of every session directory in the store, sorted."""
+    def session_ids(self, *, strict: bool = False) -> list[str]:
+        """Ids of every session directory in the store, sorted.
+
+        A failing bucket lists as empty (the sidecar's loops retry on the next poll);
+        ``strict`` (a command run once, e.g. ``mlprof analyze run:<id>``) raises the
+        OSError instead, so it says "cannot reach ...", not "no sessions".
+        """
         try:
             entries = self.fs.ls(self.profile_root, detail=False)
-        except (FileNotFoundError, OSError):
+        except FileNotFoundError:
+            return []
+        except OSError:
+            if strict:
+                raise
             return []
         ids = []
         for entry in entries:
@@ -350,9 +359,10 @@ class SessionStore:
                 ids.append(check_session_id(name))
         return sorted(ids)
 
-    def records(self) -> list[SessionRecord]:
-        """Every readable record, oldest first."""
-        found = [r for r in map(self.read_record, self.session_ids()) if r is not None]
+    def records(self, *, strict: bool = False) -> list[SessionRecord]:
+        """Every readable record, oldest first (``strict`` as for :meth:`session_ids`)."""
+        ids = self.session_ids(strict=strict)
+        found = [r for r in map(self.read_record, ids) if r is not None]
         return sorted(found, key=lambda r: (r.created, r.id))
 
     def probe(self) -> tuple[str, str]:

@@ -472,6 +472,11 @@ def test_a_gs_store_that_cannot_be_reached_fails_in_one_line(
     assert f"cannot reach 127.0.0.1:{port}" in lines[0]
     assert "STORAGE_EMULATOR_HOST" in lines[0]
     assert "Traceback" not in result.output
+    # A command's listing says so too (strict); the sidecar's loops see an empty store.
+    store = SessionStore("gs://bucket/x")
+    assert store.session_ids() == []
+    with pytest.raises(OSError, match=f"cannot reach 127.0.0.1:{port}"):
+        store.records(strict=True)
 
 
 def test_a_store_that_does_not_answer_is_bounded_and_shown_by_readyz(
