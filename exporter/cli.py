@@ -153,13 +153,10 @@ def _check_startup(
     """
     import socket
 
-    from exporter.config import option_source
+    from exporter.config import option_shown
 
     def where(field: str) -> str:
-        source = option_source(field, config_file, overrides)
-        name, _, in_file = source.partition(" in ")
-        value = getattr(settings, field)
-        return f"{name}={value}" + (f" in {in_file}" if in_file else "")
+        return option_shown(field, getattr(settings, field), config_file, overrides)
 
     with socket.socket(socket.AF_INET6 if ":" in settings.listen_host else socket.AF_INET) as s:
         # As uvicorn does: a restart must not wait for the last run's TIME_WAIT sockets.

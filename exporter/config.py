@@ -31,6 +31,7 @@ __all__ = [
     "WILDCARD_LISTEN",
     "Settings",
     "load_settings",
+    "option_shown",
     "option_source",
     "parse_hostport",
     "redact_url",
@@ -558,13 +559,16 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 # Settings the CLI takes as flags (``mlprof serve --listen ...``); any other override is
 # programmatic (tests, library use) and is named by its environment variable.
 CLI_FLAGS = frozenset({"listen", "shared_dir", "store"})
+# What option_source answers for a setting nobody typed (flag, variable or file).
+DEFAULT_SOURCE = "the default"
 
 
 def option_source(
     field: str, config_file: Path | None = None, overrides: dict[str, Any] | None = None
 ) -> str:
     """Where the value of ``field`` was typed: ``--listen``, ``MLPROF_LISTEN`` or
-    ``listen in FILE`` (the same precedence as :func:`load_settings`)."""
+    ``listen in FILE`` (the same precedence as :func:`load_settings`), or
+    :data:`DEFAULT_SOURCE` when nobody typed it."""
     if overrides and overrides.get(field) is not None and field in CLI_FLAGS:
         return f"--{field.replace('_', '-')}"
     env_name = f"{ENV_PREFIX}{field.upper()}"
@@ -572,7 +576,24 @@ def option_source(
         return env_name
     if config_file is not None and field in _yaml_keys(config_file):
         return f"{field} in {config_file}"
-    return env_name
+    if overrides and overrides.get(field) is not None:  # given by code: its variable's name
+        return env_name
+    return DEFAULT_SOURCE
+
+
+def option_shown(
+    field: str, value: object, config_file: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> str:  # fmt: skip
+    """``--listen=VALUE``, ``MLPROF_LISTEN=VALUE``, ``listen=VALUE in FILE``, or for a
+    default ``VALUE (the default listen; set --listen or MLPROF_LISTEN)``: an error names
+    what the user typed, never a variable nobody set."""
+    source = option_source(field, config_file, overrides)
+    if source == DEFAULT_SOURCE:
+        flag = f"--{field.replace('_', '-')} or " if field in CLI_FLAGS else ""
+        return f"{value} (the default {field}; set {flag}{ENV_PREFIX}{field.upper()})"
+    name, _, in_file = source.partition(" in ")
+    return f"{name}={value}" + (f" in {in_file}" if in_file else "")
 
 
 def _yaml_keys(config_file: Path) -> set[str]:
@@ -598,6 +619,8 @@ def _describe(error: Any, config_file: Path | None, overrides: dict[str, Any]) -
     elif isinstance(value, str):  # a URL may carry user:password@
         shown = f"={redact_url(value)!r}"
     source = option_source(field, config_file, overrides)
+    if source == DEFAULT_SOURCE:  # a default is valid: only code passing a value lands here
+        source = f"{ENV_PREFIX}{field.upper()}"
     name, _, in_file = source.partition(" in ")
     return f"{name}{shown}{' in ' + in_file if in_file else ''}: {msg}"
 

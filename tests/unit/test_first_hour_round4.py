@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from click.testing import CliRunner
 from exporter.analysis.render import _esc, report_html
 from exporter.analysis.report import analyze
 from exporter.cli import main
+from exporter.config import load_settings, option_shown
+from exporter.errors import ConfigError
 from exporter.profiles.synthetic import write_tpu_capture
 
 
@@ -48,3 +51,27 @@ def test_ctrl_c_during_capture_says_the_session_goes_on(monkeypatch: pytest.Monk
         "mlprof: stopped waiting; session s-123 continues in the sidecar and is stored when it "
         "ends: http://127.0.0.1:9464/api/v1/captures/s-123"
     )
+
+
+def test_a_port_in_use_by_default_is_not_blamed_on_a_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter.cli import _check_startup
+
+    monkeypatch.delenv("MLPROF_LISTEN", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # As serve meets it when the default address is taken: nobody typed the value.
+        settings = load_settings(shared_dir=str(tmp_path / "s"), store=str(tmp_path / "st"))
+        settings = settings.model_copy(update={"listen": f"127.0.0.1:{port}"})
+        with pytest.raises(ConfigError) as caught:
+            _check_startup(settings)
+    assert str(caught.value) == (
+        f"127.0.0.1:{port} (the default listen; set --listen or MLPROF_LISTEN): cannot listen "
+        "there (Address already in use)"
+    )  # was "MLPROF_LISTEN=127.0.0.1:...", a variable the user never set
+    assert option_shown("listen", "h:1", overrides={"listen": "h:1"}) == "--listen=h:1"
+    monkeypatch.setenv("MLPROF_LISTEN", "h:1")
+    assert option_shown("listen", "h:1") == "MLPROF_LISTEN=h:1"
