@@ -745,6 +745,8 @@ def _client_options(url: str) -> dict[str, Any]:
     try:
         google.auth.default()
     except google.auth.exceptions.DefaultCredentialsError:
+        if Path("~/.gcs_tokens").expanduser().exists():
+            return {}  # gcsfs's own token cache ("cache"): gcsfs reads it itself
         return {"token": "anon"}
     except Exception:  # any other failure: leave the search to gcsfs
         return {}
