@@ -573,9 +573,15 @@ class _BoundedRemote:
                 return value(*args, **kwargs)
             except FileNotFoundError:
                 raise
-            except StoreUnreachableError:
-                if self.endpoint is not None:
-                    self.endpoint.suspect()
+            except StoreUnreachableError as exc:
+                if self.endpoint is None:
+                    raise
+                self.endpoint.suspect()
+                if self.endpoint.credentials_hint and "credentials" not in str(exc):
+                    # gcsfs retries a 401 as it does a 503: without credentials, say so.
+                    raise StoreUnreachableError(
+                        f"{exc}; {self.endpoint.credentials_hint}"
+                    ) from None
                 raise
             except self._PASSED:
                 if self.endpoint is not None:
@@ -660,8 +666,9 @@ _POOL: Final = _CallPool(STORE_CALL_THREADS)
 class _Endpoint:
     """The host a remote store's client connects to, checked with one TCP connect."""
 
-    def __init__(self, host: str, port: int, hint: str) -> None:
+    def __init__(self, host: str, port: int, hint: str, credentials_hint: str = "") -> None:
         self.host, self.port, self.hint = host, port, hint
+        self.credentials_hint = credentials_hint  # what to set when none were found
         self._lock = threading.Lock()
         self._verified = False
         self._failed: tuple[float, str] | None = None  # (when, the one-line cause)
@@ -700,13 +707,15 @@ def _endpoint_of(fs: Any) -> _Endpoint | None:
     if protocol in ("gs", "gcs"):
         location = str(getattr(fs, "_location", "") or "https://storage.googleapis.com")
         hint = "check the network, or set STORAGE_EMULATOR_HOST for an emulator"
+        credentials = ""
         if getattr(getattr(fs, "credentials", None), "method", None) == "anon" and not (
             os.environ.get("STORAGE_EMULATOR_HOST")
         ):
-            hint += (
-                "; no Google credentials were found either (set "
-                "GOOGLE_APPLICATION_CREDENTIALS, or run on a machine with a service account)"
+            credentials = (
+                "no Google credentials were found (set GOOGLE_APPLICATION_CREDENTIALS, or "
+                "run on a machine with a service account)"
             )
+            hint += f"; {credentials}"
     elif protocol in ("s3", "s3a"):
         location = (
             getattr(fs, "endpoint_url", None)
@@ -716,6 +725,7 @@ def _endpoint_of(fs: Any) -> _Endpoint | None:
             or "https://s3.amazonaws.com"
         )
         hint = "check the network, or set AWS_ENDPOINT_URL for another S3 endpoint"
+        credentials = ""
     else:
         return None
     if "://" not in location:
@@ -724,7 +734,7 @@ def _endpoint_of(fs: Any) -> _Endpoint | None:
     if not parts.hostname:
         return None
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return _Endpoint(parts.hostname, port, hint)
+    return _Endpoint(parts.hostname, port, hint, credentials)
 
 
 def _client_options(url: str) -> dict[str, Any]:
