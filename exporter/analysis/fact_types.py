@@ -366,10 +366,15 @@ class StepVerdict(TypedDict):
 
     base_median_ms: float | None
     head_median_ms: float | None
+    statistic: str
     change_pct: float | None
     interval_pct: list[float | None] | None
-    noise_pct: float
+    noise_pct: float | None
+    noise_ratio: float | None
     noise_source: str
+    between_runs: bool
+    replicates: list[int]
+    p_value: float | None
     verdict: Literal["slower", "faster", "unchanged", "unknown"]
     scale: float | None
     uniform: bool
