@@ -1,10 +1,15 @@
 """Per-host facts of a session, and the straggler score over hosts.
 
-One entry per capture file: a host, named as XProf's CLI names it (``get_hosts``: the
-file name without ``.xplane.pb``, its last dot-separated part; ``10.0.0.7_8466`` is
-``7_8466``), its step cycles (median, p90), and where each step's time went: XLA
-computing (split into compute and communication) or idle (waiting for input, the host,
-or other hosts).
+One entry per capture file: a host, its step cycles (median, p90), and where each
+step's time went: XLA computing (split into compute and communication) or idle (waiting
+for input, the host, or other hosts).
+
+A host is named by the session that captured it where there is one (the ``host`` of the
+``session.json`` target whose files hold the capture; its address when two targets share
+a host), else by the file's ``HOST_PORT`` read from the right (``10.0.0.5_9999`` is
+``10.0.0.5:9999``), else by the file's stem. XProf's ``get_hosts`` keeps the last
+dot-separated part (``5_9999``), which named two machines of one subnet alike and a
+demo's host ``vm`` as ``1_9999``.
 
 Stragglers, as XProf's ``GetHostStragglers`` (smart_suggestion/signal_provider.h): the
 modified z-score ``0.6745 * (x - median) / MAD`` of each host's median step over the
@@ -23,6 +28,7 @@ the second: it does more of its own work while they wait inside their collective
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +37,11 @@ from typing import Any, Final
 import numpy as np
 
 from exporter.analysis.fact_types import HostFacts
+from exporter.ascii_digits import parse_ascii_int
+from exporter.capture.session import SessionRecord
+from exporter.capture.store import MAX_RECORD_BYTES
 from exporter.profiles.capture_files import CAPTURE_SUFFIXES, capture_stem
+from exporter.regular_files import read_regular
 
 __all__ = [
     "STRAGGLER_MAD_FLOOR",
@@ -54,16 +64,48 @@ STRAGGLER_MIN_HOSTS: Final = 3  # XProf: "3 hosts is the minimum required"
 STRAGGLER_MAD_FLOOR: Final = 0.05
 SLOWEST_STEPS: Final = 3
 _TRACE_SUFFIXES: Final = (*CAPTURE_SUFFIXES, ".xspace.pb")
+SESSION_FILE: Final = "session.json"
 
 
 def host_name(path: Path | str) -> str:
-    """The host XProf's ``get_hosts`` names for a capture file."""
-    name = Path(path).name
+    """The host a capture file holds (see the module docstring)."""
+    path = Path(path)
+    named = _session_hosts(path.parent).get(path.name)
+    if named:
+        return named
+    name = path.name
     for suffix in _TRACE_SUFFIXES:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return name.split(".")[-1]
+    host, _, port = name.rpartition("_")
+    number = parse_ascii_int(port)
+    return f"{host}:{port}" if host and number is not None and 0 < number < 65536 else name
+
+
+def _session_hosts(directory: Path) -> dict[str, str]:
+    """Capture file name -> its target's host, from ``directory/session.json``; {} without."""
+    record_path = directory / SESSION_FILE
+    try:
+        stat = record_path.stat()
+    except OSError:
+        return {}
+    return _read_session_hosts(record_path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)  # every host of a session asks, twice
+def _read_session_hosts(record_path: Path, _mtime_ns: int, _size: int) -> dict[str, str]:
+    try:
+        record = SessionRecord.model_validate_json(read_regular(record_path, MAX_RECORD_BYTES))
+    except (OSError, ValueError):  # not a regular file, too big, not a record: no names
+        return {}
+    hosts = [t.host for t in record.targets]
+    return {
+        file: target.address if hosts.count(target.host) > 1 else target.host
+        for target in record.targets
+        if target.host
+        for file in target.files
+    }
 
 
 def _round(value: float, digits: int = 3) -> float:

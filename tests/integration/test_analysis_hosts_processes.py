@@ -4,7 +4,7 @@ Each host is one process of ``bench/detection_workload.py`` (a jitted MLP traini
 on CPU, ``StepTraceAnnotation`` steps, the batch made in an ``input_pipeline`` phase
 inside the step; the workload ``bench/stragglers.py`` measures the threshold on). A
 session is a folder of these files named as XProf names the hosts of a session
-(``10.0.0.<i>_8466.xplane.pb``, hosts ``<i>_8466``): three unchanged hosts alone (no
+(``10.0.0.<i>_8466.xplane.pb``, hosts ``10.0.0.<i>:8466``): three unchanged hosts alone (no
 straggler may be named), then with a fourth that computes longer (an extra jitted
 function of 4x its step) or waits longer (its data phase sleeps 4x its step). Checked:
 one ``facts.hosts`` entry per host, the finding's priority, host, cause and slowdown
@@ -56,6 +56,7 @@ RECAPTURES = 3
 XPROF_MS = 0.006
 UNCHANGED = ("10.0.0.1_8466", "10.0.0.2_8466", "10.0.0.3_8466")
 SLOWED = "10.0.0.4_8466"
+SLOWED_HOST = "10.0.0.4:8466"  # HOST_PORT read from the right
 
 
 @dataclass(frozen=True)
@@ -121,10 +122,10 @@ def test_unchanged_hosts_give_no_straggler(
     session, workloads = sessions["unchanged"]
     report = analyze(str(session), xprof=False).to_json()
     hosts = _hosts(report)
-    assert sorted(hosts) == ["1_8466", "2_8466", "3_8466"]
+    assert sorted(hosts) == ["10.0.0.1:8466", "10.0.0.2:8466", "10.0.0.3:8466"]
     assert all(h["steps"] >= 20 for h in hosts.values()), hosts
     clocks = statistics.median(h.traced_ms for h in workloads.values())
-    alike = {name.split(".")[-1] for name, h in workloads.items() if h.traced_ms <= ALIKE * clocks}
+    alike = {n.replace("_", ":") for n, h in workloads.items() if h.traced_ms <= ALIKE * clocks}
     assert len(alike) >= 2  # the median process is always alike with itself
     named = {name for name, h in hosts.items() if h["straggler"]}
     # No host that ran alike with the others by its own clock is named (on any but a
@@ -145,27 +146,27 @@ def test_the_slowed_host_is_named_with_its_cause_and_slowdown(
     session, workloads = sessions[cause]
     report = analyze(str(session), xprof=False).to_json()
     hosts = _hosts(report)
-    assert sorted(hosts) == ["1_8466", "2_8466", "3_8466", "4_8466"]
+    assert sorted(hosts) == ["10.0.0.1:8466", "10.0.0.2:8466", "10.0.0.3:8466", "10.0.0.4:8466"]
     named = {n for n, h in hosts.items() if h["straggler"]}
-    assert "4_8466" in named, hosts
+    assert "10.0.0.4:8466" in named, hosts
     # Any other host named ran slower by its own clock (a busy machine's doing), never
     # one that ran alike with the others (test_unchanged_hosts_give_no_straggler).
     same = statistics.median(h.traced_ms for n, h in workloads.items() if n != SLOWED)
     for name, host in workloads.items():
-        if name.split(".")[-1] in named - {"4_8466"}:
+        if name.replace("_", ":") in named - {"10.0.0.4:8466"}:
             assert host.traced_ms > ALIKE * same, (named, hosts)
     finding = next(
-        f for f in report["findings"] if f["rule"] == "StragglerRule" and f["host"] == "4_8466"
+        f for f in report["findings"] if f["rule"] == "StragglerRule" and f["host"] == SLOWED_HOST
     )
     assert finding["priority"] == "P0"  # ~5x, above STRAGGLER_P0_SLOWDOWN (2x)
-    assert finding["host"] == "4_8466" and finding["basis"] == "step time"
-    assert finding["title"].startswith("Host 4_8466 is a straggler: its steps take "), finding
+    assert finding["host"] == "10.0.0.4:8466" and finding["basis"] == "step time"
+    assert finding["title"].startswith(f"Host {SLOWED_HOST} is a straggler: its steps take ")
     assert f"mostly {cause}" in finding["title"], finding["title"]
     evidence = finding["evidence"]
     # The factor is the host's median step over the median host's, from facts.hosts...
     typical = statistics.median(h["step_median_ms"] for h in hosts.values())
     assert evidence["slowdown_x"] == pytest.approx(
-        hosts["4_8466"]["step_median_ms"] / typical, abs=0.01
+        hosts["10.0.0.4:8466"]["step_median_ms"] / typical, abs=0.01
     )
     # The title states that factor to one decimal (of the unrounded ratio: the evidence's
     # two decimals, 5.25 for 5.254, would print 5.2 where the title says 5.3).
@@ -227,7 +228,7 @@ def test_per_host_steps_agree_with_xprofs_kpi_metrics(
     assert lengths, ("no run of our steps has XProf's mean on every host", per_host, steps)
     report = analyze(str(session), xprof=False).to_json()
     ours = _hosts(report)
-    assert sorted(ours) == sorted(stem.split(".")[-1] for stem in per_host)
+    assert sorted(ours) == sorted(stem.replace("_", ":") for stem in per_host)
     if name != "unchanged":
         # XProf sees the same straggler: its slowest host is ours, by a like margin.
         theirs = {stem: float(ms) for stem, ms in per_host.items()}

@@ -79,12 +79,13 @@ def _session(where: Path, slowdowns: dict[str, float]) -> Path:
 
 
 def test_a_straggler_host_is_named_in_a_p0_finding(tmp_path: Path) -> None:
-    # Three hosts; host names as XProf names them (10.0.0.7_8466 is 7_8466).
+    # Three hosts. XProf names 10.0.0.7_8466 "7_8466"; the report, "10.0.0.7:8466".
     session = _session(tmp_path / "s3", {"host-a": 1.0, "10.0.0.7_8466": 1.0, "host-c": 12.0})
     report = analyze(str(session), xprof=False).to_json()
     hosts = {h["name"]: h for h in report["facts"]["hosts"]}
+    assert sorted(hosts) == ["10.0.0.7:8466", "host-a", "host-c"]
     theirs = xprof_cli("get_hosts", session, tmp_path)["hosts"]
-    assert sorted(hosts) == sorted(h["hostname"] for h in theirs)
+    assert sorted(h["hostname"] for h in theirs) == ["7_8466", "host-a", "host-c"]
     # No second asking: XProf memoised its answer by the files' contents, so a second
     # call on a copy returned the same one (tests/xprof_cli.py now gives each call its
     # own cache, and its log for this message).

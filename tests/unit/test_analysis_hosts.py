@@ -13,6 +13,8 @@ from exporter.analysis import rules
 from exporter.analysis.collectives import async_role, is_communication
 from exporter.analysis.facts import CaptureFacts, gather_facts
 from exporter.analysis.hosts import host_entries, host_name
+from exporter.analysis.report import analyze
+from exporter.capture.session import SessionRecord, TargetResult
 from exporter.profiles.synthetic import tpu_capture, write_tpu_capture
 
 MS = 1_000_000
@@ -31,10 +33,42 @@ def host(
     return Path(f"/s/{name}.xplane.pb"), cycles, list(range(steps)), busy, comm_share * busy
 
 
-def test_host_names_follow_xprofs_get_hosts() -> None:
+def test_host_names_read_host_port_from_the_right() -> None:
     assert host_name("/x/host-a.xplane.pb") == "host-a"
-    assert host_name("10.0.0.7_8466.xplane.pb") == "7_8466"  # the last dot-separated part
+    # Issue 31 (9): XProf's get_hosts keeps the last dot-separated part, "7_8466".
+    assert host_name("10.0.0.7_8466.xplane.pb") == "10.0.0.7:8466"
+    assert host_name("vm.example.com.xplane.pb") == "vm.example.com"
+    assert host_name("my_host.xplane.pb") == "my_host"  # not a port: the whole stem
     assert host_name("w.xspace.pb") == "w"
+
+
+def _session(directory: Path, targets: list[tuple[str, str, str]]) -> None:
+    record = SessionRecord(
+        id="s1", targets=[TargetResult(address=a, host=h, files=[f]) for a, h, f in targets]
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "session.json").write_text(record.model_dump_json())
+
+
+def test_a_sessions_capture_is_named_by_its_targets_host(tmp_path: Path) -> None:
+    _session(tmp_path / "one", [("127.0.0.1:9999", "vm", "127.0.0.1_9999.xplane.pb")])
+    assert host_name(tmp_path / "one" / "127.0.0.1_9999.xplane.pb") == "vm"  # was "1_9999"
+    # Two processes on one host: their addresses keep them apart.
+    _session(tmp_path / "two", [("10.0.0.5:9001", "vm", "a.xplane.pb"),
+                                ("10.0.0.5:9002", "vm", "b.xplane.pb")])  # fmt: skip
+    assert host_name(tmp_path / "two" / "b.xplane.pb") == "10.0.0.5:9002"
+    # A file the record does not list, or a record that does not parse: the file's name.
+    assert host_name(tmp_path / "one" / "10.0.0.5_1.xplane.pb") == "10.0.0.5:1"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "session.json").write_text("[1, 2")
+    assert host_name(tmp_path / "bad" / "10.0.0.5_1.xplane.pb") == "10.0.0.5:1"
+
+
+def test_analyze_names_a_single_capture_by_its_address(tmp_path: Path) -> None:
+    capture = tmp_path / "s" / "10.0.0.5_9999.xplane.pb"
+    write_tpu_capture(capture, devices=1, steps=4, ops_per_step=20)
+    report = analyze(str(capture.parent), xprof=False).to_json()
+    assert [h["name"] for h in report["facts"]["hosts"]] == ["10.0.0.5:9999"]
 
 
 def test_a_straggler_needs_three_hosts_and_a_modified_z_score_above_3_5() -> None:
