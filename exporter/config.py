@@ -6,6 +6,7 @@ Every default works on one machine with no cloud account.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -609,7 +610,9 @@ def _describe(error: Any, config_file: Path | None, overrides: dict[str, Any]) -
     msg = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
     if error.get("type") == "extra_forbidden":
         where = f"config file {config_file}" if config_file else "settings"
-        return f"{where}: unknown option {field!r}"
+        close = difflib.get_close_matches(field, Settings.model_fields, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{where}: unknown option {field!r}{hint}"
     if not field:
         return msg
     value = error.get("input")

@@ -61,7 +61,7 @@ def _parse(body: bytes) -> AlertmanagerPayload:
         return AlertmanagerPayload.model_validate(data)
     except ValidationError as exc:
         raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            status.HTTP_422_UNPROCESSABLE_CONTENT,  # the deprecated _ENTITY name warned
             f"not an Alertmanager v4 webhook payload: {describe_validation_error(exc)}",
         ) from None
 

@@ -380,6 +380,22 @@ class Capture:
 
 
 def _open(read: Reader, size: int, source: str) -> Capture:
+    try:
+        return _framed(read, size, source)
+    except InputError:
+        # A JSON trace (Chrome's, Kineto's, a trace_viewer export) fails on its first byte
+        # with "field 15 at byte 0 has wire type 3": say what it looks like instead. Only
+        # after framing failed: an XSpace may start with bytes that read as whitespace.
+        head = read(0, min(size, 64)).lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf")
+        if head[:1] in (b"{", b"["):
+            raise InputError(
+                f"{source}: looks like JSON (a Chrome/Kineto trace?), not an XProf capture "
+                f"({CAPTURES_NAMED})"
+            ) from None
+        raise
+
+
+def _framed(read: Reader, size: int, source: str) -> Capture:
     capture = Capture(source, size, read)
     fields = _Fields(read, 0, size, source)
     for number, wire, start, body, stop in fields:

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import socket
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from fastapi.testclient import TestClient
 
 from exporter.analysis.render import _esc, report_html
 from exporter.analysis.report import analyze
+from exporter.api.app import create_app
 from exporter.cli import main
 from exporter.config import load_settings, option_shown
 from exporter.errors import ConfigError
 from exporter.profiles.synthetic import write_tpu_capture
+from exporter.sidecar import Sidecar
+from tests.sidecar_app import settings_in
 
 
 def test_the_report_page_puts_the_findings_right_after_the_summary(tmp_path: Path) -> None:
@@ -75,3 +80,38 @@ def test_a_port_in_use_by_default_is_not_blamed_on_a_variable(
     assert option_shown("listen", "h:1", overrides={"listen": "h:1"}) == "--listen=h:1"
     monkeypatch.setenv("MLPROF_LISTEN", "h:1")
     assert option_shown("listen", "h:1") == "MLPROF_LISTEN=h:1"
+
+
+def test_a_json_trace_is_said_to_look_like_json(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "name": "step"}]}')
+    done = CliRunner().invoke(main, ["analyze", str(trace), "--no-xprof"])
+    assert done.exit_code == 1
+    assert done.output.strip() == (
+        f"mlprof: {trace}: looks like JSON (a Chrome/Kineto trace?), not an XProf capture "
+        "(*.xplane.pb or *.xplane.riegeli)"
+    )  # was "not an XProf capture (field 15 at byte 0 has wire type 3)"
+
+
+def test_an_unknown_config_key_gets_a_did_you_mean(tmp_path: Path) -> None:
+    config = tmp_path / "mlprof.yaml"
+    config.write_text("colect_interval_s: 5\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert str(caught.value) == (
+        f"config file {config}: unknown option 'colect_interval_s' "
+        "(did you mean 'collect_interval_s'?)"
+    )
+    config.write_text("zzzz: 5\n")
+    with pytest.raises(ConfigError, match=r"unknown option 'zzzz'$"):
+        load_settings(config)
+
+
+def test_a_payload_that_is_not_alertmanagers_warns_of_nothing_deprecated(tmp_path: Path) -> None:
+    app = create_app(Sidecar(settings_in(tmp_path)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            answer = client.post("/api/v1/alertmanager", json={"alerts": "no"})
+    assert answer.status_code == 422
+    assert not [w for w in caught if "HTTP_422" in str(w.message)]
