@@ -19,6 +19,7 @@ from exporter.config import load_settings, option_shown
 from exporter.errors import ConfigError
 from exporter.profiles.synthetic import write_tpu_capture
 from exporter.sidecar import Sidecar
+from tests.harness import ROOT
 from tests.sidecar_app import settings_in
 
 
@@ -115,3 +116,13 @@ def test_a_payload_that_is_not_alertmanagers_warns_of_nothing_deprecated(tmp_pat
             answer = client.post("/api/v1/alertmanager", json={"alerts": "no"})
     assert answer.status_code == 422
     assert not [w for w in caught if "HTTP_422" in str(w.message)]
+
+
+def test_the_readme_says_what_make_test_needs_and_what_the_demo_does_not_do() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "needs root" in readme and "npm registry" in readme
+    # `make demo` runs no Prometheus: no alert can fire there.
+    assert "Kept up for 15 minutes, the `MLWorkloadInputBound` alert fires." not in readme
+    assert "`make demo` runs no Prometheus" in readme
+    # A step's cost as the ratio the bench prints, not an absolute a busy machine breaks.
+    assert "costs under 2 µs" not in readme and "times an empty\n`with` block" in readme
