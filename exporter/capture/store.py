@@ -130,10 +130,11 @@ class SessionStore:
         self.url = text
         self.is_local = isinstance(fs, LocalFileSystem)
         self.root = os.path.realpath(root) if self.is_local else str(root).rstrip("/")
-        # Objects refused, by reason (too_large, not_regular, invalid, id_mismatch): the
-        # sidecar exports them as mlprof_store_objects_refused_total.
+        # Objects set aside, each counted once, by reason (too_large, not_regular,
+        # invalid, id_mismatch): the sidecar exports mlprof_store_objects_refused_total.
         self.refused: Counter[str] = Counter()
         self._said: set[str] = set()  # what was logged as set aside (once each)
+        self._said_lock = threading.Lock()
         if not self.is_local:
             fs = _BoundedRemote(fs)
             _settle_bucket_type(fs, self.root)
@@ -311,13 +312,15 @@ class SessionStore:
         self._set_aside(path, _reason(exc), str(exc))
 
     def _set_aside(self, path: str, reason: str, detail: str) -> None:
-        self.refused[reason] += 1
+        """Log and count an object once (a loop that reads it every poll says it once)."""
         key = f"{path}\0{reason}"
-        if key in self._said:
-            return
-        if len(self._said) > 10_000:  # bounded, whatever a bucket holds
-            self._said.clear()
-        self._said.add(key)
+        with self._said_lock:
+            if key in self._said:
+                return
+            if len(self._said) > 10_000:  # bounded, whatever a bucket holds
+                self._said.clear()
+            self._said.add(key)
+            self.refused[reason] += 1
         detail = detail.removeprefix(f"{path}: ")  # the path is said once
         log.warning("%s: set aside, not read (%s): %s", path, reason, detail[:300])
 

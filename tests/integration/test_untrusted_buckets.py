@@ -82,7 +82,7 @@ def test_a_forged_record_in_a_bucket_overwrites_no_other_session(
     kept = store.read_record("base-1")
     assert kept is not None and kept.status == "done" and kept.run_id == "r1"
     assert states == ["ok", "ok"] and handed == ["base-1"]
-    assert store.refused["id_mismatch"] >= 2
+    assert store.refused["id_mismatch"] == 2  # each once, however often read
 
 
 def test_objects_past_their_bound_are_fetched_no_further(store: SessionStore) -> None:
