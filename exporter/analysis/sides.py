@@ -37,7 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from exporter.errors import ConfigError, InputError
-from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
+from exporter.profiles.capture_files import (
+    CAPTURES_NAMED,
+    find_captures,
+    find_regular,
+    is_capture_name,
+)
 from exporter.profiles.convert import KINDS, Kind, is_pprof
 from exporter.profiles.flamegraph import FlameGraph
 
@@ -467,9 +472,8 @@ def _read_pprof(path: Path, kind: Kind | None) -> Side:
 
 def _read_directory(directory: Path, kind: Kind | None, spec: str, source: str) -> Side:
     if kind == "memory":
-        found = sorted(
-            p for s in (".pprof.gz", ".pprof") for p in directory.rglob(f"*{s}") if p.is_file()
-        )
+        # Regular files only, no link followed: a session's directory is the store's.
+        found = find_regular(directory, (".pprof.gz", ".pprof"))
         if not found:
             raise InputError(f"{directory}: no device-memory profiles (*.pprof.gz) here")
         return _merge_pprofs(found, kind, spec, source)

@@ -20,6 +20,7 @@ __all__ = [
     "capture_bytes",
     "capture_stem",
     "find_captures",
+    "find_regular",
     "is_capture_name",
 ]
 
@@ -51,11 +52,17 @@ def find_captures(directory: Path) -> list[Path]:
     no linked directory is descended into. Every door that reads a session's captures
     (CLI, API, MCP, the report child) finds them here, so each gets this refusal.
     """
+    return find_regular(directory, CAPTURE_SUFFIXES)
+
+
+def find_regular(directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """The regular files named ``*<suffix>`` under ``directory``, sorted; no link
+    followed, no linked directory walked (see :func:`find_captures`)."""
     found = []
     for root, dirs, files in os.walk(directory, followlinks=False):
         dirs.sort()
         for name in files:
-            if not is_capture_name(name):
+            if not name.endswith(suffixes):
                 continue
             path = Path(root, name)
             try:

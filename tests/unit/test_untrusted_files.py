@@ -587,3 +587,19 @@ def test_refused_store_objects_are_exported_by_reason(tmp_path: Path) -> None:
 
     assert 'mlprof_store_objects_refused_total{reason="id_mismatch"} 1.0' in exposition
     assert 'mlprof_store_objects_refused_total{reason="too_large"} 0.0' in exposition
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_sessions_memory_side_reads_no_linked_or_fifo_profile(
+    tmp_path: Path, outside: Path, kind: str
+) -> None:
+    """``compare --kind memory`` of a session followed a *.pprof.gz link out of it."""
+    from exporter.analysis.sides import load_side
+    from exporter.errors import InputError
+
+    session = tmp_path / "store" / "plugins" / "profile" / "s1"
+    session.mkdir(parents=True)
+    _plant(kind, session / "h.pprof.gz", outside, b"\x1f\x8b not a profile")
+
+    with pytest.raises(InputError, match="no device-memory profiles"):
+        load_side(str(session), "memory")
