@@ -5,7 +5,7 @@
  * test vectors (tests/unit/test_highwayhash.py). CPython's C API only.
  *
  * Why compiled: Riegeli/records hashes every chunk's data, so a reader verifying a
- * capture hashes every byte of the file; Python ints manage about 0.6 MB/s. */
+ * capture hashes every byte of the file; Python ints manage about 4 MB/s. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
