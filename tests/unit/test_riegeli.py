@@ -441,3 +441,19 @@ def test_both_hash_implementations_read_the_same(
     flipped[200] ^= 0x01  # inside the first chunk's data
     path.write_bytes(flipped)
     assert "data_hash" in _expect_input_error(path)
+
+
+def test_the_cli_refuses_a_file_without_hashes_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from exporter.cli import main
+
+    space = tpu_capture(devices=1, steps=2, ops_per_step=100).space
+    path = tmp_path / "tpu-vm-0.xplane.riegeli"
+    rw.write_file(path, rw.chunk_xspace(space, 100), hashes=False)
+    done = CliRunner().invoke(main, ["flamegraph", str(path), "-o", str(tmp_path / "f")])
+    assert done.exit_code == 1
+    assert done.output.count("\n") == 1 and "Traceback" not in done.output
+    assert f"{path}: not a readable Riegeli/records file: chunk at byte 64: header_hash" in (
+        done.output
+    )
