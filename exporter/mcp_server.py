@@ -221,8 +221,7 @@ class ProfileTools:
             run_id = spec[len(RUN_PREFIX) :].partition("~")[0]
             return tuple(
                 (r.id, r.status, tuple(sorted(n for t in r.targets for n in t.files)))
-                for r in self.store.records()
-                if r.in_run(run_id)
+                for r in self.store.run_sessions(run_id)
             )
         path = Path(spec)
         if path.is_dir():

@@ -318,7 +318,7 @@ def list_sessions(
     ``total``: the sessions that match; ``stored``: all sessions with a record;
     ``unrecorded``: directories without one (an XProf logdir's runs), still analysable.
     """
-    records = store.records()
+    records = store.listed()
     chosen = [
         r
         for r in reversed(records)
@@ -341,7 +341,7 @@ def list_sessions(
 def list_runs(store: SessionStore) -> dict[str, Any]:
     """The runs the store's sessions belong to: sessions, hosts, first and last."""
     runs: dict[str, dict[str, Any]] = {}
-    for record in store.records():
+    for record in store.listed():
         ids = {record.run_id, *(t.run_id for t in record.targets)} - {None}
         for run_id in sorted(i for i in ids if i):
             run = runs.setdefault(

@@ -136,22 +136,19 @@ def _summary(report: Report) -> str:
 
 def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str, Any]]:
     """The capture files an analysis input names (a file, a session, ``run:<id>``)."""
-    from exporter.analysis.sides import RUN_PREFIX
+    from exporter.analysis.sides import RUN_PREFIX, run_spec
     from exporter.profiles.convert import resolve_input
 
     if spec.startswith(RUN_PREFIX):
         from exporter.capture.store import SessionStore
 
-        run_id = spec[len(RUN_PREFIX) :]
+        run_id, newest = run_spec(spec)
         if context.store is None:
             raise InputError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
         store = SessionStore(context.store)
         paths: list[Path] = []
-        for r in store.records():
-            if not (
-                r.finished_ok and (r.run_id == run_id or any(t.run_id == run_id for t in r.targets))
-            ):
-                continue
+        sessions = store.run_sessions(run_id)
+        for r in sessions[-newest:] if newest else sessions:  # run:<id>~N: the N newest
             names = [n for t in r.targets for n in t.files if is_capture_name(n)]
             for name in names:
                 try:

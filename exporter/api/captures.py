@@ -209,17 +209,21 @@ def list_sessions(
     ``total``: the sessions that match; ``stored``: all sessions with a record;
     ``unrecorded``: session directories without one (still analysable).
     """
+    from exporter.errors import InputError
     from exporter.usecases import list_sessions
 
-    return list_sessions(
-        _sidecar(request).captures.store,
-        run_id=run_id,
-        trigger=trigger,
-        status=status,
-        since=None if since is None else _aware(since),
-        until=None if until is None else _aware(until),
-        limit=limit,
-    )
+    try:
+        return list_sessions(
+            _sidecar(request).captures.store,
+            run_id=run_id,
+            trigger=trigger,
+            status=status,
+            since=None if since is None else _aware(since),
+            until=None if until is None else _aware(until),
+            limit=limit,
+        )
+    except InputError as exc:  # the store does not answer: not "no sessions"
+        raise HTTPException(503, str(exc)) from None
 
 
 def _aware(moment: datetime) -> datetime:

@@ -52,7 +52,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import ValidationError
 
 from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id
-from exporter.errors import ConfigError
+from exporter.errors import ConfigError, InputError
 from exporter.json_limits import JSONInputError, load_json_object
 from exporter.profiles.capture_files import is_capture_name
 from exporter.regular_files import (
@@ -367,6 +367,18 @@ class SessionStore:
         ids = self.session_ids(strict=strict)
         found = [r for r in map(self.read_record, ids) if r is not None]
         return sorted(found, key=lambda r: (r.created, r.id))
+
+    def listed(self) -> list[SessionRecord]:
+        """Every record, for an answer someone asked for (a command, a request): a store
+        that does not answer is an InputError naming it, never "no sessions"."""
+        try:
+            return self.records(strict=True)
+        except OSError as exc:
+            raise InputError(f"cannot list the sessions of {self.url}: {exc}") from None
+
+    def run_sessions(self, run_id: str) -> list[SessionRecord]:
+        """The finished sessions of run ``run_id``, oldest first (as :meth:`listed`)."""
+        return [r for r in self.listed() if r.finished_ok and r.in_run(run_id)]
 
     def probe(self) -> tuple[str, str]:
         """Whether the store answers a listing now, as /readyz shows it: ("ok", "") or

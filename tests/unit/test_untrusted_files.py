@@ -479,6 +479,31 @@ def test_a_gs_store_that_cannot_be_reached_fails_in_one_line(
         store.records(strict=True)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sessions", "--json"],
+        ["analyze", "run:r1", "--no-xprof"],
+        ["compare", "run:r1~2", "run:r2"],
+        ["compare", "--base", "run:r1", "--head", "s1"],
+    ],
+)
+def test_a_command_on_runs_of_an_unreachable_store_names_it(
+    command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's sessions, or the store's, listed from a store that does not answer: one
+    line naming it (the listing said "no captures of run ..." or "0 of 0 sessions")."""
+    port = _closed_port()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+
+    result = CliRunner().invoke(main, [*command, "--store", "gs://bucket/x"])
+
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert f"cannot reach 127.0.0.1:{port}" in lines[0], lines[0]
+
+
 def test_a_store_that_does_not_answer_is_bounded_and_shown_by_readyz(
     tmp_path: Path, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
