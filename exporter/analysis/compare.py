@@ -110,6 +110,9 @@ _RNG_SEED: Final = 20261201  # fixed: the same inputs give the same interval
 # captures a side it states, and the most captures it will name.
 TARGET_DETECTABLE_PCT: Final = 5.0
 MAX_CAPTURES_NAMED: Final = 64
+# min_detectable states a figure up to this (% of the step); above, null ("not with these
+# captures": 2 + 2 captures give the t test 2 degrees of freedom).
+BEYOND_REACH_PCT: Final = 1000.0
 # Replicates: a frame's time per step is compared in log space, floored at this share of
 # the step (see _ReplicateValues).
 LOG_FLOOR_STEP_FRACTION: Final = 0.001
@@ -1126,7 +1129,9 @@ def _min_detectable(
         }
         return out
     df = nb + nh - 2
-    out["step_change_pct"] = step.noise_pct
+    # Beyond BEYOND_REACH_PCT a figure says only "not with these captures": null, and
+    # captures_for_5pct says what would do.
+    out["step_change_pct"] = step.noise_pct if step.noise_pct <= BEYOND_REACH_PCT else None
     m = max(1, 0 if frame_spread is None else len(frame_spread[0]))
     alpha = noise.FDR_ALPHA / m  # the first rejection of BH among m frames
     mb = _log_median_within([r.step_ns for r in comparison.base_replicates])
@@ -1141,10 +1146,11 @@ def _min_detectable(
         excesses = level * np.expm1(factor * sd_log)
         k = int(np.argsort(excesses)[len(excesses) // 2])  # the median frame
         excess = max(float(excesses[k]), noise.REPLICATE_MIN_STEP_PCT / 100 * expected_step_ns)
-        out |= {
-            "frame_excess_ms": round(excess / 1e6, 4),
-            "frame_excess_pct": round(100 * excess / expected_step_ns, 2),
-        }
+        if 100 * excess / expected_step_ns <= BEYOND_REACH_PCT:
+            out |= {
+                "frame_excess_ms": round(excess / 1e6, 4),
+                "frame_excess_pct": round(100 * excess / expected_step_ns, 2),
+            }
         out["captures_for_5pct"]["frame"] = captures_needed(
             float(sd_log[k]), math.log1p(target * expected_step_ns / float(level[k])), alpha
         )

@@ -155,14 +155,19 @@ def comparison_text(comparison: Comparison, top: int = 20) -> str:
 
 def detectable_sentence(md: dict[str, Any]) -> str:
     """``min_detectable`` in one line: the smallest change these captures could show."""
-    if md.get("step_change_pct") is None:
+    if md.get("new_frame_excess_pct") is None:
         return f"smallest detectable change: {md.get('basis') or 'none (no steps)'}"
     nb, nh = md["captures"]
+    step = "beyond reach" if md["step_change_pct"] is None else f"±{md['step_change_pct']:g} %"
+    frame = (
+        "beyond reach"
+        if md["frame_excess_pct"] is None
+        else f"{md['frame_excess_ms']:.3g} ms/step ({md['frame_excess_pct']:g} % of the step)"
+    )
     line = (
         f"smallest change {nb} + {nh} captures could show (false alarms "
-        f"{100 * md['false_alarm_rate']:g} %): step ±{md['step_change_pct']:g} % (as a ratio), "
-        f"a frame's excess {md['frame_excess_ms']:.3g} ms/step ({md['frame_excess_pct']:g} % "
-        f"of the step), new work {md['new_frame_excess_pct']:g} %"
+        f"{100 * md['false_alarm_rate']:g} %): step {step} (as a ratio), a frame's excess "
+        f"{frame}, new work {md['new_frame_excess_pct']:g} %"
     )
     needed = md["captures_for_5pct"]
     if md["between_run_noise"] != "measured":

@@ -317,14 +317,16 @@ def test_removed_work_is_the_mirror_of_new_work() -> None:
 # -- replicates -----------------------------------------------------------------------------
 
 
-def replicate(ops: dict[str, float], seed: int, name: str, steps: int = 12) -> Side:
+def replicate(
+    ops: dict[str, float], seed: int, name: str, steps: int = 12, op_sigma: float = 0.04
+) -> Side:
     """One process of a workload on a busy machine: every op slowed by the machine's load
     of that process (x0.7..x1.5), and each op on its own by a few % (ops move
     systematically between processes, which a test across one capture's steps cannot see).
     """
     rng = np.random.default_rng(seed)
     load = float(np.exp(rng.normal(0, 0.2)))
-    moved = {k: v * load * float(np.exp(rng.normal(0, 0.04))) for k, v in ops.items()}
+    moved = {k: v * load * float(np.exp(rng.normal(0, op_sigma))) for k, v in ops.items()}
     return cpu_side(moved, steps, seed, name)
 
 
@@ -472,3 +474,17 @@ def test_the_diff_page_colours_by_excess_per_step() -> None:
     floor = data["excessFloorPct"] / 100 * data["stepValue"]
     assert abs(frames["matmul"]["ex"]) < 2 * floor  # unchanged beyond the scale: grey
     assert frames["softmax"]["ex"] > 10 * floor  # the regression: red
+
+
+def test_two_captures_a_side_state_what_is_beyond_reach_and_what_would_do() -> None:
+    from exporter.analysis.render import detectable_sentence
+
+    # Ops that move by half between processes, 2 degrees of freedom: no number for a grown
+    # frame (it read 343024 % of the step), and how many captures would do.
+    base = [replicate(BASE, 950 + i, f"b{i}", op_sigma=0.5) for i in range(2)]
+    head = [replicate(BASE, 960 + i, f"h{i}", op_sigma=0.5) for i in range(2)]
+    md = compare_sides(base, head).min_detectable
+    assert md["frame_excess_pct"] is None and md["frame_excess_ms"] is None
+    assert md["between_run_noise"] == "measured"
+    said = detectable_sentence(md)
+    assert "a frame's excess beyond reach" in said and "captures a side for 5 %" in said
