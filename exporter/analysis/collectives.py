@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from exporter.analysis.fact_types import Overlap
-from exporter.analysis.facts import _covered, _union
+from exporter.analysis.intervals import covered, union
 
 if TYPE_CHECKING:
     from exporter.profiles.xplane import Capture, OpLine, PlaneRef
@@ -191,13 +191,13 @@ class CommunicationRecorder:
             start = line.base_ns + line.starts_ps // _PS_PER_NS
             end = start + (line.ends_ps - line.starts_ps) // _PS_PER_NS
         if comm.any():
-            plane.comm.append(_union(start[comm], end[comm]))
+            plane.comm.append(union(start[comm], end[comm]))
             per_meta = np.bincount(ids[comm], weights=(end - start)[comm], minlength=size)
             for m in np.flatnonzero(per_meta).tolist():
                 plane.kinds[_family(kinds[m][2])] += int(per_meta[m])
         if plane.windows is not None or any_role:
             # What can hide a transfer: only needed where async windows are.
-            plane.cover.append(_union(start[~role], end[~role]))
+            plane.cover.append(union(start[~role], end[~role]))
         if any_role and plane.windows is None:
             for i in np.flatnonzero(role).tolist():
                 plane.async_events.append((int(start[i]), int(end[i]), kinds[int(ids[i])][2]))
@@ -227,11 +227,11 @@ class CommunicationRecorder:
         if not parts:
             empty = np.zeros(0, np.int64)
             return empty, empty
-        return _union(np.concatenate([s for s, _ in parts]), np.concatenate([e for _, e in parts]))
+        return union(np.concatenate([s for s, _ in parts]), np.concatenate([e for _, e in parts]))
 
     def per_cycle(self, cycles: Sequence[tuple[int, int]]) -> np.ndarray:
         """Per cycle, communication ns averaged over the device planes."""
-        per_device = [_covered(*self._merged(p.comm), cycles) for p in self.planes.values()]
+        per_device = [covered(*self._merged(p.comm), cycles) for p in self.planes.values()]
         if not per_device:
             return np.zeros(len(cycles), float)
         return np.mean(per_device, axis=0).astype(float)  # type: ignore[no-any-return]
@@ -259,8 +259,8 @@ class CommunicationRecorder:
             if not windows:
                 continue
             cover = self._merged(plane.cover)
-            covered = _covered(*cover, windows)
-            out += [(s, e, int(c)) for (s, e), c in zip(windows, covered.tolist(), strict=True)]
+            lengths = covered(*cover, windows)
+            out += [(s, e, int(c)) for (s, e), c in zip(windows, lengths.tolist(), strict=True)]
         return out, " and ".join(sorted(sources)) or None
 
 

@@ -49,6 +49,7 @@ from exporter.analysis.fact_types import (
     StepFacts,
     TopOp,
 )
+from exporter.analysis.intervals import covered, subtract, union
 from exporter.profiles.capture_files import capture_bytes
 from exporter.profiles.flamegraph import FlameGraph
 
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPILE_EVENT_RE",
-    "DATA_FORMATTING_RE",
     "DATA_PHASE_WORDS",
     "CaptureFacts",
     "gather_facts",
@@ -91,10 +91,6 @@ def is_data_phase(name: str) -> bool:
     return bool(words & DATA_PHASE_WORDS) and not words & NOT_DATA_WORDS
 
 
-# XLA ops that only move or reformat data (XProf's "data formatting" category, and the
-# copy / transpose / convert ops a layout mismatch makes).
-DATA_FORMATTING_RE: Final = re.compile(r"^(copy|transpose|convert|bitcast|reshape)", re.I)
-DATA_FORMATTING_CATEGORY: Final = "data formatting"
 # A compilation: JAX's own TraceMe around it, else the PjRt client's compile call.
 COMPILE_EVENT_RE: Final = re.compile(r"^(backend_compile\w*|\w*Client::Compile)$")
 TOP_OPS: Final = 10
@@ -172,65 +168,6 @@ class _Host:
     hlo_error: str | None = None
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint intervals covering the given ones."""
-    if not len(starts):
-        return starts, ends
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    fresh = np.ones(len(starts), bool)
-    fresh[1:] = starts[1:] > reach[:-1]
-    group = np.cumsum(fresh) - 1
-    merged_end = np.zeros(int(group[-1]) + 1, np.int64)
-    np.maximum.at(merged_end, group, ends)
-    return starts[fresh], merged_end
-
-
-def _covered(starts: np.ndarray, ends: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
-    """Per span, ns covered by the disjoint sorted intervals ``starts``/``ends``.
-
-    Vectorised over the spans: F(t), the covered length before t, is the lengths of the
-    intervals that start before t (a prefix sum) minus what of the last one lies past t.
-    """
-    if not len(starts) or not len(spans):
-        return np.zeros(len(spans), np.int64)
-    lengths = ends - starts
-    before = np.concatenate([[0], np.cumsum(lengths)])  # covered by intervals [0, i)
-
-    def covered_until(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(starts, t, side="right")  # intervals starting at or before t
-        last = np.maximum(i - 1, 0)
-        overshoot = np.where(i > 0, np.clip(ends[last] - t, 0, None), 0)
-        return before[i] - overshoot
-
-    bounds = np.asarray(spans, np.int64).reshape(-1, 2)
-    return covered_until(bounds[:, 1]) - covered_until(bounds[:, 0])  # type: ignore[no-any-return]
-
-
-def _subtract(
-    starts: np.ndarray, ends: np.ndarray, cut_starts: np.ndarray, cut_ends: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint intervals minus disjoint intervals (both sorted)."""
-    out_s: list[int] = []
-    out_e: list[int] = []
-    j = 0
-    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-        while j < len(cut_ends) and cut_ends[j] <= lo:
-            j += 1
-        k, cursor = j, lo
-        while k < len(cut_starts) and cut_starts[k] < hi:
-            if cut_starts[k] > cursor:
-                out_s.append(cursor)
-                out_e.append(int(cut_starts[k]))
-            cursor = max(cursor, int(cut_ends[k]))
-            k += 1
-        if cursor < hi:
-            out_s.append(cursor)
-            out_e.append(hi)
-    return np.asarray(out_s, np.int64), np.asarray(out_e, np.int64)
-
-
 class _DeviceBusy:
     """Each device plane's XLA-busy ns per cycle, taken from the lines the device
     conversion reads (``Capture.on_op_line``): the op events are read once, not twice.
@@ -254,10 +191,10 @@ class _DeviceBusy:
     def __call__(self, line: OpLine) -> None:
         start = line.base_ns + line.starts_ps // _PS_PER_NS
         end = start + (line.ends_ps - line.starts_ps) // _PS_PER_NS
-        merged = _union(start, end)
+        merged = union(start, end)
         if line.sole:
             before = self.busy.get(line.ref, np.zeros(len(self.cycles), np.int64))
-            self.busy[line.ref] = before + _covered(*merged, self.cycles)
+            self.busy[line.ref] = before + covered(*merged, self.cycles)
         else:
             self.planes.setdefault(line.ref, []).append(merged)
         if self.also is not None:
@@ -269,7 +206,7 @@ class _DeviceBusy:
         for ref, lines in self.planes.items():
             starts = np.concatenate([s for s, _ in lines])
             ends = np.concatenate([e for _, e in lines])
-            per_device[ref] = per_device.get(ref, 0) + _covered(*_union(starts, ends), self.cycles)
+            per_device[ref] = per_device.get(ref, 0) + covered(*union(starts, ends), self.cycles)
         if not per_device:
             return np.zeros(len(self.cycles), np.int64)
         return np.mean(list(per_device.values()), axis=0)  # type: ignore[no-any-return]
@@ -373,9 +310,9 @@ def _host_communication(
             holds[up] = True
             up = parent[up]
     compute = ~mask & ~holds & ~np.isin(events.path_index, inside_paths)
-    starts, ends = _union(events.start[mask], events.end[mask])
+    starts, ends = union(events.start[mask], events.end[mask])
     if compute.any():
-        starts, ends = _subtract(starts, ends, *_union(events.start[compute], events.end[compute]))
+        starts, ends = subtract(starts, ends, *union(events.start[compute], events.end[compute]))
     kinds: dict[str, float] = {}
     for i, ns in zip(events.path_index[mask].tolist(), (events.end - events.start)[mask].tolist(),
                      strict=True):  # fmt: skip
@@ -386,7 +323,7 @@ def _host_communication(
     total = float(sum(kinds.values()))
     counted = float((ends - starts).sum())
     kinds = {kind: ns * counted / total for kind, ns in kinds.items()} if total > 0 else {}
-    return _covered(starts, ends, cycles).astype(float), kinds
+    return covered(starts, ends, cycles).astype(float), kinds
 
 
 def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
@@ -429,8 +366,8 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
         else:
             facts.backend = "cpu"
             events = xla_host.xla_host_events(capture)
-            xla_starts, xla_ends = _union(events.start, events.end)
-            busy = _covered(xla_starts, xla_ends, cycles)
+            xla_starts, xla_ends = union(events.start, events.end)
+            busy = covered(xla_starts, xla_ends, cycles)
             opcodes = {
                 program: {name: op.opcode for name, op in ops.items()}
                 for program, ops in programs.items()
@@ -440,22 +377,22 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
             if len(events):
                 device = xla_host.graphs(events, None, start)[0]
         data, compiles = _host_events(capture, facts.data_phase_names)
-        data_starts, data_ends = _union(
+        data_starts, data_ends = union(
             np.asarray([s for s, _ in data], np.int64), np.asarray([e for _, e in data], np.int64)
         )
         if len(xla_starts):
-            data_starts, data_ends = _subtract(data_starts, data_ends, xla_starts, xla_ends)
-        data_phase = _covered(data_starts, data_ends, cycles)
+            data_starts, data_ends = subtract(data_starts, data_ends, xla_starts, xla_ends)
+        data_phase = covered(data_starts, data_ends, cycles)
         # Compiling inside a step: host time with no XLA running that is neither input
         # nor other host work (counted once: not where a data phase already covers it).
-        c_starts, c_ends = _union(
+        c_starts, c_ends = union(
             np.asarray([s for s, _ in compiles], np.int64),
             np.asarray([e for _, e in compiles], np.int64),
         )
         for starts, ends in ((xla_starts, xla_ends), (data_starts, data_ends)):
             if len(starts) and len(c_starts):
-                c_starts, c_ends = _subtract(c_starts, c_ends, starts, ends)
-        compile_phase = _covered(c_starts, c_ends, cycles)
+                c_starts, c_ends = subtract(c_starts, c_ends, starts, ends)
+        compile_phase = covered(c_starts, c_ends, cycles)
         gpu = read_kernels(capture, cycles) if capture.device_planes else None
         graphs = {"device": device, "host": host_flamegraph(capture)}
         for kind, whole in graphs.items():
@@ -544,8 +481,8 @@ def _breakdown(hosts: list[_Host]) -> Breakdown | None:
     for h in hosts:
         starts = np.asarray([s for s, _ in h.annotations], np.int64)
         ends = np.asarray([e for _, e in h.annotations], np.int64)
-        merged = _union(starts, ends)
-        inside += int(_covered(*merged, h.cycles).sum())
+        merged = union(starts, ends)
+        inside += int(covered(*merged, h.cycles).sum())
     between = total - inside
     idle = max(0.0, total - xla)
     # The gap between step annotations has no XLA work of this step in it (an
@@ -621,6 +558,8 @@ def _top_ops(graph: FlameGraph | None) -> list[TopOp]:
 
 
 def _compiler(graph: FlameGraph | None) -> CompilerFacts | None:
+    from exporter.analysis.program_facts import DATA_FORMATTING_CATEGORY, DATA_FORMATTING_RE
+
     if graph is None or graph.root.total <= 0:
         return None
     formatting = 0

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from exporter.analysis.intervals import union
 from exporter.ascii_digits import parse_ascii_int
 from exporter.profiles.nesting import FAR
 
@@ -299,12 +300,6 @@ def _launch_calls(capture: Capture) -> tuple[np.ndarray, np.ndarray, np.ndarray]
             np.asarray(ends, np.int64)[order])  # fmt: skip
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from exporter.analysis.facts import _union as union
-
-    return union(starts, ends)
-
-
 def _length(starts: np.ndarray, ends: np.ndarray) -> int:
     return int((ends - starts).sum()) if len(starts) else 0
 
@@ -394,7 +389,7 @@ class _Reader:
         end = start + dur_ns
         order = np.argsort(start, kind="stable")
         start, end, rows, corrs = start[order], end[order], rows[order], corrs[order]
-        device.busy.append(_union(start, end))
+        device.busy.append(union(start, end))
         lo, hi = int(start[0]), int(end.max())
         device.first_ns = lo if device.first_ns is None else min(device.first_ns, lo)
         device.last_ns = hi if device.last_ns is None else max(device.last_ns, hi)
@@ -445,7 +440,7 @@ def read_kernels(capture: Capture, cycles: Sequence[tuple[int, int]] = ()) -> Ca
     ``cycles`` (absolute ns) are the step cycles: launch overhead is also counted
     inside them, for a per-step figure.
     """
-    from exporter.analysis.facts import _covered, _subtract
+    from exporter.analysis.intervals import covered, subtract
 
     gpus = [ref for ref in capture.planes if GPU_PLANE_RE.fullmatch(ref.name)]
     if not gpus:
@@ -457,7 +452,7 @@ def read_kernels(capture: Capture, cycles: Sequence[tuple[int, int]] = ()) -> Ca
         reader.plane(capture.plane(ref), device)
         if device.first_ns is None or device.last_ns is None:
             continue
-        busy = _union(*(np.concatenate(parts) for parts in zip(*device.busy, strict=True)))
+        busy = union(*(np.concatenate(parts) for parts in zip(*device.busy, strict=True)))
         span = device.last_ns - device.first_ns
         entry: dict[str, Any] = {
             "device": ref.name,
@@ -466,16 +461,16 @@ def read_kernels(capture: Capture, cycles: Sequence[tuple[int, int]] = ()) -> Ca
             "busy_ms": round(_length(*busy) / 1e6, 6),
         }
         if device.launch:
-            waits = _union(*(np.concatenate(parts) for parts in zip(*device.launch, strict=True)))
+            waits = union(*(np.concatenate(parts) for parts in zip(*device.launch, strict=True)))
             keep = waits[1] > waits[0]
             waits = (waits[0][keep], waits[1][keep])
             # Launch waits while no kernel ran on any stream of the device.
-            idle = _subtract(waits[0], waits[1], *busy)
+            idle = subtract(waits[0], waits[1], *busy)
             overhead = _length(*idle)
             entry["launch_overhead_ms"] = round(overhead / 1e6, 6)
             entry["launch_share_pct"] = round(100 * overhead / span, 3) if span else 0.0
             if cycles:
-                inside = int(_covered(*idle, cycles).sum())
+                inside = int(covered(*idle, cycles).sum())
                 entry["launch_overhead_in_steps_ms"] = round(inside / 1e6, 6)
         out.devices.append(entry)
     if cycles:

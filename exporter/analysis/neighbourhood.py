@@ -15,7 +15,6 @@ a damaged one, gives no neighbourhood (``null``) and a reason in ``unavailable``
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Final
 
 from exporter.analysis.fact_types import FormattingOp, Neighbour, Neighbourhood, TopOp
@@ -27,25 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["MAX_NEIGHBOURS", "add_neighbourhoods", "neighbourhood"]
 
 MAX_NEIGHBOURS: Final = 5
-_ID: Final = re.compile(r"\(\d+\)$")
-
-
-def _program(name: str) -> str:
-    return _ID.sub("", name)
-
-
-def _self_times(facts: CaptureFacts) -> tuple[dict[tuple[str, str], int], int]:
-    """(program, op) -> device self ns, and the device graph's total (top ops' basis)."""
-    from exporter.analysis.program_facts import _leaves
-
-    graph = facts.graphs.get("device")
-    if graph is None or graph.root.total <= 0:
-        return {}, 0
-    times: dict[tuple[str, str], int] = {}
-    for program, op, _, _, value in _leaves(graph, facts.backend):
-        key = (_program(program), op)
-        times[key] = times.get(key, 0) + value
-    return times, graph.root.total
 
 
 def _entry(op: HloOp, program: str, times: dict[tuple[str, str], int], total: int) -> Neighbour:
@@ -90,10 +70,14 @@ def _locate(
 
 
 def add_neighbourhoods(
-    facts: CaptureFacts, programs: dict[str, dict[str, HloOp]], damaged: dict[str, str]
+    facts: CaptureFacts,
+    programs: dict[str, dict[str, HloOp]],
+    damaged: dict[str, str],
+    times: dict[tuple[str, str], int],
+    total: int,
 ) -> None:
-    """``neighbourhood`` of each top op and each data-formatting op of ``compiler``."""
-    times, total = _self_times(facts)
+    """``neighbourhood`` of each top op and each data-formatting op of ``compiler``;
+    ``times``: each (program, op)'s device self ns, ``total`` the device graph's."""
     targets: list[TopOp | FormattingOp] = [*facts.top_ops]
     if facts.compiler is not None:
         targets += facts.compiler["ops"]

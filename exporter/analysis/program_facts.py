@@ -50,6 +50,13 @@ __all__ = [
     "unreadable_hlo",
 ]
 
+# XLA ops that only move or reformat data (XProf's "data formatting" category, and the
+# copy / transpose / convert ops a layout mismatch makes).
+DATA_FORMATTING_RE: Final = re.compile(r"^(copy|transpose|convert|bitcast|reshape)", re.I)
+DATA_FORMATTING_CATEGORY: Final = "data formatting"
+# The "(N)" XLA appends to a program's name on the device planes.
+_PROGRAM_ID: Final = re.compile(r"\(\d+\)$")
+
 # The op-category table, in the order a reader scans it; every op is in exactly one,
 # tested in this order (an attention custom call is attention, a collective fusion a
 # collective).
@@ -358,7 +365,6 @@ def op_category(
     custom-call target, its name), not every op under an ``attention`` name scope: the
     projections of an attention block stay matmuls.
     """
-    from exporter.analysis.facts import DATA_FORMATTING_CATEGORY, DATA_FORMATTING_RE
     from exporter.analysis.xla_host import RUNTIME_WAIT_RE
 
     if RUNTIME_WAIT_RE.match(name):
@@ -404,6 +410,19 @@ def op_category(
         if stem and stem.group(2).replace("_", "-") in ELEMENTWISE_OPCODES:
             return "elementwise"
     return "other"
+
+
+def _op_self_times(facts: CaptureFacts) -> tuple[dict[tuple[str, str], int], int]:
+    """(program, op) -> device self ns, and the device graph's total (top ops' basis);
+    a program's ``(N)`` suffix is not part of its name."""
+    graph = facts.graphs.get("device")
+    if graph is None or graph.root.total <= 0:
+        return {}, 0
+    times: dict[tuple[str, str], int] = {}
+    for program, op, _, _, value in _leaves(graph, facts.backend):
+        key = (_PROGRAM_ID.sub("", program), op)
+        times[key] = times.get(key, 0) + value
+    return times, graph.root.total
 
 
 def _leaves(graph: FlameGraph, backend: str) -> Iterator[tuple[str, str, str | None, str, int]]:
@@ -670,6 +689,6 @@ def add_program_facts(
     from exporter.analysis.neighbourhood import add_neighbourhoods
 
     try:
-        add_neighbourhoods(facts, ops, damaged)
+        add_neighbourhoods(facts, ops, damaged, *_op_self_times(facts))
     except Exception as exc:  # context, never a report's failure
         facts.unavailable["neighbourhood"] = f"the HLO neighbourhood failed ({exc!r})"

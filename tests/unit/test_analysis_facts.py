@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exporter.analysis.facts import CaptureFacts, _covered, _host_facts, _subtract, _union
+from exporter.analysis.facts import CaptureFacts, _host_facts
+from exporter.analysis.intervals import covered, subtract, union
 from exporter.proto import xplane_pb2
 from tests.xspace_builder import PlaneBuilder
 
@@ -22,20 +23,20 @@ def test_covered_and_subtract_match_a_naive_sweep() -> None:
         n = rng.randrange(0, 30)
         starts = np.array([rng.randrange(0, 1000) for _ in range(n)], np.int64)
         ends = starts + np.array([rng.randrange(1, 100) for _ in range(n)], np.int64)
-        merged = _union(starts, ends)
-        cut = _union(starts[::2] + 5, starts[::2] + 40)
-        rest = _subtract(*merged, *cut)
+        merged = union(starts, ends)
+        cut = union(starts[::2] + 5, starts[::2] + 40)
+        rest = subtract(*merged, *cut)
         spans = [(lo, lo + rng.randrange(0, 300)) for lo in
                  (rng.randrange(-50, 1100) for _ in range(rng.randrange(1, 8)))]  # fmt: skip
-        for (lo, hi), got in zip(spans, _covered(*merged, spans).tolist(), strict=True):
+        for (lo, hi), got in zip(spans, covered(*merged, spans).tolist(), strict=True):
             assert got == naive_covered(merged[0].tolist(), merged[1].tolist(), lo, hi)
         for lo, hi in spans:
             whole = naive_covered(merged[0].tolist(), merged[1].tolist(), lo, hi)
             removed = sum(
                 naive_covered([a], [b], lo, hi)
-                for a, b in zip(*_union(*_intersect(merged, cut)), strict=True)
+                for a, b in zip(*union(*_intersect(merged, cut)), strict=True)
             )
-            assert _covered(*rest, [(lo, hi)])[0] == whole - removed
+            assert covered(*rest, [(lo, hi)])[0] == whole - removed
 
 
 def _intersect(
