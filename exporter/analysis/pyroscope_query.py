@@ -27,14 +27,14 @@ from exporter.errors import ConfigError, InputError
 from exporter.profiles.flamegraph import FlameGraph
 
 if TYPE_CHECKING:
-    from exporter.analysis.sides import Kind, Side, SideContext
+    from exporter.analysis.sides import Kind, SideContext
 
 __all__ = [
     "PROFILE_TYPES",
     "SELECT_MERGE_PROFILE_PATH",
     "fetch_merged",
     "parse_time",
-    "pyroscope_side",
+    "select_merged",
 ]
 
 SELECT_MERGE_PROFILE_PATH: Final = "/querier.v1.QuerierService/SelectMergeProfile"
@@ -136,10 +136,11 @@ def fetch_merged(
     return graph if graph.root.total > 0 else None
 
 
-def pyroscope_side(selector: str, kind: Kind | None, context: SideContext, spec: str) -> Side:
-    """Fetch a selection (see the module docstring) as a side without steps."""
-    from exporter.analysis.sides import Side
-
+def select_merged(
+    selector: str, kind: Kind | None, context: SideContext, spec: str
+) -> tuple[Kind, FlameGraph, str]:
+    """Fetch a selection (see the module docstring): its kind, its merged flame graph
+    and the profile type that had it (a side without steps, made by the caller)."""
     if not context.pyroscope_url:
         raise ConfigError(f"{spec}: set MLPROF_PYROSCOPE_URL to compare Pyroscope selections")
     if not _SELECTOR.match(selector.strip()):
@@ -173,9 +174,7 @@ def pyroscope_side(selector: str, kind: Kind | None, context: SideContext, spec:
             context.pyroscope_headers,
         )
         if graph is not None:
-            side = Side(spec, "pyroscope", chosen, graph, files=[])
-            side.notes.append(f"profile type {profile_type}")
-            return side
+            return chosen, graph, profile_type
     shown = " or ".join(types)
     raise InputError(
         f"{spec}: Pyroscope has no {shown} profiles matching {selector.strip()} between "

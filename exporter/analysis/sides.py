@@ -515,7 +515,7 @@ def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -
     if context.store is None:
         raise ConfigError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
     store = SessionStore(context.store)
-    records = [r for r in store.records() if r.finished_ok and r.in_run(run_id)]
+    records = store.run_sessions(run_id)
     if not records:
         raise InputError(f"{spec}: no finished capture session of run {run_id!r} in {store.url}")
     side: Side | None = None
@@ -638,12 +638,9 @@ def expand_replicates(spec: str, context: SideContext) -> list[str]:
     store = SessionStore(context.store)
     records = [
         r
-        for r in store.records()
-        if r.finished_ok
-        and r.in_run(run_id)
-        and any(is_capture_name(name) for t in r.targets for name in t.files)
+        for r in store.run_sessions(run_id)
+        if any(is_capture_name(name) for t in r.targets for name in t.files)
     ]
-    records.sort(key=lambda r: r.created)
     if len(records) < wanted:
         raise InputError(
             f"{spec}: run {run_id!r} has {len(records)} finished capture sessions in "
@@ -658,9 +655,14 @@ def load_side(spec: str, kind: Kind | None = None, context: SideContext | None =
     if spec.startswith(RUN_PREFIX):
         return _read_run(spec[len(RUN_PREFIX) :], kind, context, spec)
     if spec.startswith(PYROSCOPE_PREFIX):
-        from exporter.analysis.pyroscope_query import pyroscope_side
+        from exporter.analysis.pyroscope_query import select_merged
 
-        return pyroscope_side(spec[len(PYROSCOPE_PREFIX) :], kind, context, spec)
+        chosen, graph, profile_type = select_merged(
+            spec[len(PYROSCOPE_PREFIX) :], kind, context, spec
+        )
+        side = Side(spec, "pyroscope", chosen, graph, files=[])
+        side.notes.append(f"profile type {profile_type}")
+        return side
     from exporter.profiles.convert import resolve_input
 
     path = resolve_input(spec, context.store)
