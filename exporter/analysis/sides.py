@@ -11,6 +11,7 @@ A side is any of:
   ``--kind memory``, the run's device-memory profiles in the shared directory);
 * ``run:<run_id>~N``: the run's N newest finished sessions, each its own side: a
   comparison's replicates (:func:`expand_replicates`);
+* a torch.profiler trace (Kineto JSON, plain or gzipped; :mod:`exporter.analysis.torch_side`);
 * ``pyroscope:{service_name="…",run_id="…"}``: a Pyroscope selection over
   ``--from``/``--until``, fetched with ``SelectMergeProfile`` (``MLPROF_PYROSCOPE_URL``).
 
@@ -45,6 +46,7 @@ from exporter.profiles.capture_files import (
 )
 from exporter.profiles.convert import KINDS, Kind, is_pprof
 from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.torch_trace import is_torch_trace
 
 if TYPE_CHECKING:
     from exporter.analysis import side_cache
@@ -417,7 +419,7 @@ def load_sides(
         find_captures(path)
         if plain and path.is_dir()
         else [path]
-        if plain and not is_pprof(path)
+        if plain and not is_pprof(path) and not is_torch_trace(path)
         else []
     )
     if not captures or "memory" in kinds:
@@ -674,6 +676,10 @@ def load_side(spec: str, kind: Kind | None = None, context: SideContext | None =
                 "session" if (path / "session.json").exists() or path != Path(spec) else "directory"
             )
             return _read_directory(path, kind, spec, source)
+        if is_torch_trace(path):  # before pprof: a gzipped trace has gzip's magic too
+            from exporter.analysis.torch_side import trace_side
+
+            return trace_side(path, kind, spec)
         if is_pprof(path):
             return _read_pprof(path, kind)
         return _read_capture(path, kind, None)

@@ -1,7 +1,9 @@
 """One entry point from a file or session to a flame graph and its rendering.
 
 Inputs: an XProf capture (``*.xplane.pb``), a device-memory pprof (gzip), a PyTorch CUDA
-memory snapshot (``*.pickle``, read by ``torch_memory``), or a session directory (XProf's
+memory snapshot (``*.pickle``, read by ``torch_memory``), a torch.profiler trace
+(Kineto's Chrome-trace JSON, plain or gzipped, found by content: ``torch_trace``), or a
+session directory (XProf's
 ``plugins/profile/<session>/<host>.xplane.pb`` layout, or any folder holding captures),
 whose hosts are merged.
 """
@@ -19,6 +21,7 @@ from exporter.errors import InputError
 from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.torch_memory import SNAPSHOT_SUFFIXES, is_torch_snapshot
+from exporter.profiles.torch_trace import is_torch_trace
 
 if TYPE_CHECKING:  # the readers and writers load when an input or format needs them
     from exporter.profiles.pprof import InflateLimits
@@ -168,6 +171,10 @@ def flamegraph_from_path(
             for other in graphs[1:]:
                 merged.merge(other)
             return merged
+        if is_torch_trace(path):  # before pprof: a gzipped trace has gzip's magic too
+            from exporter.profiles.torch_trace import flamegraph_from_trace, load_torch_trace
+
+            return flamegraph_from_trace(load_torch_trace(path), kind, per_step)
         if _is_memory_file(path):
             if per_step:
                 raise InputError(f"{path}: --per-step applies to device time, not memory")
