@@ -94,8 +94,11 @@ def comparison_text(comparison: Comparison, top: int = 20) -> str:
     per_step = data["normalisation"] == "per_step"
     per = " per step" if per_step else ""
     view = {"step": "step view (device work and host phases)"}.get(data["view"], data["view"])
+    # The tables below show ms per step when the values are nanoseconds per step: the
+    # header names what the columns hold, not the profile's raw unit.
+    shown = "ms per step" if per_step and unit == "nanoseconds" else unit
     out = [
-        f"{view}, {data['sample_type']} ({unit}), normalisation {data['normalisation']}",
+        f"{view}, {data['sample_type']} ({shown}), normalisation {data['normalisation']}",
         f"  base {data['base']['spec']}: {data['base']['steps']} steps",
         f"  head {data['head']['spec']}: {data['head']['steps']} steps",
     ]

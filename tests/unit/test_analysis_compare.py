@@ -453,6 +453,8 @@ def test_the_text_and_page_state_min_detectable_and_one_step_statistic() -> None
     assert change is not None and f"median step {change:+.1f}%" in page
     single = comparison_text(compare_sides(side(BASE, 20, 1, "b"), side(BASE, 20, 2, "h")))
     assert "between-run noise not measured (one capture a side)" in single
+    # The header names the columns' unit (ms per step), not the raw "nanoseconds".
+    assert single.splitlines()[0] == "device, device_time (ms per step), normalisation per_step"
 
 
 def test_the_diff_page_colours_by_excess_per_step() -> None:
