@@ -74,6 +74,28 @@ def bounded_flamegraphs(timeout_s: float, max_memory_mb: int) -> Convert:
     return convert
 
 
+def _capture_labels(
+    profile_source: str,
+    *,
+    service_name: str,
+    run_id: str,
+    host: str,
+    trigger: str,
+    session_id: str | None = None,
+) -> dict[str, str]:
+    """Pyroscope labels of one flame graph of a capture (see ``profile_labels``)."""
+    from exporter.sinks.pyroscope import profile_labels
+
+    return profile_labels(
+        service_name,
+        run_id=run_id,
+        host=host,
+        trigger=trigger,
+        profile_source=profile_source,
+        session_id=session_id,
+    )
+
+
 def _encode(graph: FlameGraph) -> bytes:
     from exporter.profiles.pprof import encode_pprof
 
@@ -297,9 +319,7 @@ class SessionProcessor:
     def _push_labels(
         self, record: SessionRecord, source: str, host: str, run_id: str | None
     ) -> dict[str, str]:
-        from exporter.profiles.publish import capture_labels
-
-        labels = self._labels or capture_labels
+        labels = self._labels or _capture_labels
         return labels(
             source,
             service_name=record.workload or self.service_name(run_id or record.run_id),

@@ -45,6 +45,39 @@ def test_a_push_refusing_the_labels_is_recorded_and_the_session_still_processed(
     assert "vm.xprof_host.pb.gz" in store.files(record.id)
 
 
+def test_each_graph_is_pushed_with_the_sessions_labels() -> None:
+    store = SessionStore(f"memory://processing-{time.monotonic_ns()}")
+    pushed: list[dict[str, str]] = []
+    record = SessionRecord(
+        id="s-1",
+        status="done",
+        trigger="alert",
+        run_id="r1",
+        workload="trainer",
+        targets=[
+            TargetResult(
+                address="h:9999", host="h", run_id="r1", status="ok", files=["h.xplane.pb"]
+            )
+        ],
+    )
+    store.write_record(record)
+    store.write_file(record.id, "h.xplane.pb", b"capture")
+    processor = SessionProcessor(store, _graph, lambda graph, labels: pushed.append(labels))
+
+    processor.process(record.id)
+
+    assert pushed == [
+        {
+            "service_name": "trainer",
+            "run_id": "r1",
+            "host": "h",
+            "trigger": "alert",
+            "profile_source": "xprof_host",
+            "session_id": "s-1",
+        }
+    ]
+
+
 def _staircase_capture(n: int) -> bytes:
     """A host thread of ``n`` events, each starting inside the previous and outliving it."""
     from exporter.proto import xplane_pb2

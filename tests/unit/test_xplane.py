@@ -163,28 +163,6 @@ def test_synthetic_capture_scales() -> None:
     assert {"hlo_category", "tf_op", "program_id", "flops", "bytes_accessed"} <= stats
 
 
-def test_publish_capture_sends_device_and_host_graphs(tmp_path: Path) -> None:
-    from exporter.profiles.publish import publish_capture
-
-    path = tmp_path / "h.xplane.pb"
-    write_tpu_capture(path, devices=1, steps=2, ops_per_step=30)
-    sent: list[tuple[str, dict[str, str]]] = []
-    outcomes = publish_capture(
-        path,
-        lambda graph, labels: sent.append((graph.profile_name, labels)) or "ok",
-        service_name="trainer",
-        run_id="r1",
-        host="h",
-        trigger="alert",
-        session_id="s-1",
-    )
-    assert outcomes == {"xprof_device": "ok", "xprof_host": "ok"}
-    assert [name for name, _ in sent] == ["device", "wall"]
-    assert sent[0][1] == {"service_name": "trainer", "run_id": "r1", "host": "h",
-                          "trigger": "alert", "profile_source": "xprof_device",
-                          "session_id": "s-1"}  # fmt: skip
-
-
 def test_capture_without_task_environment_is_stamped_from_its_lines() -> None:
     space = tpu_capture(devices=1, steps=2, ops_per_step=20, distinct_ops=8).space
     (env,) = [p for p in space.planes if p.name == "Task Environment"]
