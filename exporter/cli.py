@@ -380,8 +380,8 @@ def flamegraph(
     max_nodes: int | None,
     per_step: bool,
 ) -> None:
-    """Flame graph (self/total) of an .xplane.pb, a memory pprof, a session (dir or id)
-    or run:<run_id> (its finished sessions' captures, added up)."""
+    """Flame graph (self/total) of an .xplane.pb, a torch.profiler trace (.json[.gz]), a
+    memory pprof, a session (dir or id) or run:<run_id> (its sessions' captures, added up)."""
     from exporter.heap import keep_freed_memory
 
     keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
