@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 import subprocess
 import sys
 from collections import defaultdict
@@ -122,3 +123,19 @@ def test_compare_names_the_added_op_and_judges_the_step(traces: dict[str, Path])
     assert verdict["head_median_ms"] > verdict["base_median_ms"] > 0
     new = [r for r in report["regressions"] if "aten::cumsum" in json.dumps(r)]
     assert new, [r.get("frame") for r in report["regressions"]]
+
+
+def test_analyze_step_time_equals_the_profiler_steps_in_the_json(traces: dict[str, Path]) -> None:
+    path = traces["base"] / "trace.pt.trace.json"
+    marks = sorted(
+        (round(e["ts"] * 1000), round(e["dur"] * 1000))
+        for e in json.loads(path.read_text())["traceEvents"]
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    # A cycle runs to the next step's start; the last one ends with its own step.
+    cycles = [b[0] - a[0] for a, b in pairwise(marks)] + [marks[-1][1]]
+    done = CliRunner().invoke(main, ["analyze", str(path), "--no-xprof", "--format", "json"])
+    assert done.exit_code == 0, done.output
+    steps = json.loads(done.output)["facts"]["steps"]
+    assert steps["count"] == STEPS
+    assert steps["median_ms"] == pytest.approx(statistics.median(cycles) / 1e6, abs=0.001)

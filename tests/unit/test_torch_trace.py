@@ -259,3 +259,30 @@ def test_no_events_of_a_kind_is_one_line(tmp_path: Path) -> None:
     empty = kt.write(tmp_path / "e.json", [])
     with pytest.raises(InputError, match="no host or GPU events"):
         flamegraph_from_path(empty)
+
+
+def test_analyze_gives_the_steps_breakdown_and_top_kernels_of_a_trace(tmp_path: Path) -> None:
+    # Before: "looks like JSON (a Chrome/Kineto trace?), not an XProf capture".
+    events = steps(6)
+    for step in range(6):  # torch's own DataLoader annotation, after the step's kernels
+        events.append(
+            kt.complete(
+                "user_annotation",
+                "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                200.0 * step + 110,
+                20.0,
+            )
+        )
+    path = kt.write(tmp_path / "t.pt.trace.json", events)
+    done = CliRunner().invoke(main, ["analyze", str(path), "--no-xprof", "--format", "json"])
+    assert done.exit_code == 0, done.output
+    facts = json.loads(done.output)["facts"]
+    assert facts["backend"] == "gpu"
+    assert facts["steps"]["count"] == 6 and facts["steps"]["median_ms"] == pytest.approx(0.2)
+    assert facts["steps"]["source"] == "host_step_annotations"
+    # Kernels cover 25 + 6 + 2.5 µs of each step (the copy on its own stream does not
+    # overlap them), the loader 20 µs; 5 cycles of 200 µs, the last one ends with its
+    # step (100 µs), before its loader.
+    assert facts["breakdown"]["xla_pct"] == pytest.approx(100 * 6 * 33.5 / 1100, abs=0.01)
+    assert facts["breakdown"]["data_phase_pct"] == pytest.approx(100 * 5 * 20 / 1100, abs=0.01)
+    assert facts["top_ops"][0]["name"] == SGEMM
