@@ -8,10 +8,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exporter import schema
-from exporter.capture import capture_logdir
 from exporter.capture.engine import CaptureEngine, CaptureLimits
 from exporter.capture.processing import Push, SessionProcessor, bounded_flamegraphs
 from exporter.capture.session import SessionRecord
@@ -35,9 +35,17 @@ if TYPE_CHECKING:
     from exporter.capture.client import ProfilerClient
     from exporter.config import Settings
 
-__all__ = ["CaptureService", "SessionHooks", "discoveries_from_settings"]
+__all__ = ["CaptureService", "SessionHooks", "capture_logdir", "discoveries_from_settings"]
 
 log = logging.getLogger(__name__)
+
+CAPTURES_SUBDIR = "captures"
+
+
+def capture_logdir(settings: Settings) -> Path:
+    """The logdir the profiler server writes into (``MLPROF_CAPTURE_LOGDIR``), absolute."""
+    chosen = settings.capture_logdir or settings.shared_dir / CAPTURES_SUBDIR
+    return chosen.resolve()
 
 
 def discoveries_from_settings(settings: Settings) -> list[Discovery]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from exporter.capture.names import SESSION_ID_RE, check_session_id
 
 __all__ = [
     "SESSION_FILE",
@@ -21,9 +22,6 @@ __all__ = [
 ]
 
 SESSION_FILE: Final = "session.json"
-# Session ids become directory names in the store (and in XProf's UI): one path
-# component, no leading dot (so never "." or ".."), bounded length.
-SESSION_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 SessionStatus = Literal["running", "done", "partial", "failed"]
 TargetStatus = Literal["running", "ok", "busy", "unreachable", "failed", "timeout"]
@@ -31,16 +29,6 @@ TargetStatus = Literal["running", "ok", "busy", "unreachable", "failed", "timeou
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def check_session_id(value: str) -> str:
-    """Return ``value`` if it is a safe session id; raise ValueError saying what is expected."""
-    if not SESSION_ID_RE.fullmatch(value) or ".." in value:
-        raise ValueError(
-            f"session name {value!r}: expected 1-128 characters of A-Z a-z 0-9 . _ -, "
-            "starting with a letter or digit, without '..' or path separators"
-        )
-    return value
 
 
 def new_session_id(name: str | None = None) -> str:

@@ -10,7 +10,6 @@ whose hosts are merged.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -34,7 +33,6 @@ __all__ = [
     "flamegraph_from_path",
     "is_pprof",
     "render",
-    "resolve_input",
 ]
 
 Kind = Literal["device", "host", "memory"]
@@ -82,41 +80,6 @@ def flamegraph_from_capture(
         f"{capture.source}: nothing to convert: no device planes (/device:TPU:N, "
         f"/device:GPU:N) and no host events (/host:CPU) in this capture (planes: {planes})"
     )
-
-
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def resolve_input(text: str, store: str | None = None) -> Path:
-    """A file or directory path, else a session id in the session store.
-
-    Session ids cannot leave the store: letters, digits, ``.``, ``_``, ``-`` only. A
-    session of a remote store (``gs://``, ``s3://``, any fsspec URL) is copied once into
-    a temporary directory (:meth:`SessionStore.local_copy`) and read from there.
-    """
-    path = Path(text)
-    if path.exists() or store is None:
-        return path
-    if not _SESSION_ID.fullmatch(text) or ".." in text:
-        return path
-    if "://" in store and not store.startswith("file://"):
-        from exporter.capture.store import SessionStore
-        from exporter.errors import MlprofError
-
-        try:
-            copy = SessionStore(store).local_copy(text)
-        except MlprofError:
-            raise
-        except ValueError:
-            return path
-        except OSError as exc:  # the bucket's own errors (HTTP, connection, auth)
-            raise InputError(f"{text}: cannot read this session from {store} ({exc})") from None
-        return copy if copy is not None else path
-    root = Path(store.removeprefix("file://"))
-    candidate = root / "plugins" / "profile" / text
-    if candidate.is_dir():
-        return candidate
-    return path
 
 
 def is_pprof(path: Path) -> bool:

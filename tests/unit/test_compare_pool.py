@@ -28,7 +28,7 @@ def test_compares_beyond_the_pool_and_its_queue_are_refused_with_retry_after(
     running = [0, 0]  # now, most at once
 
     def blocking_job(
-        args: list[str], timeout_s: float, max_memory_mb: int, env: object = None
+        args: list[str], timeout_s: float, max_memory_mb: int, **_: object
     ) -> JobResult:
         with lock:
             running[0] += 1
