@@ -84,8 +84,9 @@ def test_a_port_in_use_by_default_is_not_blamed_on_a_variable(
 
 
 def test_a_json_trace_is_said_to_look_like_json(tmp_path: Path) -> None:
+    # Chrome's array form: JSON, but no torch.profiler trace (those are read as such).
     trace = tmp_path / "trace.json"
-    trace.write_text('{"traceEvents": [{"ph": "X", "name": "step"}]}')
+    trace.write_text('[{"name": "step", "ph": "X", "ts": 0, "dur": 5}]')
     done = CliRunner().invoke(main, ["analyze", str(trace), "--no-xprof"])
     assert done.exit_code == 1
     assert done.output.strip() == (
