@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from exporter.ascii_digits import parse_ascii_int
+
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, Observation
 
@@ -346,8 +348,9 @@ def default_budget() -> MemoryBudget:
     with _default_lock:
         if _default is None:
             inherited = os.environ.get(CHILD_MEMORY_ENV, "")
-            if inherited.isdigit() and int(inherited) > 0:
-                _default = MemoryBudget(int(inherited), used_mb=_own_rss_mb)
+            inherited_mb = parse_ascii_int(inherited) or 0  # '²'.isdigit(): ASCII only
+            if inherited_mb > 0:
+                _default = MemoryBudget(inherited_mb, used_mb=_own_rss_mb)
             else:
                 _default = MemoryBudget(_limit_from_env())
         return _default
@@ -362,8 +365,9 @@ def set_default_budget(budget: MemoryBudget | None) -> None:
 
 def _limit_from_env() -> int:
     text = os.environ.get("MLPROF_MEMORY_LIMIT_MB", "").strip()
-    if text.isdigit() and int(text) > 0:
-        return max(256, int(text))  # the setting's own floor (config.Settings)
+    limit_mb = parse_ascii_int(text) or 0  # '²'.isdigit() is True; int('²') raises
+    if limit_mb > 0:
+        return max(256, limit_mb)  # the setting's own floor (config.Settings)
     return default_memory_limit_mb()
 
 

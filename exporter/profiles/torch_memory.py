@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from exporter.ascii_digits import parse_ascii_int
 from exporter.errors import InputError, MlprofError
 from exporter.profiles.frames import (
     TRAMPOLINE,
@@ -587,11 +588,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     limit = CONVERT_MEMORY_BYTES
     fd: int | None = None
-    while len(args) >= 3 and args[0] in ("--memory-limit", "--fd") and args[1].isdigit():
+    while len(args) >= 3 and args[0] in ("--memory-limit", "--fd"):
+        number = parse_ascii_int(args[1])  # '²'.isdigit() is True; int('²') raises
+        if number is None:
+            break
         if args[0] == "--fd":
-            fd = int(args[1])
+            fd = number
         else:
-            limit = int(args[1])
+            limit = number
         args = args[2:]
     if len(args) != 1:
         print("usage: python -m exporter.profiles.torch_memory [--memory-limit BYTES] "

@@ -95,3 +95,15 @@ def test_analyze_of_a_capture_with_unicode_digits_ends_without_a_traceback(
     assert done.exception is None or isinstance(done.exception, SystemExit), done.output
     assert "Traceback" not in done.output
     assert done.exit_code in (0, 1), done.output
+
+
+def test_memory_settings_and_child_arguments_of_unicode_digits_are_no_number(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from exporter import sandbox
+    from exporter.profiles import torch_memory
+
+    monkeypatch.setenv("MLPROF_MEMORY_LIMIT_MB", "²")
+    assert sandbox._limit_from_env() == sandbox.default_memory_limit_mb()  # was ValueError
+    assert torch_memory.main(["--memory-limit", "²", "snapshot.pickle"]) == 2
+    assert "usage: python -m exporter.profiles.torch_memory" in capsys.readouterr().err
