@@ -3,7 +3,7 @@ CLI, inside the sidecar's 4 GiB analysis bound, against a 36 MB one measured alo
 
 What it measures, each as a whole child process under the address-space limit the
 sidecar puts on an analysis (``RLIMIT_AS`` of ``report_max_memory_mb``, 4096 MiB by
-default, with one BLAS/OpenMP thread, as ``exporter.analysis.job.run_job`` does; here
+default, with one BLAS/OpenMP thread, as ``exporter.pipeline.job.run_job`` does; here
 set in a ``preexec_fn``, since the CLI takes no limit, where the job child sets its own
 before it reads its input):
 
@@ -409,7 +409,7 @@ def measure(
     ru_maxrss (os.wait4 of its pid) and polled VmPeak / VmHWM."""
     limit = (memory_mb or 0) * 1024 * 1024
 
-    def bound() -> None:  # in the child before exec, as exporter/analysis/job.py does
+    def bound() -> None:  # in the child before exec, as exporter/pipeline/job.py does
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **(extra_env or {})}

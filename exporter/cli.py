@@ -462,7 +462,7 @@ def memory_profile(
 ) -> None:
     """Ask the workload (SDK) for a device-memory profile in the shared dir."""
     from exporter.capture.targets import LIVE_HEARTBEAT_S
-    from exporter.profiles.memory_watcher import answers_to, request_memory_profile
+    from exporter.pipeline.memory_watcher import answers_to, request_memory_profile
 
     settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
     live = _live_step_logs(settings.shared_dir)

@@ -209,8 +209,8 @@ def baseline_set(session: str, workload: str | None, run_id: str | None, store: 
 def _workload_from_run(run_id: str | None) -> str | None:
     if not run_id:
         return None
-    from exporter.analysis.worker import workload_from_shared_dir
     from exporter.capture.session import SessionRecord
+    from exporter.pipeline.worker import workload_from_shared_dir
 
     # The workload's file, read as the sidecar reads it (regular, no link, bounded).
     workload_of = workload_from_shared_dir(load_settings(None).shared_dir)

@@ -13,7 +13,7 @@ temporary reuses pages already faulted in. Measured by ``bench/huge_capture.py -
 
 Only for processes that convert or analyse captures and then exit: the CLI commands that
 read captures (``mlprof flamegraph``, ``analyze``, ``compare``) and the bounded children
-(``exporter.analysis.job``, the XProf converters' child). Never in the sidecar's own
+(``exporter.pipeline.job``, the XProf converters' child). Never in the sidecar's own
 process or any other long-running one: with a 1 GiB trim threshold, memory it freed
 would stay resident for the rest of its life. ``MLPROF_MALLOC=default`` keeps glibc's
 defaults (to measure against, or if a process's memory bound is tight); any other value

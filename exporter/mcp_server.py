@@ -136,7 +136,7 @@ class ProfileTools:
 
     Names are checked as every door that serves others checks them
     (:func:`exporter.usecases.stored_side`); analyses, comparisons and flame graphs run
-    in a bounded child (:func:`exporter.analysis.job.in_child`), so a hostile capture in the
+    in a bounded child (:func:`exporter.pipeline.job.in_child`), so a hostile capture in the
     store costs a child, never this server. A bad name or input raises
     :class:`InputError` (one line); the server turns every exception into a tool error.
     Reports are cached per session and capture files.
@@ -209,7 +209,7 @@ class ProfileTools:
 
     def _in_child(self, command: str, inputs: list[str], options: list[str], name: str) -> Any:
         """The JSON file ``name`` that job ``command`` wrote, run bounded."""
-        from exporter.analysis.job import ChildLimits, in_child
+        from exporter.pipeline.job import ChildLimits, in_child
 
         limits = ChildLimits.from_settings(self.settings)
         found = in_child(command, inputs, self._context(), limits, options, read=[name])
@@ -233,7 +233,7 @@ class ProfileTools:
     def _report(self, name: str, *, xprof: bool, baseline: str | None = None) -> dict[str, Any]:
         """``mlprof analyze --format json``'s report of a session or run, cached by its
         capture files."""
-        from exporter.analysis.job import REPORT_JSON
+        from exporter.pipeline.job import REPORT_JSON
 
         spec = self._spec(name)
         base = self._spec(baseline, "baseline") if baseline is not None else None
@@ -278,7 +278,7 @@ class ProfileTools:
         top: int = 20,
     ) -> Any:
         """``mlprof compare --base ... --head ... --format json`` (several a side: replicates)."""
-        from exporter.analysis.job import COMPARE_JSON
+        from exporter.pipeline.job import COMPARE_JSON
 
         bases = [base] if isinstance(base, str) else list(base)
         heads = [head] if isinstance(head, str) else list(head)
@@ -311,7 +311,7 @@ class ProfileTools:
         limit: int = 50,
     ) -> dict[str, Any]:
         """The frame at ``frames`` (root-first names) with its children's self/total."""
-        from exporter.analysis.job import SUBTREE_JSON
+        from exporter.pipeline.job import SUBTREE_JSON
 
         spec = self._spec(session)
         if spec.startswith((RUN_PREFIX, "pyroscope:")):

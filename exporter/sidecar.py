@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from exporter import schema
 from exporter.analysis.baselines import BaselineStore
-from exporter.analysis.worker import ReportEvent, report_worker_from_settings
 from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
 from exporter.capture.client import ProfilerClient
 from exporter.capture.events import capture_finished, capture_requested
-from exporter.capture.service import CaptureService
 from exporter.config import WILDCARD_LISTEN, Settings
 from exporter.metrics.exposition import ExpositionCache
 from exporter.metrics.otlp import otlp_reader
@@ -30,7 +28,9 @@ from exporter.metrics.sources import AcceleratorSources
 from exporter.metrics.steplog import StepLogTailer
 from exporter.metrics.telemetry import Telemetry, build_telemetry
 from exporter.metrics.training import TrainingMetrics
-from exporter.profiles.memory_watcher import MemoryProfileWatcher
+from exporter.pipeline.memory_watcher import MemoryProfileWatcher
+from exporter.pipeline.service import CaptureService
+from exporter.pipeline.worker import ReportEvent, report_worker_from_settings
 from exporter.profiles.pprof import InflateLimits
 from exporter.regular_files import remove_file, replace_file
 from exporter.sandbox import MemoryBudget, set_default_budget

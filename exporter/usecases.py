@@ -3,14 +3,14 @@ runs, and naming a side.
 
 Four doors reach them: the CLI (``mlprof compare|analyze|sessions``), the HTTP API
 (``/api/v1/compare``, ``/api/v1/sessions``), the MCP server (``mlprof mcp``) and the
-sidecar's bounded job child (``python -m exporter.analysis.job``). A door parses its own
+sidecar's bounded job child (``python -m exporter.pipeline.job``). A door parses its own
 input and renders its own output; what a name may be, which credentials Pyroscope gets,
 how the head side is read, how a run's sessions are chosen and how a use case reaches a
 bounded child is decided here, so the doors cannot drift apart
 (``tests/integration/test_doors.py`` holds them to the same JSON).
 
 The doors that serve other people's requests (the API, MCP, the sidecar's workers) run
-the heavy use cases in a bounded child (:func:`exporter.analysis.job.in_child`, the job
+the heavy use cases in a bounded child (:func:`exporter.pipeline.job.in_child`, the job
 child being a door too); the CLI is one command of the user's own and runs them in its
 process.
 

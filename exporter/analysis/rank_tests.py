@@ -8,7 +8,7 @@ compute (scipy 1.11-1.17: ``scipy/stats/_mannwhitneyu.py``, ``_stats_py.py``), t
 same choices included, and ``tests/unit/test_rank_tests.py`` holds it to scipy on
 random, tied, small and large inputs. Why not scipy itself: importing ``scipy.stats``
 takes about 1 s of CPU, and every analysis with a baseline runs in a fresh child
-process (``exporter.analysis.job``), so the import was a third of an alert's
+process (``exporter.pipeline.job``), so the import was a third of an alert's
 capture-to-report time.
 
 * Ranks: 1-based, ties get the average of their ranks; ``t`` the size of each tie group.

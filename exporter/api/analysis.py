@@ -82,8 +82,8 @@ def get_report(request: Request, session_id: str) -> Response:
     read bounded and parsed by the shared parser, a bad one still "the analysis
     failed: ..."; a store that does not answer is 503 in bounded time.
     """
-    from exporter.analysis.job import REPORT_HTML, REPORT_JSON
-    from exporter.analysis.worker import ERROR_FILE
+    from exporter.pipeline.job import REPORT_HTML, REPORT_JSON
+    from exporter.pipeline.worker import ERROR_FILE
 
     sidecar = _sidecar(request)
     store = sidecar.captures.store
@@ -139,8 +139,8 @@ def _stream_report(store: SessionStore, path: str, media_type: str) -> Response:
 
 def _analysis_error(store: SessionStore, directory: str) -> str:
     """What ``analysis-error.json`` says failed, or why it cannot say (one line)."""
-    from exporter.analysis.worker import ERROR_FILE
     from exporter.capture.store import MAX_ERROR_BYTES
+    from exporter.pipeline.worker import ERROR_FILE
 
     path = f"{directory}/{ERROR_FILE}"
     try:
@@ -185,7 +185,7 @@ async def get_compare(
     ``pyroscope:{...}``; repeat ``base``/``head`` for several captures a side.
     """
     from exporter import usecases
-    from exporter.analysis.job import COMPARE_HTML, COMPARE_JSON, ChildLimits, in_child
+    from exporter.pipeline.job import COMPARE_HTML, COMPARE_JSON, ChildLimits, in_child
 
     sidecar = _sidecar(request)
     if len(base) + len(head) > MAX_SIDES:

@@ -23,12 +23,12 @@ from exporter.api.captures import router as captures_router
 from exporter.api.ingest import router as ingest_router
 from exporter.api.ui import router as ui_router
 from exporter.errors import MlprofError
-from exporter.profiles import xspace
-from exporter.profiles.memory_watcher import (
+from exporter.pipeline.memory_watcher import (
     MEMORY_REQUEST_ID,
     answers_to,
     request_memory_profile,
 )
+from exporter.profiles import xspace
 from exporter.sidecar import Sidecar
 
 __all__ = ["create_app"]

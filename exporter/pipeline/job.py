@@ -3,16 +3,16 @@
 The sidecar never analyses a capture in its own process: a capture is written by the
 workload (or by anyone with access to the shared directory), and a hostile or simply
 huge file must not wedge or crash the sidecar. :func:`run_job` starts
-``python -m exporter.analysis.job`` in the sandbox (:mod:`exporter.sandbox`: an
+``python -m exporter.pipeline.job`` in the sandbox (:mod:`exporter.sandbox`: an
 address-space limit reserved from the memory budget, a deadline) and reads what it
 wrote into an output directory.
 
-    python -m exporter.analysis.job analyze INPUT OUT_DIR [--baseline SPEC ...]
-    python -m exporter.analysis.job compare BASE HEAD OUT_DIR [--kind K ...]
-    python -m exporter.analysis.job compare OUT_DIR --base SPEC ... --head SPEC ... [...]
-    python -m exporter.analysis.job subtree INPUT OUT_DIR [--frames JSON --kind K --limit N]
-    python -m exporter.analysis.job flamegraphs INPUT OUT_DIR --kind capture|memory|torch
-    python -m exporter.analysis.job sides INPUT OUT_DIR
+    python -m exporter.pipeline.job analyze INPUT OUT_DIR [--baseline SPEC ...]
+    python -m exporter.pipeline.job compare BASE HEAD OUT_DIR [--kind K ...]
+    python -m exporter.pipeline.job compare OUT_DIR --base SPEC ... --head SPEC ... [...]
+    python -m exporter.pipeline.job subtree INPUT OUT_DIR [--frames JSON --kind K --limit N]
+    python -m exporter.pipeline.job flamegraphs INPUT OUT_DIR --kind capture|memory|torch
+    python -m exporter.pipeline.job sides INPUT OUT_DIR
 
 ``flamegraphs`` is the sidecar's conversion of a session's capture or a workload's
 memory profile (:func:`flamegraphs_in_child`): the graphs come back as pprof files.
@@ -82,14 +82,14 @@ def run_job(
     budget: MemoryBudget | None = None,
     cwd: Path | None = None,
 ) -> JobResult:
-    """Run ``python -m exporter.analysis.job ARGS`` under the limits, in the sandbox.
+    """Run ``python -m exporter.pipeline.job ARGS`` under the limits, in the sandbox.
 
     The child's address-space limit is reserved from ``budget`` (default: the process's,
     :func:`exporter.sandbox.default_budget`) before it starts: it may wait there, within
     ``timeout_s``.
     """
     done = run_python(
-        ["-m", "exporter.analysis.job", *args],
+        ["-m", "exporter.pipeline.job", *args],
         memory_mb=max_memory_mb,
         timeout_s=timeout_s,
         what=f"analysis job ({args[0] if args else 'none'})",
@@ -241,7 +241,7 @@ def _convert(path: Path, kind: str, ns: argparse.Namespace) -> dict[str, Any]:
     """The child's side of :func:`flamegraphs_in_child`."""
     below = Path(ns.shared_dir) if ns.shared_dir else None
     if kind == "capture":
-        from exporter.capture.processing import xplane_flamegraphs
+        from exporter.pipeline.processing import xplane_flamegraphs
 
         return dict(xplane_flamegraphs(path))
     if kind == "memory":
@@ -309,7 +309,7 @@ def _write_bytes(out: Path, name: str, data: bytes) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="exporter.analysis.job")
+    parser = argparse.ArgumentParser(prog="exporter.pipeline.job")
     parser.add_argument("command", choices=[*COMMANDS])
     parser.add_argument("inputs", nargs="+")
     parser.add_argument("--kind")

@@ -193,7 +193,7 @@ class MemoryProfileWatcher:
         save_state(self.state_path, json.dumps(body).encode())
 
     def _convert_in_child(self, path: Path, kind: str) -> FlameGraph:
-        from exporter.analysis.job import flamegraphs_in_child
+        from exporter.pipeline.job import flamegraphs_in_child
 
         graphs = flamegraphs_in_child(
             path,

@@ -66,7 +66,7 @@ def bounded_flamegraphs(timeout_s: float, max_memory_mb: int) -> Convert:
     The sidecar's own: a capture is written by the workload, and a hostile or simply
     huge one must cost a child (which fails with a one-line reason), never the sidecar.
     """
-    from exporter.analysis.job import flamegraphs_in_child
+    from exporter.pipeline.job import flamegraphs_in_child
 
     def convert(path: Path) -> Mapping[str, FlameGraph]:
         return flamegraphs_in_child(path, "capture", timeout_s, max_memory_mb)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from exporter import schema
 from exporter.capture.engine import CaptureEngine, CaptureLimits
-from exporter.capture.processing import Push, SessionProcessor, bounded_flamegraphs
 from exporter.capture.session import SessionRecord
 from exporter.capture.snapshots import RingOptions, SnapshotService
 from exporter.capture.store import SessionStore
@@ -27,6 +26,7 @@ from exporter.capture.targets import (
     TargetRegistry,
 )
 from exporter.capture.watcher import SessionWatcher
+from exporter.pipeline.processing import Push, SessionProcessor, bounded_flamegraphs
 from exporter.regular_files import read_regular
 
 if TYPE_CHECKING:

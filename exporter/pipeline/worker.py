@@ -2,7 +2,7 @@
 
 :class:`ReportWorker` is a post-session hook (``CaptureService.hooks``). The hook only
 queues the session; one background thread runs each analysis in a child process
-(:func:`exporter.analysis.job.run_job`, bounded in time and memory), so neither a
+(:func:`exporter.pipeline.job.run_job`, bounded in time and memory), so neither a
 request nor the capture engine ever waits for it, and a report that fails is recorded
 (``analysis-error.json`` and ``mlprof_reports_total{status="error"}``), never fatal.
 
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, urlencode
 
 from exporter.analysis.baselines import BaselineStore
-from exporter.analysis.job import REPORT_HTML, REPORT_JSON, run_job
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
 from exporter.json_limits import load_json, load_json_object
+from exporter.pipeline.job import REPORT_HTML, REPORT_JSON, run_job
 from exporter.profiles.capture_files import is_capture_name
 from exporter.regular_files import open_directory, read_regular, read_tail
 

@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from exporter.analysis.job import REPORT_HTML, REPORT_JSON, JobResult
-from exporter.analysis.worker import ReportEvent, ReportSettings, ReportWorker
 from exporter.api.app import create_app
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.cli import main
+from exporter.pipeline.job import REPORT_HTML, REPORT_JSON, JobResult
+from exporter.pipeline.worker import ReportEvent, ReportSettings, ReportWorker
 from exporter.sidecar import Sidecar
 from tests.sidecar_app import settings_in
 
@@ -100,7 +100,7 @@ def test_a_report_the_full_store_cannot_take_is_an_error_not_pending_forever(
         (out / REPORT_HTML).write_text("<html>report</html>")
         return JobResult(ok=True)
 
-    monkeypatch.setattr("exporter.analysis.worker.run_job", analysed)
+    monkeypatch.setattr("exporter.pipeline.worker.run_job", analysed)
     worker = ReportWorker(store, ReportSettings(xprof=False))
     heard: list[ReportEvent] = []
     worker.on_report.append(heard.append)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.profiles.convert import flamegraph_from_path
-from exporter.profiles.memory import in_use_bytes, memory_flamegraph
-from exporter.profiles.memory_watcher import (
+from exporter.pipeline.memory_watcher import (
     MemoryProfileWatcher,
     answers_to,
     request_memory_profile,
 )
+from exporter.profiles.convert import flamegraph_from_path
+from exporter.profiles.memory import in_use_bytes, memory_flamegraph
 from exporter.profiles.pprof import decode_pprof
 from exporter.profiles.steps import step_windows, windowed_flamegraphs
 from exporter.profiles.xplane import host_flamegraph, load_capture

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from exporter.analysis import side_cache
-from exporter.analysis.worker import ReportSettings, ReportWorker
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
+from exporter.pipeline.worker import ReportSettings, ReportWorker
 from exporter.profiles.synthetic import write_tpu_capture
 from tests.analysis_captures import AnalysisCaptures
 

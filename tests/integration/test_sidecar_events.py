@@ -221,7 +221,7 @@ def test_hung_logging_api_neither_blocks_nor_crashes_the_sidecar(tmp_path: Path)
 
 def test_a_finished_report_is_a_report_written_event(tmp_path: Path) -> None:
     """The sidecar hangs the event sink on the report worker's one notification point."""
-    from exporter.analysis.worker import ReportEvent
+    from exporter.pipeline.worker import ReportEvent
 
     telemetry = build_telemetry()
     lines = _Lines()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.capture.processing import SessionProcessor
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
+from exporter.pipeline.processing import SessionProcessor
 from exporter.profiles.flamegraph import FlameGraph
 
 
@@ -106,7 +106,7 @@ def test_a_staircase_capture_converts_in_the_bounded_child_with_exact_totals() -
     # 10,000 staircase events (316 KB planted as a session drove the sidecar to 8 GB and
     # an OOM kill at every restart). Converted in a child bounded to 1 GiB: the host
     # graph's total is the thread's busy time, the pprof written beside the capture.
-    from exporter.capture.processing import bounded_flamegraphs
+    from exporter.pipeline.processing import bounded_flamegraphs
 
     n = 10_000
     store = SessionStore(f"memory://staircase-{time.monotonic_ns()}")
@@ -129,7 +129,7 @@ def test_a_staircase_capture_converts_in_the_bounded_child_with_exact_totals() -
 
 
 def test_a_capture_the_child_cannot_convert_is_recorded_once_not_retried() -> None:
-    from exporter.capture.processing import bounded_flamegraphs
+    from exporter.pipeline.processing import bounded_flamegraphs
 
     store = SessionStore(f"memory://bad-capture-{time.monotonic_ns()}")
     _session(store, "bad-1", b"\x08\x96\x01 not an xspace")

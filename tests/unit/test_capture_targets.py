@@ -256,9 +256,9 @@ def test_local_runs_of_another_container_are_reached_at_its_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Compose: the runs are the workload container's, not the sidecar's loopback."""
-    from exporter.capture.service import discoveries_from_settings
     from exporter.config import load_settings
     from exporter.errors import ConfigError
+    from exporter.pipeline.service import discoveries_from_settings
 
     _run_file(tmp_path, "r1", 9123, pid=11)
     monkeypatch.setenv("MLPROF_SHARED_DIR", str(tmp_path))

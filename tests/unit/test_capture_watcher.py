@@ -116,7 +116,7 @@ def test_sessions_left_running_by_a_previous_sidecar_are_failed_on_start(tmp_pat
 
 
 def test_session_hooks_run_once_per_session_and_survive_a_failing_hook() -> None:
-    from exporter.capture.service import SessionHooks
+    from exporter.pipeline.service import SessionHooks
 
     hooks = SessionHooks(remember=2)
     calls: list[str] = []
@@ -138,7 +138,7 @@ def test_a_session_a_restart_left_without_its_report_is_handed_over_again(
     """Flame graphs were made, the queued report was lost with the old sidecar."""
     from datetime import timedelta
 
-    from exporter.analysis.worker import ReportWorker
+    from exporter.pipeline.worker import ReportWorker
 
     store = SessionStore(tmp_path / "store")
     store.write_record(_finished("s-unreported"))

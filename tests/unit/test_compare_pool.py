@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.analysis.job import JobResult, last_message
 from exporter.api.admission import AdmissionPool
 from exporter.api.analysis import COMPARE_QUEUE, COMPARE_WORKERS
 from exporter.api.app import create_app
+from exporter.pipeline.job import JobResult, last_message
 from exporter.sidecar import Sidecar
 from tests.sidecar_app import settings_in
 
@@ -38,7 +38,7 @@ def test_compares_beyond_the_pool_and_its_queue_are_refused_with_retry_after(
             running[0] -= 1
         return JobResult(False, "mlprof-test: no sides")
 
-    monkeypatch.setattr("exporter.analysis.job.run_job", blocking_job)
+    monkeypatch.setattr("exporter.pipeline.job.run_job", blocking_job)
     settings = settings_in(tmp_path)
     app = create_app(Sidecar(settings))
     total = COMPARE_WORKERS + COMPARE_QUEUE + 3

@@ -132,7 +132,7 @@ def test_memory_profile_waits_for_a_live_workload_and_says_so(
         calls.append(request_id)
         return [answer] if len(calls) >= 3 else []
 
-    monkeypatch.setattr("exporter.profiles.memory_watcher.answers_to", answers_to)
+    monkeypatch.setattr("exporter.pipeline.memory_watcher.answers_to", answers_to)
     done = CliRunner().invoke(main, ["memory-profile", "--shared-dir", str(shared)])
     assert done.exit_code == 0, done.output
     lines = done.output.splitlines()

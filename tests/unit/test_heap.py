@@ -82,10 +82,10 @@ def _capture(tmp_path: Path) -> Path:
 
 
 def test_analysis_child_applies_it(tmp_path: Path) -> None:
-    # exporter.analysis.job's entry point, as the sidecar's bounded child runs it.
+    # exporter.pipeline.job's entry point, as the sidecar's bounded child runs it.
     capture, out = _capture(tmp_path), tmp_path / "out"
     setup = (
-        "from exporter.analysis import job\n"
+        "from exporter.pipeline import job\n"
         f"assert job.main(['flamegraphs', {str(capture)!r}, {str(out)!r}, '--kind', 'capture'])"
         " == 0"
     )
@@ -119,7 +119,7 @@ def test_xprof_child_applies_it(tmp_path: Path) -> None:
 def test_importing_the_commands_does_not_apply_it() -> None:
     # Only a command's start applies it: `mlprof serve` imports these modules too.
     setup = (
-        "import exporter.cli, exporter.cli_analysis, exporter.analysis.job\n"
+        "import exporter.cli, exporter.cli_analysis, exporter.pipeline.job\n"
         "import exporter.analysis.xprof_tools, exporter.heap"
     )
     assert _probe(setup) == {"new_mapping": True}

@@ -12,14 +12,14 @@ import pytest
 
 from exporter import schema
 from exporter.errors import InputError
-from exporter.profiles.flamegraph import FlameGraph
-from exporter.profiles.memory import load_memory_profile
-from exporter.profiles.memory_watcher import (
+from exporter.pipeline.memory_watcher import (
     MEMORY_REQUEST_ID,
     MemoryProfileWatcher,
     answers_to,
     request_memory_profile,
 )
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.memory import load_memory_profile
 from exporter.proto import profile_pb2
 from exporter.sinks.pyroscope import PyroscopeSink
 
@@ -278,7 +278,7 @@ def test_a_memory_dir_linked_out_of_the_shared_dir_is_not_read(
     watcher = MemoryProfileWatcher(
         shared, lambda g, labels: published.append(g), keep=1, convert=convert
     )
-    with caplog.at_level("WARNING", logger="exporter.profiles.memory_watcher"):
+    with caplog.at_level("WARNING", logger="exporter.pipeline.memory_watcher"):
         assert watcher.poll() == []
         assert watcher.poll() == []  # said once, not at every poll
     assert converted == [] and published == []
@@ -327,7 +327,7 @@ def test_a_planted_request_tmp_link_is_not_written_through(
 ) -> None:
     # request_memory_profile wrote requests/.<name>.tmp with write_text, following a
     # link the workload planted there: the victim received the request.
-    from exporter.profiles import memory_watcher
+    from exporter.pipeline import memory_watcher
 
     monkeypatch.setattr(memory_watcher.secrets, "token_hex", lambda n: "0a1b2c3d")
     monkeypatch.setattr(memory_watcher.time, "time", lambda: 1_700_000_000.0)

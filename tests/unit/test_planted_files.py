@@ -516,8 +516,8 @@ def test_a_pushed_capture_names_its_service_without_reading_a_fifo_or_outside(
 ) -> None:
     """The session processor's thread looked the run's name up in runs/<run_id>.json
     with read_text(): a FIFO there stopped every later conversion."""
-    from exporter.capture.service import CaptureService
     from exporter.config import load_settings
+    from exporter.pipeline.service import CaptureService
 
     shared = tmp_path / "shared"
     (shared / "runs").mkdir(parents=True)

@@ -18,8 +18,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from exporter import sandbox
-from exporter.analysis.job import run_job
 from exporter.config import load_settings
+from exporter.pipeline.job import run_job
 from exporter.sandbox import MemoryBudget, default_memory_limit_mb, run_python
 
 # Long enough for an interpreter to start on a machine with both cores busy: a deadline

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from exporter import schema, sdk
-from exporter.profiles.memory_watcher import (
+from exporter.pipeline.memory_watcher import (
     MemoryProfileWatcher,
     answers_to,
     request_memory_profile,

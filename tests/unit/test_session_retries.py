@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from exporter.capture.processing import SessionProcessor
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.capture.watcher import SessionWatcher
+from exporter.pipeline.processing import SessionProcessor
 from exporter.profiles.flamegraph import FlameGraph
 from tests.harness import wait_until
 

@@ -25,12 +25,12 @@ from fastapi.testclient import TestClient
 
 from exporter import schema
 from exporter.analysis.baselines import BaselineStore
-from exporter.analysis.worker import ERROR_FILE, ReportWorker, workload_from_shared_dir
 from exporter.api.app import create_app
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import MAX_MARK_BYTES, MAX_REPORT_BYTES, SessionStore
 from exporter.capture.watcher import SessionWatcher
 from exporter.cli import main
+from exporter.pipeline.worker import ERROR_FILE, ReportWorker, workload_from_shared_dir
 from exporter.profiles.capture_files import find_captures
 from exporter.profiles.synthetic import write_tpu_capture
 from exporter.sidecar import Sidecar
