@@ -39,6 +39,7 @@ test: $(VENV)/.installed-dev system-deps schema-deps
 	$(BIN)/ruff check exporter tests bench alerts dashboards
 	$(BIN)/ruff format --check exporter tests bench alerts dashboards
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	@# pytest exits 5 when it collected nothing: that is a failure, not a pass.
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
@@ -46,6 +47,7 @@ test: $(VENV)/.installed-dev system-deps schema-deps
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check exporter tests bench alerts dashboards
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(VENV)/.installed-dev
 	# bench/*_workload.py are the processes a benchmark starts, not benchmarks.

@@ -393,7 +393,7 @@ def flamegraph(
     from exporter.heap import keep_freed_memory
 
     keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
-    from exporter.capture.names import resolve_input
+    from exporter.capture.inputs import resolve_input
     from exporter.profiles.convert import flamegraph_from_path, render
     from exporter.profiles.flamegraph import format_value
     from exporter.profiles.pprof import InflateLimits

@@ -174,7 +174,7 @@ def _one_or_all(sides: list[Side]) -> Any:
 def history_median_ns(spec: str, kind: Kind | None, context: SideContext) -> float:
     """The median step of an earlier run: its report's, else read from its captures."""
     from exporter.analysis.sides import load_side
-    from exporter.capture.names import resolve_input
+    from exporter.capture.inputs import resolve_input
 
     path = resolve_input(spec, context.store) if not spec.startswith(RUN_PREFIX) else None
     if path is not None and path.is_dir():
@@ -250,7 +250,7 @@ def flamegraph_subtree(
 ) -> dict[str, Any]:
     """The frame at ``frames`` (root-first names) of the flame graph of what ``spec``
     names (a capture, a profile, a session), with its children's self and total."""
-    from exporter.capture.names import resolve_input
+    from exporter.capture.inputs import resolve_input
     from exporter.config import load_settings
     from exporter.profiles.convert import flamegraph_from_path
     from exporter.profiles.pprof import InflateLimits

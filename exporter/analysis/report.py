@@ -137,7 +137,7 @@ def _summary(report: Report) -> str:
 def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str, Any]]:
     """The capture files an analysis input names (a file, a session, ``run:<id>``)."""
     from exporter.analysis.sides import RUN_PREFIX, run_spec
-    from exporter.capture.names import resolve_input
+    from exporter.capture.inputs import resolve_input
 
     if spec.startswith(RUN_PREFIX):
         from exporter.capture.store import SessionStore

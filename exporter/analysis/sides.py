@@ -410,7 +410,7 @@ def load_sides(
     spec: str, kinds: Sequence[Kind], context: SideContext | None = None
 ) -> dict[Kind, Side]:
     """``load_side`` for several kinds; a capture file or directory is read once."""
-    from exporter.capture.names import resolve_input
+    from exporter.capture.inputs import resolve_input
 
     context = context or SideContext()
     path = resolve_input(spec, context.store)
@@ -665,7 +665,7 @@ def load_side(spec: str, kind: Kind | None = None, context: SideContext | None =
         side = Side(spec, "pyroscope", chosen, graph, files=[])
         side.notes.append(f"profile type {profile_type}")
         return side
-    from exporter.capture.names import resolve_input
+    from exporter.capture.inputs import resolve_input
 
     path = resolve_input(spec, context.store)
     if not path.exists():

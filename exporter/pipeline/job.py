@@ -241,7 +241,7 @@ def _convert(path: Path, kind: str, ns: argparse.Namespace) -> dict[str, Any]:
     """The child's side of :func:`flamegraphs_in_child`."""
     below = Path(ns.shared_dir) if ns.shared_dir else None
     if kind == "capture":
-        from exporter.pipeline.processing import xplane_flamegraphs
+        from exporter.profiles.xplane import xplane_flamegraphs
 
         return dict(xplane_flamegraphs(path))
     if kind == "memory":

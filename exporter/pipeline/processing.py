@@ -23,6 +23,7 @@ from exporter.capture.session import SessionRecord, utcnow
 from exporter.capture.store import SessionStore
 from exporter.profiles.capture_files import capture_stem, is_capture_name
 from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.xplane import xplane_flamegraphs
 
 __all__ = [
     "MAX_CONVERSION_STARTS",
@@ -30,7 +31,6 @@ __all__ = [
     "Push",
     "SessionProcessor",
     "bounded_flamegraphs",
-    "xplane_flamegraphs",
 ]
 
 log = logging.getLogger(__name__)
@@ -45,19 +45,6 @@ RETRY_DELAYS_S: Final = (30.0, 120.0, 600.0)
 MAX_CONVERSION_STARTS: Final = 3
 Convert = Callable[[Path], Mapping[str, FlameGraph]]  # capture -> {profile_source: graph}
 Push = Callable[[FlameGraph, dict[str, str]], object]
-
-
-def xplane_flamegraphs(path: Path) -> dict[str, FlameGraph]:
-    """Device-time and host-time flame graphs of one ``.xplane.pb`` (those it has)."""
-    from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
-
-    graphs: dict[str, FlameGraph] = {}
-    with load_capture(path) as capture:
-        for source, build in (("xprof_device", device_flamegraph), ("xprof_host", host_flamegraph)):
-            graph = build(capture)
-            if graph is not None:
-                graphs[source] = graph
-    return graphs
 
 
 def bounded_flamegraphs(timeout_s: float, max_memory_mb: int) -> Convert:

@@ -36,6 +36,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
+from pathlib import Path
 
 import numpy as np
 
@@ -81,6 +82,7 @@ __all__ = [
     "load_capture",
     "parse_xspace",
     "read_line",
+    "xplane_flamegraphs",
 ]
 
 XLA_OPS = "XLA Ops"
@@ -735,3 +737,14 @@ def host_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGr
     for ref in planes:
         template.comments.extend(_host_plane(capture, ref, frames))
     return frames.graphs(template)
+
+
+def xplane_flamegraphs(path: Path) -> dict[str, FlameGraph]:
+    """Device-time and host-time flame graphs of one ``.xplane.pb`` (those it has)."""
+    graphs: dict[str, FlameGraph] = {}
+    with load_capture(path) as capture:
+        for source, build in (("xprof_device", device_flamegraph), ("xprof_host", host_flamegraph)):
+            graph = build(capture)
+            if graph is not None:
+                graphs[source] = graph
+    return graphs
