@@ -19,11 +19,16 @@ except the memory ones, which write ``OUT_DIR/<variant>.pprof.gz``):
 * ``memory_base`` / ``memory_extra``: device-memory profiles of the model's buffers,
   the second with a 64 MiB buffer allocated by ``allocate_extra_buffer``.
 
-Prints ``DONE <variant> <path>`` per variant.
+Prints ``DONE <variant> <path>`` per variant. The demo variants also write
+``OUT_DIR/<variant>/cycle_ms``: the median of their step cycles (a step's start to the
+next step's, the last step alone, as ``exporter.analysis.sides.step_cycles`` reads them
+from the capture) by the process's own clock (``time.perf_counter``), so a test can tell
+a busy machine's doing from the product's.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -76,6 +81,7 @@ def capture(out: Path, variant: str) -> Path:
     options = jax.profiler.ProfileOptions()
     options.host_tracer_level = 2
     options.python_tracer_level = 0
+    starts: list[float] = []  # perf_counter at each demo step's start, then the last end
     with jax.profiler.trace(str(logdir), profiler_options=options):
         for step in range(STEPS if variant.startswith("demo") else 0):
             with jax.profiler.TraceAnnotation("input_pipeline"):
@@ -83,8 +89,10 @@ def capture(out: Path, variant: str) -> Path:
                     time.sleep(DEMO_DELAY_S)
                 x = jnp.full((512, 512), step % 7, jnp.float32)
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                starts.append(time.perf_counter())
                 w = update(w, x)
                 w.block_until_ready()
+            last_end = time.perf_counter()
         for step in range(STEPS if variant == "recompiling" else 0):
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 x = data_loading(step, 0.0)[: 256 + step]
@@ -100,6 +108,9 @@ def capture(out: Path, variant: str) -> Path:
                     heavy_extra(a).block_until_ready()
                 w.block_until_ready()
                 compute_s = time.perf_counter() - started
+    if starts:
+        cycles = [b - a for a, b in zip(starts, [*starts[1:], last_end], strict=True)]
+        (logdir / "cycle_ms").write_text(f"{1e3 * statistics.median(cycles):.3f}\n")
     (path,) = logdir.glob("plugins/profile/*/*.xplane.pb")
     return path
 
