@@ -18,6 +18,14 @@ each process's own wall clock (the workload's ``traced_step_ms``): no host that 
 alike with the others may be named. A process that ran slow is captured again (up to
 three times) so that, on any but a very busy machine, all three ran alike and the test
 asks for no straggler at all; where one stays slow, the others still may not be named.
+
+The slowed host is held to the same clocks: its slowdown factor is what its own clock
+says against the others', not a fixed figure. Its change is 4x its step *as calibrated
+before the trace* (a sleep, or work sized then), so a busy machine that slows the other
+processes' steps shrinks the factor: ~5x on an idle machine, 2.37x at load 8-13, where
+a fixed "above 2.5x" failed though the product read the clocks' factor. So the factor
+must agree with the clocks, the priority is the rule's threshold applied to it, and the
+excess time in the workload's place is at least half of what the workload injected.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import pytest
 
 from exporter.analysis.hosts import STRAGGLER_Z
 from exporter.analysis.report import analyze
+from exporter.analysis.rules import STRAGGLER_P0_SLOWDOWN
 from exporter.profiles.steps import step_windows
 from exporter.profiles.xplane import load_capture
 from tests.harness import ROOT
@@ -51,6 +60,10 @@ SLOWED_PCT = 400.0
 # Unchanged hosts "ran alike" when none's own median step exceeds the others' median by
 # more than this: at the MAD floor a host is named from 1 + 3.5 / 0.6745 * 0.05 = 1.26x.
 ALIKE = 1.12
+# The slowed process must have run at least this much slower by its own clock, or the
+# test's change did not take (a precondition, not the product's doing): well above the
+# 1.26x naming threshold, and far below the 5x of an idle machine.
+TOOK = 1.5
 RECAPTURES = 3
 # XProf prints per-host step times with 2 decimals (ms).
 XPROF_MS = 0.006
@@ -64,6 +77,7 @@ class Host:
     path: Path
     variant: str
     traced_ms: float  # the process's own median step inside the trace (perf_counter)
+    injected_ms: float = 0.0  # the change per step, as the process sized it (its clock)
 
 
 def _capture(out: Path, variant: str, k_pct: float) -> Host:
@@ -77,7 +91,11 @@ def _capture(out: Path, variant: str, k_pct: float) -> Host:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     fields = next(x for x in done.stdout.splitlines() if x.startswith("DONE ")).split()
-    return Host(Path(fields[1]), variant, float(fields[5]))
+    # DONE <path> <step_ms> <unit_ms> <iterations> <traced_step_ms>: the added work is
+    # iterations x unit; the input's sleep is K % of the calibrated step.
+    step_ms, unit_ms, iterations = float(fields[2]), float(fields[3]), int(fields[4])
+    injected = {"added": iterations * unit_ms, "input": k_pct / 100 * step_ms}
+    return Host(Path(fields[1]), variant, float(fields[5]), injected.get(variant, 0.0))
 
 
 def _session(where: Path, hosts: dict[str, Host]) -> Path:
@@ -155,10 +173,16 @@ def test_the_slowed_host_is_named_with_its_cause_and_slowdown(
     for name, host in workloads.items():
         if name.replace("_", ":") in named - {"10.0.0.4:8466"}:
             assert host.traced_ms > ALIKE * same, (named, hosts)
+    clocks = statistics.median(h.traced_ms for h in workloads.values())
+    clock_x = workloads[SLOWED].traced_ms / clocks
+    assert clock_x >= TOOK, (
+        f"precondition: the slowed process ran {clock_x:.2f}x the median process by its own "
+        "clock; the injected change did not take",
+        {n: h.traced_ms for n, h in workloads.items()},
+    )
     finding = next(
         f for f in report["findings"] if f["rule"] == "StragglerRule" and f["host"] == SLOWED_HOST
     )
-    assert finding["priority"] == "P0"  # ~5x, above STRAGGLER_P0_SLOWDOWN (2x)
     assert finding["host"] == "10.0.0.4:8466" and finding["basis"] == "step time"
     assert finding["title"].startswith(f"Host {SLOWED_HOST} is a straggler: its steps take ")
     assert f"mostly {cause}" in finding["title"], finding["title"]
@@ -174,11 +198,15 @@ def test_the_slowed_host_is_named_with_its_cause_and_slowdown(
     assert stated, finding["title"]
     assert abs(float(stated.group(1)) - evidence["slowdown_x"]) <= 0.05 + 0.005, finding["title"]
     # ... and it is what the processes measured on their own clocks, outside the capture.
-    clocks = statistics.median(h.traced_ms for h in workloads.values())
-    assert evidence["slowdown_x"] == pytest.approx(workloads[SLOWED].traced_ms / clocks, rel=0.1)
-    assert evidence["slowdown_x"] > 2.5
-    # Most of the extra time is where the workload put it.
-    assert evidence[excess_key] > 0.6 * evidence["excess_ms_per_step"], evidence
+    assert evidence["slowdown_x"] == pytest.approx(clock_x, rel=0.1)
+    # The priority is the rule's threshold on that factor: P0 from 2x (~5x idle).
+    priority = "P0" if evidence["slowdown_x"] >= STRAGGLER_P0_SLOWDOWN else "P1"
+    assert finding["priority"] == priority, (finding["priority"], evidence)
+    # The extra time is where the workload put it, at least half of what it injected (a
+    # sleep is never shorter; work sized before the trace runs no faster inside it than
+    # twice its calibrated speed).
+    injected = workloads[SLOWED].injected_ms
+    assert evidence[excess_key] >= 0.5 * injected, (injected, evidence)
 
 
 def _steps_ms(path: Path) -> list[float]:
@@ -205,7 +233,7 @@ def test_per_host_steps_agree_with_xprofs_kpi_metrics(
     mean within a fixed tolerance: on a loaded machine one process's steps went from 14
     to 35 ms mid-capture, and XProf's mean of the steps it kept was 23.6 ms against our
     median of all of them, 17.8 ms; both right."""
-    session, _ = sessions[name]
+    session, workloads = sessions[name]
     answer, log = xprof_run("get_kpi_metrics", session, tmp_path)
     per_host = answer.get("per_host_step_time_ms")
     assert per_host, (
@@ -230,7 +258,13 @@ def test_per_host_steps_agree_with_xprofs_kpi_metrics(
     ours = _hosts(report)
     assert sorted(ours) == sorted(stem.replace("_", ":") for stem in per_host)
     if name != "unchanged":
-        # XProf sees the same straggler: its slowest host is ours, by a like margin.
+        # XProf sees the same straggler: its slowest host is ours, by a like margin: at
+        # least half the excess the processes' own clocks measured (a fixed 2x would ask
+        # more than a busy machine leaves of the injected 4x: 2.37x at load 8-13).
         theirs = {stem: float(ms) for stem, ms in per_host.items()}
         assert max(theirs, key=lambda stem: theirs[stem]) == SLOWED, theirs
-        assert theirs[SLOWED] > 2 * statistics.median(theirs.values()), theirs
+        clock_x = workloads[SLOWED].traced_ms / statistics.median(
+            h.traced_ms for h in workloads.values()
+        )
+        margin = theirs[SLOWED] / statistics.median(theirs.values())
+        assert margin - 1 >= 0.5 * (clock_x - 1), (margin, clock_x, theirs)
