@@ -20,9 +20,11 @@ ratio. ``hash only`` is HighwayHash-64 over the file's bytes in this process.
     .venv/bin/python bench/riegeli_read.py --quick      # 64 MB of records: a check
     .venv/bin/python bench/riegeli_read.py              # 2.5 GB of records (decoded)
 
-Measured (2 shared cores, --repeat 1, reference 537f1f4, which reads as c3e3b5a does):
-2.5 GB of records in a 358 MB file; hash alone 0.29 s CPU (1.24 GB/s); records 6.69 ->
-7.13 s CPU (x1.065); merge 109.0 -> 116.9 s CPU (x1.072); peak RSS 37 MiB both.
+Measured (2 busy shared cores, --repeat 1, reference c3e3b5a): 2.5 GB of records in a
+358 MB file; hash alone 0.28 s CPU (1.28 GB/s); records 5.71 -> 6.13 s CPU (x1.072);
+merge 120.3 -> 115.1 s CPU (x0.957: the hashing, under 1 s, is within the noise of a
+two-minute merge); peak RSS 37 MiB both. An earlier run against 537f1f4 (same read
+path): records x1.065, merge x1.072.
 """
 
 from __future__ import annotations
