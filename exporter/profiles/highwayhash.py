@@ -11,8 +11,8 @@ No maintained Python binding exists (the one on PyPI, ``highwayhash-cffi``, last
 released in 2020, ships no wheels), so the work is done by the compiled core
 ``_highwayhash.c`` where the package was built with a compiler, and by the pure-Python
 twin below otherwise (the same answers, a few hundred times slower: about 4 MB/s against
-1.2 GB/s, measured by ``bench/riegeli_read.py``). Tests run both, as msgpack's do (``_compiled`` set to ``None``
-selects the twin).
+1.2 GB/s, measured by ``bench/riegeli_read.py``). Tests run both, as msgpack's do
+(``_compiled`` set to ``None`` selects the twin).
 """
 
 from __future__ import annotations
