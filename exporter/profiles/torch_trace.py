@@ -28,13 +28,15 @@ runs' frames match).
 Bounds, so a hostile trace gets one line and no memory blow-up: the file (and what a
 gzip inflates to) is read up to :data:`MAX_TRACE_BYTES`, the count of ``{`` in it (an
 upper bound on the JSON objects, so on what ``json`` builds) up to
-:data:`MAX_TRACE_OBJECTS`, and the parse is :func:`exporter.json_limits.load_json`
-(nesting depth, lone surrogates, huge integers refused).
+:data:`MAX_TRACE_OBJECTS`; ``json``'s own recursion limit bounds nesting, a refusal is
+worded by :func:`exporter.json_limits.load_json`, and the strings kept (names) have any
+lone surrogate escaped.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import zlib
 from collections.abc import Sequence
@@ -66,9 +68,10 @@ __all__ = [
     "windowed_graphs",
 ]
 
-# A long CUDA training trace with stacks is a few hundred MB of JSON; json builds about
-# 10x its size in objects, so 1 GiB is the most one conversion should hold.
-MAX_TRACE_BYTES: Final = 1 << 30
+# A long CUDA training trace with stacks is a few hundred MB of JSON. A conversion peaks
+# at about 6x the JSON's size (bench/torch_trace_read.py: 86 MB, 500 MB RSS), so 512 MiB
+# stays within the sidecar's 4 GiB analysis bound.
+MAX_TRACE_BYTES: Final = 512 << 20
 # Kineto writes about two objects per event (the event and its args): 16 M objects is
 # ~8 M events, several minutes of a busy GPU, and bounds what json allocates.
 MAX_TRACE_OBJECTS: Final = 16_000_000
@@ -212,6 +215,36 @@ def _ns(us: float) -> int:
     return round(us * 1000)
 
 
+def _parse(data: bytes, what: str) -> Any:
+    """``data`` parsed by ``json`` (nesting bounded by its recursion limit); a failure
+    is worded by :func:`exporter.json_limits.load_json`.
+
+    Its walk of every value (depth 64, lone surrogates) doubles the cost of a trace, whose
+    deep ``args`` are never read: only the strings kept are made safe (:func:`_text`).
+    """
+    try:
+        return json.loads(data)
+    except (RecursionError, ValueError):
+        pass
+    try:
+        load_json(data, what)
+    except JSONInputError as exc:
+        raise InputError(str(exc)) from None
+    raise InputError(f"{what}: not valid JSON")  # json refused what load_json took: never
+
+
+def _text(value: str) -> str:
+    """``value`` cut to MAX_NAME_CHARS, a lone surrogate escaped (no UTF-8 encoder takes it)."""
+    value = value[:MAX_NAME_CHARS]
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 def load_torch_trace(path: Path, *, follow_symlinks: bool = True) -> TorchTrace:
     """Read ``path`` (bounded, see the module notes); InputError in one line if unusable.
 
@@ -225,10 +258,7 @@ def load_torch_trace(path: Path, *, follow_symlinks: bool = True) -> TorchTrace:
             f"{path}: torch.profiler trace with more than {MAX_TRACE_OBJECTS} JSON objects "
             f"({objects}): refused; profile fewer steps"
         )
-    try:
-        document = load_json(data, str(path))
-    except JSONInputError as exc:
-        raise InputError(str(exc)) from None
+    document = _parse(data, str(path))
     del data
     if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
         raise InputError(f"{path}: not a torch.profiler trace (no traceEvents list)")
@@ -250,7 +280,7 @@ def _add_event(trace: TorchTrace, event: dict[str, Any]) -> None:
     args = args if isinstance(args, dict) else {}
     if phase == "M":
         if event.get("name") == "thread_name" and isinstance(args.get("name"), str):
-            trace.thread_names[(pid, tid)] = args["name"][:MAX_NAME_CHARS]
+            trace.thread_names[(pid, tid)] = _text(args["name"])
         return
     if ts is None:
         return
@@ -275,7 +305,7 @@ def _add_event(trace: TorchTrace, event: dict[str, Any]) -> None:
     if category not in HOST_CATEGORIES and category not in DEVICE_CATEGORIES:
         return
     trace.category.append(category)
-    trace.name.append(name[:MAX_NAME_CHARS] if isinstance(name, str) else str(name)[:80])
+    trace.name.append(_text(name) if isinstance(name, str) else _text(str(name)[:80]))
     trace.pid.append(pid)
     trace.tid.append(tid)
     trace.start_ns.append(_ns(ts))
@@ -391,6 +421,7 @@ class _Host:
                 _HostLine(key, s, s + dur[idx] * _PS_PER_NS, np.asarray(ids, np.int64))
             )
             busy[key] = int(dur[idx].sum())
+        self.by_key = {line.key: line for line in self.lines}
         self.thread_names = _thread_labels(trace, busy)
         self.tuple_of_label = np.asarray(
             [self.frames.tuple_id((label,)) for label in self.labels], np.int64
@@ -412,7 +443,7 @@ class _Host:
     def stack_at(self, key: tuple[int, int], ns: int) -> tuple[FrameLabel, ...]:
         """The host frames (thread left out) open on thread ``key`` at ``ns``, innermost
         launch calls (``cudaLaunchKernel``) left out."""
-        line = next((x for x in self.lines if x.key == key), None)
+        line = self.by_key.get(key)
         if line is None or line.nested is None or line.node is None:
             return ()
         nested = line.nested
