@@ -139,3 +139,13 @@ def test_analyze_step_time_equals_the_profiler_steps_in_the_json(traces: dict[st
     steps = json.loads(done.output)["facts"]["steps"]
     assert steps["count"] == STEPS
     assert steps["median_ms"] == pytest.approx(statistics.median(cycles) / 1e6, abs=0.001)
+
+
+def test_analyze_against_a_baseline_trace_names_the_added_op(traces: dict[str, Path]) -> None:
+    base, head = (str(traces[n] / "trace.pt.trace.json") for n in ("base", "head"))
+    done = CliRunner().invoke(
+        main, ["analyze", head, "--baseline", base, "--no-xprof", "--format", "json"]
+    )
+    assert done.exit_code == 0, done.output
+    findings = json.loads(done.output)["findings"]
+    assert any("aten::cumsum" in f["title"] for f in findings), [f["title"] for f in findings]
