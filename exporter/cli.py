@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from exporter import __version__, schema
-from exporter.cli_output import write_output
+from exporter.cli_output import check_output, write_output
 from exporter.errors import ConfigError, InputError, MlprofError
 
 if TYPE_CHECKING:  # settings (pydantic) load when a command needs them, not at start-up
@@ -392,8 +392,9 @@ def flamegraph(
     memory pprof, a session (dir or id) or run:<run_id> (its sessions' captures, added up)."""
     from exporter.heap import keep_freed_memory
 
+    check_output(fmt, output)
     keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
-    from exporter.capture.inputs import resolve_input
+    from exporter.capture.inputs import existing_input
     from exporter.profiles.convert import flamegraph_from_path, render
     from exporter.profiles.flamegraph import format_value
     from exporter.profiles.pprof import InflateLimits
@@ -405,7 +406,7 @@ def flamegraph(
     if run:
         paths = _run_captures(input_text, _settings(None, store=store).store, per_step)
     elif not input_path.exists():
-        input_path = resolve_input(input_text, _settings(None, store=store).store)
+        input_path = existing_input(input_text, _settings(None, store=store).store)
 
     def limits() -> InflateLimits:
         settings = _settings(None, store=store)
@@ -424,8 +425,6 @@ def flamegraph(
         graph = graph.truncated(max_nodes)
     title = f"{input_text if run else input_path.name} ({graph.sample_type}, {graph.unit})"
     data = render(graph, fmt, title)
-    if output is None and fmt == "pprof" and sys.stdout.isatty():
-        raise ConfigError("--format pprof is binary: give -o FILE or redirect stdout")
     total = format_value(graph.root.total, graph.unit)
     if graph.unit in ("nanoseconds", "bytes"):  # the exact figure too, for scripts
         total += f" = {graph.root.total} {graph.unit}"

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from exporter.cli_output import write_output
+from exporter.cli_output import check_output, write_output
 from exporter.config import Settings, load_settings
 from exporter.errors import ConfigError, InputError, MlprofError
 
@@ -114,6 +114,7 @@ def compare(
     head = [*sides[1:], *heads]
     if not base or not head:
         raise ConfigError("compare: expected BASE HEAD, or at least one --base and one --head")
+    check_output(fmt, output)
     keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
     context = usecases.side_context(
         _settings(store), time_from=time_from, time_until=time_until, profile_type=profile_type
@@ -155,6 +156,7 @@ def analyze(
     from exporter import usecases
     from exporter.heap import keep_freed_memory
 
+    check_output(fmt, output)
     keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
     context = usecases.side_context(_settings(store))
     report = usecases.analyze(input_text, context, baseline=baseline, xprof=not no_xprof)

@@ -137,7 +137,7 @@ def _summary(report: Report) -> str:
 def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str, Any]]:
     """The capture files an analysis input names (a file, a session, ``run:<id>``)."""
     from exporter.analysis.sides import RUN_PREFIX, run_spec
-    from exporter.capture.inputs import resolve_input
+    from exporter.capture.inputs import existing_input
 
     if spec.startswith(RUN_PREFIX):
         from exporter.capture.store import SessionStore
@@ -165,9 +165,7 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
         if not paths:
             raise InputError(f"{spec}: no captures of run {run_id!r} in {store.url}")
         return paths, {"spec": spec, "kind": "run", "run_id": run_id}
-    path = resolve_input(spec, context.store)
-    if not path.exists():
-        raise InputError(f"{spec}: no such file, directory or session in the store")
+    path = existing_input(spec, context.store)
     if path.is_dir():
         paths = find_captures(path)
         if not paths:

@@ -665,11 +665,9 @@ def load_side(spec: str, kind: Kind | None = None, context: SideContext | None =
         side = Side(spec, "pyroscope", chosen, graph, files=[])
         side.notes.append(f"profile type {profile_type}")
         return side
-    from exporter.capture.inputs import resolve_input
+    from exporter.capture.inputs import existing_input
 
-    path = resolve_input(spec, context.store)
-    if not path.exists():
-        raise InputError(f"{spec}: no such file, directory or session in the store")
+    path = existing_input(spec, context.store)
     try:
         if path.is_dir():
             source = (

@@ -12,7 +12,7 @@ from pathlib import Path
 from exporter.capture.names import check_session_id
 from exporter.errors import InputError, MlprofError
 
-__all__ = ["resolve_input"]
+__all__ = ["existing_input", "resolve_input"]
 
 
 def resolve_input(text: str, store: str | None = None) -> Path:
@@ -44,3 +44,12 @@ def resolve_input(text: str, store: str | None = None) -> Path:
         return copy if copy is not None else path
     candidate = Path(store.removeprefix("file://")) / "plugins" / "profile" / text
     return candidate if candidate.is_dir() else path
+
+
+def existing_input(text: str, store: str | None) -> Path:
+    """:func:`resolve_input`, or InputError naming what was looked for and where."""
+    path = resolve_input(text, store)
+    if path.exists():
+        return path
+    where = f"the store {store}" if store else "no store (--store or MLPROF_STORE)"
+    raise InputError(f"{text}: no such file or directory, and no such session in {where}")

@@ -127,3 +127,37 @@ def test_the_readme_says_what_make_test_needs_and_what_the_demo_does_not_do() ->
     assert "`make demo` runs no Prometheus" in readme
     # A step's cost as the ratio the bench prints, not an absolute a busy machine breaks.
     assert "costs under 2 µs" not in readme and "times an empty\n`with` block" in readme
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["analyze", "no-such.xplane.pb", "--format", "html"],
+        ["compare", "no-such-a.xplane.pb", "no-such-b.xplane.pb", "--format", "html"],
+        ["flamegraph", "no-such.xplane.pb", "--format", "html"],
+    ],
+)
+def test_a_page_is_never_dumped_on_a_terminal(command: list[str]) -> None:
+    """`analyze --format html` without -o wrote the whole page over the terminal. Now a
+    usage error says to give -o, before any input is read (the missing file is not what
+    it answers)."""
+    import os
+    import subprocess
+    import sys
+
+    primary, secondary = os.openpty()  # stdout is a terminal, as a person's is
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "exporter.cli", *command],
+            stdout=secondary, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            cwd=ROOT, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    stderr = done.stderr.decode()
+    assert done.returncode == 2, stderr
+    assert (
+        stderr.strip()
+        == "mlprof: --format html writes a page: give -o FILE.html or redirect stdout"
+    )
