@@ -91,6 +91,12 @@ HOST_CATEGORIES: Final = frozenset(
 # Calls that launch device work: a kernel goes under the op around them, not under them.
 LAUNCH_CATEGORIES: Final = frozenset({"cuda_runtime", "cuda_driver"})
 DEVICE_CATEGORIES: Final = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+# Kineto before 2022 (torch 1.8-1.10, the TensorBoard plugin's traces) named the
+# categories so and wrote thread ids as strings ("tid": "stream 7", "tid": "123").
+_OLD_CATEGORIES: Final = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+                          "Runtime": "cuda_runtime", "Driver": "cuda_driver",
+                          "Operator": "cpu_op"}  # fmt: skip
+_STREAM_TID_RE = re.compile(r"^(?:stream )?(\d{1,18})$", re.IGNORECASE)
 MEMORY_EVENT = "[memory]"
 _PS_PER_NS = 1000
 
@@ -209,6 +215,14 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _ident(value: Any) -> int | None:
+    """A pid or tid: an integer, or the strings old Kineto wrote ("123", "stream 7")."""
+    if isinstance(value, str):
+        match = _STREAM_TID_RE.match(value)
+        return int(match[1]) if match else None
+    return _int(value)
+
+
 def _ns(us: float) -> int:
     # Kineto writes µs with 3 decimals; a double holds them to well under 1 ns for any
     # trace clock below 2**53 ns (104 days of uptime in µs * 1000 is far below it).
@@ -272,7 +286,7 @@ def load_torch_trace(path: Path, *, follow_symlinks: bool = True) -> TorchTrace:
 
 def _add_event(trace: TorchTrace, event: dict[str, Any]) -> None:
     phase = event.get("ph")
-    pid, tid = _int(event.get("pid")), _int(event.get("tid"))
+    pid, tid = _ident(event.get("pid")), _ident(event.get("tid"))
     ts = _number(event.get("ts"))
     if pid is None or tid is None:
         return  # Kineto's own spans ("pid": "Spans"), markers ("pid": "")
@@ -302,6 +316,7 @@ def _add_event(trace: TorchTrace, event: dict[str, Any]) -> None:
     category, name, dur = event.get("cat"), event.get("name"), _number(event.get("dur"))
     if not isinstance(category, str) or dur is None or dur < 0:
         return
+    category = _OLD_CATEGORIES.get(category, category)
     if category not in HOST_CATEGORIES and category not in DEVICE_CATEGORIES:
         return
     trace.category.append(category)
@@ -570,7 +585,7 @@ def step_windows(trace: TorchTrace) -> list[Any]:
 
     out = []
     for i, category in enumerate(trace.category):
-        if category != "user_annotation":
+        if category not in ("user_annotation", "cpu_op"):  # old Kineto: an "Operator"
             continue
         match = _STEP_RE.match(trace.name[i])
         if match is not None and trace.dur_ns[i] > 0:

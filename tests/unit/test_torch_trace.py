@@ -294,3 +294,22 @@ def test_analyze_gives_the_steps_breakdown_and_top_kernels_of_a_trace(tmp_path: 
     assert facts["breakdown"]["xla_pct"] == pytest.approx(100 * 6 * 33.5 / 1100, abs=0.01)
     assert facts["breakdown"]["data_phase_pct"] == pytest.approx(100 * 5 * 20 / 1100, abs=0.01)
     assert facts["top_ops"][0]["name"] == SGEMM
+
+
+def test_old_kineto_categories_and_string_thread_ids_read_alike(tmp_path: Path) -> None:
+    # Kineto before 2022 (torch 1.8-1.10): "Operator", "Runtime", "Kernel", "Memcpy" and
+    # thread ids as strings ("tid": "stream 7").
+    renamed = {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel",
+               "gpu_memcpy": "Memcpy", "user_annotation": "Operator"}  # fmt: skip
+    old = []
+    for original in steps(2):
+        event = dict(original)
+        if event.get("ph") == "X":
+            event["cat"] = renamed.get(str(event["cat"]), event["cat"])
+            stream = event["pid"] != kt.PID
+            event["tid"] = f"stream {event['tid']}" if stream else str(event["tid"])
+        old.append(event)
+    new_graph = flamegraph_from_path(kt.write(tmp_path / "new.json", steps(2)))
+    old_graph = flamegraph_from_path(kt.write(tmp_path / "old.json", old))
+    assert folded(old_graph) == folded(new_graph)
+    assert [w.step for w in step_windows(load_torch_trace(tmp_path / "old.json"))] == [1, 2]

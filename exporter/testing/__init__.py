@@ -1,0 +1,1 @@
+"""Synthetic captures for tests and benchmarks (never imported by the product)."""
