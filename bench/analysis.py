@@ -181,7 +181,7 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.paths)))
         return
     sys.path.insert(0, str(ROOT))
-    from exporter.profiles.synthetic import write_tpu_capture
+    from exporter.testing.synthetic import write_tpu_capture
 
     events = 100_000 if args.quick else args.events
     devices, ops_per_step = 4, 10_000 if events >= 400_000 else 1_000

@@ -142,7 +142,7 @@ def _cli_cpu(path: Path, out: Path) -> float:
 
 
 def _write(path: Path, events: int) -> int:
-    from exporter.profiles.synthetic import write_tpu_capture
+    from exporter.testing.synthetic import write_tpu_capture
 
     devices = 4
     ops_per_step = 10_000 if events >= 400_000 else 1_000

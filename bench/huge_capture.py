@@ -208,7 +208,7 @@ class _StepTiler:
 
 
 def _template() -> Any:
-    from exporter.profiles.synthetic import tpu_capture
+    from exporter.testing.synthetic import tpu_capture
 
     return tpu_capture(devices=1, steps=STEPS_PER_TILE, host=True, **SHAPE)  # type: ignore[arg-type]
 
@@ -364,7 +364,7 @@ def _stretched(plane: Any, start_ns: int, span_ps: int) -> Any:
 
 def write_reference(path: Path) -> dict[str, Any]:
     """bench/convert.py's 2 M-event capture (its ``_write`` shape)."""
-    from exporter.profiles.synthetic import write_tpu_capture
+    from exporter.testing.synthetic import write_tpu_capture
 
     started = time.perf_counter()
     steps = -(-REF_EVENTS // (DEVICES * SHAPE["ops_per_step"]))

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from exporter import sandbox  # noqa: E402
 from exporter.errors import MlprofError  # noqa: E402
 from exporter.pipeline.job import flamegraphs_in_child, run_job  # noqa: E402
-from exporter.profiles.synthetic import write_tpu_capture  # noqa: E402
+from exporter.testing.synthetic import write_tpu_capture  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MIB = 1 << 20

@@ -46,7 +46,7 @@ CHUNK_RECORDS_BYTES = 1 << 20  # XProf's writer makes chunks of about 1 MiB of r
 
 def write_capture(path: Path, target_bytes: int) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from exporter.profiles.synthetic import tpu_capture
+    from exporter.testing.synthetic import tpu_capture
     from tests import riegeli_writer as rw
 
     space = tpu_capture(devices=4, steps=4, ops_per_step=2000, start_ns=1_700_000_000 * 10**9)

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from dashboards.generate import DASHBOARDS_DIR, FILES
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests.e2e.conftest import SCRAPE_INTERVAL_S, TOKEN, WORKLOAD, Stack, prom_get
 from tests.grafana_queries import (
     ALL,

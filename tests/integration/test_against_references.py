@@ -26,9 +26,9 @@ from exporter.profiles.flamegraph import FlameGraph, Frame
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
 from exporter.profiles.memory import load_memory_profile
 from exporter.profiles.pprof import decode_pprof, encode_pprof
-from exporter.profiles.synthetic import tpu_capture
 from exporter.profiles.xplane import Capture, device_flamegraph, host_flamegraph, load_capture
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import tpu_capture
 from tests.harness import ROOT, Proc, wait_until
 from tests.xspace_builder import PlaneBuilder
 

@@ -13,7 +13,7 @@ import pytest
 from exporter.analysis.facts import gather_facts
 from exporter.analysis.hosts import host_name
 from exporter.analysis.report import analyze
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests.xprof_cli import xprof_cli, xprof_run
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.pipeline.worker import ReportSettings, ReportWorker
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests.analysis_captures import AnalysisCaptures
 from tests.harness import Proc, free_port, wait_http, wait_until
 

@@ -26,9 +26,9 @@ from exporter.capture.store import SessionStore
 from exporter.cli import main
 from exporter.mcp_server import ProfileTools
 from exporter.profiles.flamegraph import FlameGraph
-from exporter.profiles.synthetic import write_tpu_capture
 from exporter.sidecar import Sidecar
 from exporter.sinks.pyroscope import PyroscopeSink
+from exporter.testing.synthetic import write_tpu_capture
 from tests.pyroscope_receiver import PyroscopeReceiver
 from tests.sidecar_app import settings_in
 

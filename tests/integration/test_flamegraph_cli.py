@@ -16,7 +16,7 @@ import pytest
 from exporter.profiles.flamegraph import FlameGraph, format_value
 from exporter.profiles.frames import FrameLabel
 from exporter.profiles.pprof import decode_pprof, encode_pprof, from_pprof
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests import torch_snapshots as ts
 from tests.harness import ROOT
 

@@ -23,7 +23,7 @@ from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.cli import main
 from exporter.mcp_server import XPROF_CLI_MAIN
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.integration
@@ -218,7 +218,7 @@ def test_the_mcp_server_answers_the_sdk_client_with_the_cli_json(
 
 def test_gpu_kernels_of_a_gpu_session_are_the_reports(tmp_path: Path) -> None:
     from exporter.mcp_server import ProfileTools
-    from exporter.profiles.synthetic_gpu import write_gpu_capture
+    from exporter.testing.synthetic_gpu import write_gpu_capture
 
     root = tmp_path / "store"
     sessions = SessionStore(str(root))

@@ -16,8 +16,8 @@ from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.errors import InputError
 from exporter.mcp_server import ProfileTools
-from exporter.profiles.synthetic import write_tpu_capture
 from exporter.sandbox import MemoryBudget
+from exporter.testing.synthetic import write_tpu_capture
 from tests.integration.test_mcp import _session
 
 pytestmark = [

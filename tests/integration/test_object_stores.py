@@ -36,7 +36,7 @@ from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.cli import main
 from exporter.config import parse_hostport
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests.harness import Proc, free_port, wait_http, wait_until
 from tests.sidecar_app import (
     FileWritingProfilerClient,

@@ -14,7 +14,7 @@ from exporter.analysis.program_facts import op_category
 from exporter.analysis.render import report_html, report_text
 from exporter.analysis.report import Report
 from exporter.analysis.rules import apply_rules
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests.analysis_captures import AnalysisCaptures
 from tests.xprof_cli import xprof_cli
 

@@ -26,8 +26,8 @@ import pytest
 from click.testing import CliRunner
 
 from exporter.cli import main
-from exporter.profiles.synthetic import tpu_capture
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import tpu_capture
 from tests import riegeli_writer as rw
 from tests.xprof_server import XProfServer, xprof_server
 

@@ -16,7 +16,7 @@ from exporter.analysis import side_cache
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.pipeline.worker import ReportSettings, ReportWorker
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests.analysis_captures import AnalysisCaptures
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import MAX_MARK_BYTES, SessionStore
 from exporter.capture.watcher import SessionWatcher
 from exporter.cli import main
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 from tests.integration.test_object_stores import BUCKET, emulators  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration

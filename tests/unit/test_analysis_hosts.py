@@ -15,7 +15,7 @@ from exporter.analysis.facts import CaptureFacts, gather_facts
 from exporter.analysis.hosts import host_entries, host_name
 from exporter.analysis.report import analyze
 from exporter.capture.session import SessionRecord, TargetResult
-from exporter.profiles.synthetic import tpu_capture, write_tpu_capture
+from exporter.testing.synthetic import tpu_capture, write_tpu_capture
 
 MS = 1_000_000
 

@@ -18,10 +18,10 @@ from exporter.ascii_digits import parse_ascii_int
 from exporter.cli import main
 from exporter.config import parse_hostport
 from exporter.profiles.flamegraph import FlameGraph
-from exporter.profiles.synthetic import tpu_capture
-from exporter.profiles.synthetic_gpu import gpu_capture
 from exporter.profiles.xspace import stat_int
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import tpu_capture
+from exporter.testing.synthetic_gpu import gpu_capture
 
 # superscript two, Arabic-Indic one two, fullwidth one two, mathematical bold seven
 NOT_ASCII = ["²", "١٢", "\uff11\uff12", "\U0001d7d5"]

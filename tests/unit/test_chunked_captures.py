@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from exporter.cli import main
 from exporter.errors import InputError
 from exporter.profiles.capture_files import find_captures, is_capture_name
-from exporter.profiles.synthetic import tpu_capture
 from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
+from exporter.testing.synthetic import tpu_capture
 from tests import riegeli_writer as rw
 
 SHAPE = {"devices": 2, "steps": 6, "ops_per_step": 400, "distinct_ops": 80}

@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from exporter.cli import main
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 
 
 def captures(tmp_path: Path) -> tuple[Path, Path, Path]:

@@ -36,9 +36,9 @@ from exporter.profiles import xspace
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.pprof import to_pprof
 from exporter.profiles.steps import step_windows
-from exporter.profiles.synthetic import tpu_capture
 from exporter.profiles.xplane import Capture, device_flamegraph, host_flamegraph, parse_xspace
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import tpu_capture
 from tests.analysis_captures import AnalysisCaptures
 from tests.riegeli_writer import varint
 from tests.unit.test_fuzz_readers import FUZZ, mutated, serialised, xspaces
@@ -538,7 +538,7 @@ def test_the_compiled_core_never_accepts_a_line_protobuf_refuses() -> None:
     import random
 
     from exporter.profiles import _xwire  # type: ignore[attr-defined]
-    from exporter.profiles.synthetic_gpu import gpu_capture
+    from exporter.testing.synthetic_gpu import gpu_capture
 
     space = gpu_capture(steps=2, kernels_per_step=20).space
     lines = [line.SerializeToString() for p in space.planes for line in p.lines if line.events]

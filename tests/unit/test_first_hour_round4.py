@@ -17,8 +17,8 @@ from exporter.api.app import create_app
 from exporter.cli import main
 from exporter.config import load_settings, option_shown
 from exporter.errors import ConfigError
-from exporter.profiles.synthetic import write_tpu_capture
 from exporter.sidecar import Sidecar
+from exporter.testing.synthetic import write_tpu_capture
 from tests.harness import ROOT
 from tests.sidecar_app import settings_in
 

@@ -18,10 +18,10 @@ from exporter.analysis.gpu_kernels import (
     parse_kernel_details,
     read_kernels,
 )
-from exporter.profiles.synthetic import write_tpu_capture
-from exporter.profiles.synthetic_gpu import gpu_capture, write_gpu_capture
 from exporter.profiles.xspace import load_capture, parse_xspace
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import write_tpu_capture
+from exporter.testing.synthetic_gpu import gpu_capture, write_gpu_capture
 from tests.xspace_builder import PlaneBuilder
 
 DETAILS = "regs:32 static_shared:0 dynamic_shared:1024 grid:128,1,1 block:256,1,1 occ_pct:50.0"

@@ -10,7 +10,7 @@ import pytest
 
 from exporter.analysis import rules
 from exporter.analysis.facts import CaptureFacts, gather_facts
-from exporter.profiles.synthetic_gpu import write_gpu_capture
+from exporter.testing.synthetic_gpu import write_gpu_capture
 
 
 def _facts(share: float, per_step: bool = True) -> CaptureFacts:

@@ -74,7 +74,7 @@ def test_malloc_default_opts_out() -> None:
 
 
 def _capture(tmp_path: Path) -> Path:
-    from exporter.profiles.synthetic import write_tpu_capture
+    from exporter.testing.synthetic import write_tpu_capture
 
     path = tmp_path / "tpu-vm-0.xplane.pb"
     write_tpu_capture(path, devices=1, steps=2, ops_per_step=20, distinct_ops=5)

@@ -13,7 +13,7 @@ import pytest
 from exporter.config import load_settings
 from exporter.errors import ConfigError
 from exporter.heap import malloc_choice
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 
 EXPECTED = (
     "MLPROF_MALLOC='glibc': expected 'default' (glibc's own allocator settings) or unset "

@@ -21,8 +21,8 @@ import pytest
 from exporter.errors import InputError
 from exporter.profiles.capture_files import CHUNKED_SUFFIX
 from exporter.profiles.riegeli import iter_records, write_xspace
-from exporter.profiles.synthetic import tpu_capture
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import tpu_capture
 from tests import riegeli_writer as rw
 
 T = TypeVar("T")

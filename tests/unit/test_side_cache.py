@@ -20,8 +20,8 @@ from exporter.analysis import side_cache
 from exporter.analysis.compare import compare_sides
 from exporter.analysis.sides import Side, load_side, load_sides
 from exporter.profiles import xplane
-from exporter.profiles.synthetic import write_tpu_capture
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import write_tpu_capture
 from tests.xspace_builder import PlaneBuilder
 
 SHAPE: dict[str, Any] = {"devices": 2, "steps": 8, "ops_per_step": 200, "distinct_ops": 40}

@@ -8,9 +8,9 @@ import pytest
 
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.steps import StepWindow, step_windows, windowed_flamegraphs
-from exporter.profiles.synthetic import tpu_capture
 from exporter.profiles.xplane import Capture, device_flamegraph, host_flamegraph
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import tpu_capture
 from tests.xspace_builder import PlaneBuilder
 
 BASE_NS = 1_700_000_000_000_000_000

@@ -313,3 +313,17 @@ def test_old_kineto_categories_and_string_thread_ids_read_alike(tmp_path: Path) 
     old_graph = flamegraph_from_path(kt.write(tmp_path / "old.json", old))
     assert folded(old_graph) == folded(new_graph)
     assert [w.step for w in step_windows(load_torch_trace(tmp_path / "old.json"))] == [1, 2]
+
+
+def test_a_gpu_trace_side_is_the_step_view_and_its_steps_add_up(tmp_path: Path) -> None:
+    from exporter.analysis.torch_side import trace_side
+
+    path = kt.write(tmp_path / "t.json", steps(5, extra=True))
+    side = trace_side(path, None, "t")
+    assert (side.scope, side.kind, side.step_source) == ("step", "device", "host_step_annotations")
+    assert list(side.whole.root.children) == [("GPU 0", "", 0), ("host", "", 0)]
+    device = flamegraph_from_path(path, "device").root.total
+    host = flamegraph_from_path(path, "host").root.total
+    assert side.whole.root.total == device + host
+    assert sum(g.root.total for g in side.steps) == device + host  # nothing outside the steps
+    assert side.step_ns == [200_000] * 4 + [100_000]

@@ -32,8 +32,8 @@ from exporter.capture.watcher import SessionWatcher
 from exporter.cli import main
 from exporter.pipeline.worker import ERROR_FILE, ReportWorker, workload_from_shared_dir
 from exporter.profiles.capture_files import find_captures
-from exporter.profiles.synthetic import write_tpu_capture
 from exporter.sidecar import Sidecar
+from exporter.testing.synthetic import write_tpu_capture
 from tests.sidecar_app import settings_in
 from tests.unit.test_planted_files import feeding_fifo, memory_bounded
 

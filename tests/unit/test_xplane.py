@@ -9,7 +9,6 @@ import pytest
 from exporter.errors import InputError
 from exporter.profiles.convert import flamegraph_from_path
 from exporter.profiles.pprof import from_pprof, to_pprof
-from exporter.profiles.synthetic import tpu_capture, write_tpu_capture
 from exporter.profiles.xplane import (
     Capture,
     device_flamegraph,
@@ -18,6 +17,7 @@ from exporter.profiles.xplane import (
     parse_xspace,
 )
 from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import tpu_capture, write_tpu_capture
 from tests.xspace_builder import PlaneBuilder
 
 

@@ -19,7 +19,7 @@ from exporter.analysis import xprof_tools
 from exporter.analysis.render import report_text
 from exporter.analysis.report import analyze
 from exporter.analysis.xprof_tools import FACT_TOOLS, TOOLS, plan_tools
-from exporter.profiles.synthetic import write_tpu_capture
+from exporter.testing.synthetic import write_tpu_capture
 
 
 @pytest.fixture(scope="module")
