@@ -652,12 +652,6 @@ def gather_facts(
 
     if not paths:
         raise InputError("nothing to analyse: no XProf capture (*.xplane.pb)")
-    from exporter.profiles.torch_trace import is_torch_trace
-
-    if all(is_torch_trace(p) for p in paths):  # torch.profiler traces: their own reader
-        from exporter.analysis.torch_facts import trace_facts
-
-        return trace_facts(paths, memory_samples)
     facts = CaptureFacts()
     hosts = [_host_facts(path, facts) for path in paths]
     steps = _step_facts(hosts)

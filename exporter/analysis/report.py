@@ -30,6 +30,7 @@ from exporter.analysis.sides import (
 )
 from exporter.errors import InputError
 from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
+from exporter.profiles.torch_trace import is_torch_trace
 
 __all__ = ["REPORT_VERSION", "Report", "analyze", "baseline_summary", "capture_paths"]
 
@@ -242,9 +243,14 @@ def analyze(
     context = context or SideContext()
     paths, described = capture_paths(spec, context)
     started = time.perf_counter()
-    facts = gather_facts(
-        paths, xprof=xprof, memory_samples=memory_samples, xprof_max_mb=xprof_max_mb
-    )
+    if all(is_torch_trace(p) for p in paths):  # torch.profiler traces: their own reader
+        from exporter.analysis.torch_facts import trace_facts
+
+        facts = trace_facts(paths, memory_samples)
+    else:
+        facts = gather_facts(
+            paths, xprof=xprof, memory_samples=memory_samples, xprof_max_mb=xprof_max_mb
+        )
     xprof_s = float(facts.xprof.get("seconds", 0.0))
     timings = {"facts_s": round(time.perf_counter() - started - xprof_s, 3), "xprof_s": xprof_s}
     started = time.perf_counter()

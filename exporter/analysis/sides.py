@@ -11,7 +11,7 @@ A side is any of:
   ``--kind memory``, the run's device-memory profiles in the shared directory);
 * ``run:<run_id>~N``: the run's N newest finished sessions, each its own side: a
   comparison's replicates (:func:`expand_replicates`);
-* a torch.profiler trace (Kineto JSON, plain or gzipped; :mod:`exporter.analysis.torch_side`);
+* a torch.profiler trace (Kineto JSON, plain or gzipped; :mod:`exporter.profiles.torch_trace`);
 * ``pyroscope:{service_name="…",run_id="…"}``: a Pyroscope selection over
   ``--from``/``--until``, fetched with ``SelectMergeProfile`` (``MLPROF_PYROSCOPE_URL``).
 
@@ -436,6 +436,31 @@ def load_sides(
     return out
 
 
+def _read_torch_trace(path: Path, kind: Kind | None, spec: str) -> Side:
+    """A torch.profiler trace (:mod:`exporter.profiles.torch_trace`): the step view of its
+    kernels and host threads (its host view without kernels), or ``kind``; its
+    ``ProfilerStep#N`` cycles are the steps."""
+    from exporter.profiles import torch_trace
+
+    trace = torch_trace.load_torch_trace(path)
+    if kind == "memory":
+        graph = torch_trace.flamegraph_from_trace(trace, "memory")
+        return Side(spec, "torch_trace", "memory", graph, files=[str(path)])
+    kinds: list[Literal["device", "host"]] = (
+        [kind] if kind else ["device", "host"] if trace.has_device else ["host"]
+    )
+    cycles = step_cycles(torch_trace.step_windows(trace))
+    picked = sample_cycles(cycles)
+    read = []
+    for one in kinds:
+        whole, steps = torch_trace.step_graphs(trace, one, picked, len(picked) == len(cycles))
+        source = torch_trace.STEP_SOURCE if picked else "none"
+        lengths = [w.end_ns - w.start_ns for w in picked]
+        read.append(Side(spec, "torch_trace", one, whole, steps, lengths, source, [str(path)],
+                         step_names={torch_trace.STEP_FRAME}))  # fmt: skip
+    return read[0] if len(read) == 1 else join_step_view(*read)
+
+
 def _pprof_kind(graph: FlameGraph) -> Kind:
     return _SAMPLE_KINDS.get(graph.sample_type, "host")
 
@@ -675,9 +700,7 @@ def load_side(spec: str, kind: Kind | None = None, context: SideContext | None =
             )
             return _read_directory(path, kind, spec, source)
         if is_torch_trace(path):  # before pprof: a gzipped trace has gzip's magic too
-            from exporter.analysis.torch_side import trace_side
-
-            return trace_side(path, kind, spec)
+            return _read_torch_trace(path, kind, spec)
         if is_pprof(path):
             return _read_pprof(path, kind)
         return _read_capture(path, kind, None)

@@ -29,6 +29,7 @@ from exporter.analysis.intervals import covered, subtract, union
 from exporter.analysis.sides import step_cycles
 from exporter.profiles.torch_trace import (
     DEVICE_CATEGORIES,
+    STEP_SOURCE,
     device_graphs,
     host_graphs,
     load_torch_trace,
@@ -36,8 +37,6 @@ from exporter.profiles.torch_trace import (
 )
 
 __all__ = ["trace_facts"]
-
-STEP_SOURCE = "host_step_annotations"
 
 
 def _intervals(trace: Any, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -57,6 +57,7 @@ __all__ = [
     "MAX_TRACE_BYTES",
     "MAX_TRACE_OBJECTS",
     "STEP_FRAME",
+    "STEP_SOURCE",
     "TorchTrace",
     "device_graphs",
     "flamegraph_from_trace",
@@ -64,6 +65,7 @@ __all__ = [
     "is_torch_trace",
     "load_torch_trace",
     "memory_flamegraph",
+    "step_graphs",
     "step_windows",
     "windowed_graphs",
 ]
@@ -83,6 +85,9 @@ GZIP_MAGIC: Final = b"\x1f\x8b"
 MAX_NAME_CHARS: Final = 1024
 # ProfilerStep#N: the step annotation; its frame drops the number so steps merge.
 STEP_FRAME: Final = "ProfilerStep"
+# Where a comparison says its steps came from (as for XSpace host step annotations).
+STEP_SOURCE: Final = "host_step_annotations"
+_OPEN_NS = 1 << 62  # an open window edge, far beyond any trace clock
 _STEP_RE = re.compile(r"^ProfilerStep#(\d{1,18})$")
 
 HOST_CATEGORIES: Final = frozenset(
@@ -602,6 +607,35 @@ def windowed_graphs(
     spans = np.asarray([[w.start_ns, w.end_ns] for w in windows], np.int64).reshape(-1, 2)
     graphs = device_graphs(trace, spans) if kind == "device" else host_graphs(trace, spans)
     return graphs or [_template(trace, kind) for _ in windows]
+
+
+def step_graphs(
+    trace: TorchTrace,
+    kind: Literal["device", "host"],
+    cycles: Sequence[Any],
+    every: bool,
+) -> tuple[FlameGraph, list[FlameGraph]]:
+    """The whole graph of ``kind`` and one per step cycle (``cycles``, trace-clock ns).
+
+    ``every``: ``cycles`` are all the trace's, so the whole graph is read as their sum
+    plus what lies before the first and after the last (one pass, and the steps add up
+    to it exactly); else the whole and the cycles are read apart (a sample of them).
+    """
+    from exporter.profiles.steps import StepWindow
+
+    whole = flamegraph_from_trace(trace, kind)  # the reader's own error when it has none
+    if not cycles:
+        return whole, []
+    if not every:
+        return whole, windowed_graphs(trace, kind, cycles)
+    edges = [StepWindow(-_OPEN_NS, cycles[0].start_ns, None), *cycles,
+             StepWindow(cycles[-1].end_ns, _OPEN_NS, None)]  # fmt: skip
+    graphs = windowed_graphs(trace, kind, edges)
+    merged = graphs[0].copy()
+    for graph in graphs[1:]:
+        merged.merge(graph)
+    merged.time_nanos, merged.duration_nanos = whole.time_nanos, whole.duration_nanos
+    return merged, graphs[1:-1]
 
 
 def flamegraph_from_trace(

@@ -316,10 +316,10 @@ def test_old_kineto_categories_and_string_thread_ids_read_alike(tmp_path: Path) 
 
 
 def test_a_gpu_trace_side_is_the_step_view_and_its_steps_add_up(tmp_path: Path) -> None:
-    from exporter.analysis.torch_side import trace_side
+    from exporter.analysis.sides import load_side
 
     path = kt.write(tmp_path / "t.json", steps(5, extra=True))
-    side = trace_side(path, None, "t")
+    side = load_side(str(path))
     assert (side.scope, side.kind, side.step_source) == ("step", "device", "host_step_annotations")
     assert list(side.whole.root.children) == [("GPU 0", "", 0), ("host", "", 0)]
     device = flamegraph_from_path(path, "device").root.total
