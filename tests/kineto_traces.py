@@ -57,10 +57,12 @@ def flow(phase: str, flow_id: int, start: float, *, pid: int, tid: int) -> dict[
     return event
 
 
-def memory(start: float, size: int, addr: int) -> dict[str, Any]:
+def memory(start: float, size: int, addr: int, device: int = -1) -> dict[str, Any]:
+    """An allocation (a free when ``size`` < 0) on the CPU, or on CUDA device ``device``."""
+    kind = 0 if device < 0 else 1
     return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": PID,
             "tid": TID, "ts": us(start),
-            "args": {"Device Type": 0, "Device Id": -1, "Addr": addr, "Bytes": size,
+            "args": {"Device Type": kind, "Device Id": device, "Addr": addr, "Bytes": size,
                      "Total Allocated": 0, "Total Reserved": 0}}  # fmt: skip
 
 

@@ -133,9 +133,8 @@ class TorchTrace:
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
     flow_starts: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # id -> pid, tid, ns
     flow_ends: dict[tuple[int, int, int], int] = field(default_factory=dict)  # pid, tid, ns -> id
-    memory: list[tuple[int, int, int, int, int]] = field(
-        default_factory=list
-    )  # pid tid ns bytes addr
+    # [memory] events: pid, tid, ns, bytes (negative: freed), the device's frame
+    memory: list[tuple[int, int, int, int, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.name)
@@ -289,6 +288,16 @@ def load_torch_trace(path: Path, *, follow_symlinks: bool = True) -> TorchTrace:
     return trace
 
 
+def _memory_device(args: dict[str, Any]) -> str:
+    """The frame of a [memory] event's device: c10's DeviceType 0 is the CPU, 1 CUDA."""
+    kind, index = _int(args.get("Device Type")), _int(args.get("Device Id"))
+    if kind == 0:
+        return "CPU"
+    if kind == 1:
+        return f"GPU {index}"
+    return f"device type {kind} #{index}"
+
+
 def _add_event(trace: TorchTrace, event: dict[str, Any]) -> None:
     phase = event.get("ph")
     pid, tid = _ident(event.get("pid")), _ident(event.get("tid"))
@@ -312,9 +321,9 @@ def _add_event(trace: TorchTrace, event: dict[str, Any]) -> None:
                 trace.flow_ends[(pid, tid, _ns(ts))] = flow
         return
     if phase == "i" and event.get("name") == MEMORY_EVENT:
-        size, addr = _int(args.get("Bytes")), _int(args.get("Addr"))
+        size = _int(args.get("Bytes"))
         if size is not None:
-            trace.memory.append((pid, tid, _ns(ts), size, addr or 0))
+            trace.memory.append((pid, tid, _ns(ts), size, _memory_device(args)))
         return
     if phase != "X":
         return
@@ -564,8 +573,9 @@ def device_graphs(
 
 
 def memory_flamegraph(trace: TorchTrace) -> FlameGraph | None:
-    """Bytes allocated (``alloc_space``) under the host stack that allocated them, from
-    ``profile_memory=True``'s ``[memory]`` events; None when the trace has none."""
+    """Bytes allocated (``alloc_space``) per device (``CPU``, ``GPU 0``) under the host
+    stack that allocated them, from ``profile_memory=True``'s ``[memory]`` events (frees
+    left out); None when the trace has none."""
     allocs = [m for m in trace.memory if m[3] > 0]
     if not allocs:
         return None
@@ -576,9 +586,9 @@ def memory_flamegraph(trace: TorchTrace) -> FlameGraph | None:
         sample_type="alloc_space", unit="bytes", profile_name="memory",
         time_nanos=start, duration_nanos=duration,
     )  # fmt: skip
-    for pid, tid, ns, size, _ in allocs:
+    for pid, tid, ns, size, device in allocs:
         thread = host.thread_names.get((pid, tid), "thread")
-        graph.add((FrameLabel(thread), *host.stack_at((pid, tid), ns)), size)
+        graph.add((FrameLabel(device), FrameLabel(thread), *host.stack_at((pid, tid), ns)), size)
     return graph
 
 

@@ -144,11 +144,12 @@ def test_memory_events_make_an_allocation_graph(tmp_path: Path) -> None:
         kt.complete("cpu_op", "aten::empty", 10, 30),
         kt.memory(15, 4096, 0x1000),
         kt.memory(16, 1024, 0x2000),
+        kt.memory(17, 1 << 20, 0x7F0000000000, device=0),
         kt.memory(50, -4096, 0x1000),  # a free: not an allocation
     ]
     graph = flamegraph_from_path(kt.write(tmp_path / "t.json", events), "memory")
     assert (graph.sample_type, graph.unit) == ("alloc_space", "bytes")
-    assert folded(graph) == {"python;aten::empty": 5120}
+    assert folded(graph) == {"CPU;python;aten::empty": 5120, "GPU 0;python;aten::empty": 1 << 20}
     with pytest.raises(InputError, match="profile_memory=True"):
         flamegraph_from_path(kt.write(tmp_path / "n.json", steps(1)), "memory")
 
