@@ -30,7 +30,7 @@ from exporter.analysis.sides import (
 )
 from exporter.errors import InputError
 from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
-from exporter.profiles.torch_trace import is_torch_trace
+from exporter.profiles.torch_trace import find_traces, is_torch_trace
 
 __all__ = ["REPORT_VERSION", "Report", "analyze", "baseline_summary", "capture_paths"]
 
@@ -168,7 +168,7 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
         return paths, {"spec": spec, "kind": "run", "run_id": run_id}
     path = existing_input(spec, context.store)
     if path.is_dir():
-        paths = find_captures(path)
+        paths = find_captures(path) or find_traces(path)  # XProf's, else torch.profiler's
         if not paths:
             raise InputError(f"{path}: no XProf captures ({CAPTURES_NAMED}) in this directory")
         shown = str(path)

@@ -46,7 +46,7 @@ from exporter.profiles.capture_files import (
 )
 from exporter.profiles.convert import KINDS, Kind, is_pprof
 from exporter.profiles.flamegraph import FlameGraph
-from exporter.profiles.torch_trace import is_torch_trace
+from exporter.profiles.torch_trace import find_traces, is_torch_trace
 
 if TYPE_CHECKING:
     from exporter.analysis import side_cache
@@ -505,6 +505,13 @@ def _read_directory(directory: Path, kind: Kind | None, spec: str, source: str) 
             raise InputError(f"{directory}: no device-memory profiles (*.pprof.gz) here")
         return _merge_pprofs(found, kind, spec, source)
     captures = find_captures(directory)
+    traces = [] if captures else find_traces(directory)  # tensorboard_trace_handler's
+    if traces:
+        merged = _read_torch_trace(traces[0], kind, spec)
+        for path in traces[1:]:
+            merged = _merge_sides(merged, _read_torch_trace(path, kind, spec))
+        merged.spec, merged.source = spec, source
+        return merged
     if not captures:
         raise InputError(f"{directory}: no XProf captures ({CAPTURES_NAMED}) in this directory")
     side: Side | None = None

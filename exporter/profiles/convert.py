@@ -20,7 +20,7 @@ from exporter.errors import InputError
 from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.torch_memory import SNAPSHOT_SUFFIXES, is_torch_snapshot
-from exporter.profiles.torch_trace import is_torch_trace
+from exporter.profiles.torch_trace import find_traces, is_torch_trace
 
 if TYPE_CHECKING:  # the readers and writers load when an input or format needs them
     from exporter.profiles.pprof import InflateLimits
@@ -106,8 +106,8 @@ def _session_files(directory: Path, kind: Kind | None) -> list[Path]:
         found = sorted(p for s in MEMORY_SUFFIXES for p in directory.rglob(f"*{s}"))
         what = "device-memory profiles (*.pprof.gz) or PyTorch memory snapshots (*.pickle)"
     else:
-        found = find_captures(directory)
-        what = f"XProf captures ({CAPTURES_NAMED})"
+        found = find_captures(directory) or find_traces(directory)
+        what = f"XProf captures ({CAPTURES_NAMED}) or torch.profiler traces (*.json[.gz])"
     if not found:
         raise InputError(f"{directory}: no {what} in this session directory")
     return found

@@ -60,6 +60,7 @@ __all__ = [
     "STEP_SOURCE",
     "TorchTrace",
     "device_graphs",
+    "find_traces",
     "flamegraph_from_trace",
     "host_graphs",
     "is_torch_trace",
@@ -81,6 +82,8 @@ MAX_TRACE_OBJECTS: Final = 16_000_000
 # events: "traceEvents" appears within the first few KiB.
 SNIFF_BYTES: Final = 64 << 10
 GZIP_MAGIC: Final = b"\x1f\x8b"
+# In a directory, the files looked into (a single file is read whatever its name).
+TRACE_SUFFIXES: Final = (".json", ".json.gz")
 # Frame names longer than this (C++ template kernel names run to kilobytes) are cut.
 MAX_NAME_CHARS: Final = 1024
 # ProfilerStep#N: the step annotation; its frame drops the number so steps merge.
@@ -181,6 +184,14 @@ def is_torch_trace(path: Path) -> bool:
         return False
     head = _head(path).lstrip(b"\xef\xbb\xbf \t\r\n")
     return head.startswith(b"{") and b'"traceEvents"' in head
+
+
+def find_traces(directory: Path) -> list[Path]:
+    """The torch.profiler traces under ``directory`` (``*.json``, ``*.json.gz`` holding
+    one, as ``tensorboard_trace_handler`` writes them), sorted; no link followed."""
+    from exporter.profiles.capture_files import find_regular
+
+    return [p for p in find_regular(directory, TRACE_SUFFIXES) if is_torch_trace(p)]
 
 
 def _read_bounded(path: Path, follow_symlinks: bool) -> bytes:

@@ -328,3 +328,28 @@ def test_a_gpu_trace_side_is_the_step_view_and_its_steps_add_up(tmp_path: Path) 
     assert side.whole.root.total == device + host
     assert sum(g.root.total for g in side.steps) == device + host  # nothing outside the steps
     assert side.step_ns == [200_000] * 4 + [100_000]
+
+
+def test_a_directory_of_traces_as_tensorboard_trace_handler_writes_them(tmp_path: Path) -> None:
+    for side, extra in (("base", False), ("head", True)):
+        (tmp_path / side / "nested").mkdir(parents=True)
+        kt.write(tmp_path / side / "worker0.1700000000001.pt.trace.json", steps(6, extra))
+        kt.write(tmp_path / side / "nested" / "worker1.1700000000002.pt.trace.json.gz",
+                 steps(6, extra), gz=True)  # fmt: skip
+        (tmp_path / side / "notes.json").write_text("{}")  # JSON, not a trace: ignored
+    one = flamegraph_from_path(tmp_path / "base" / "worker0.1700000000001.pt.trace.json")
+    both = flamegraph_from_path(tmp_path / "base")
+    assert both.root.total == 2 * one.root.total
+    done = CliRunner().invoke(
+        main, ["compare", str(tmp_path / "base"), str(tmp_path / "head"), "--format", "json"]
+    )
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    assert report["base"]["steps"] == 12 and len(report["base"]["files"]) == 2
+    assert any("cumsum" in json.dumps(r) for r in report["regressions"])
+    done = CliRunner().invoke(
+        main, ["analyze", str(tmp_path / "base"), "--no-xprof", "--format", "json"]
+    )
+    assert done.exit_code == 0, done.output
+    facts = json.loads(done.output)["facts"]
+    assert facts["steps"]["count"] == 12 and len(facts["hosts"]) == 2
