@@ -60,6 +60,7 @@ __all__ = [
     "COMPILE_EVENT_RE",
     "DATA_PHASE_WORDS",
     "CaptureFacts",
+    "add_host_facts",
     "gather_facts",
     "is_data_phase",
 ]
@@ -636,6 +637,20 @@ def _memory(facts: CaptureFacts, memory_samples: Sequence[dict[str, Any]]) -> No
     }
 
 
+def add_host_facts(facts: CaptureFacts, hosts: list[_Host], no_steps: str) -> None:
+    """The step facts, the breakdown and the per-host facts of ``hosts`` (each one capture
+    file, however it was read); ``no_steps``: why there are no steps, if there are none."""
+    steps = _step_facts(hosts)
+    if steps is None:
+        facts.unavailable["steps"] = (
+            f"{no_steps}: step time, its spread and the input-wait share are unknown, not zero"
+        )
+    else:
+        facts.steps = (facts.steps or {}) | steps
+        facts.breakdown = _breakdown(hosts)
+    _hosts(facts, hosts)
+
+
 def gather_facts(
     paths: Sequence[Path],
     *,
@@ -654,16 +669,11 @@ def gather_facts(
         raise InputError("nothing to analyse: no XProf capture (*.xplane.pb)")
     facts = CaptureFacts()
     hosts = [_host_facts(path, facts) for path in paths]
-    steps = _step_facts(hosts)
-    if steps is None:
-        facts.unavailable["steps"] = (
-            "no step markers (no Steps line on a device, no StepTraceAnnotation on the host):"
-            " step time, its spread and the input-wait share are unknown, not zero"
-        )
-    else:
-        facts.steps = (facts.steps or {}) | steps
-        facts.breakdown = _breakdown(hosts)
-    _hosts(facts, hosts)
+    add_host_facts(
+        facts,
+        hosts,
+        "no step markers (no Steps line on a device, no StepTraceAnnotation on the host)",
+    )
     device = facts.graphs.get("device")
     if device is None:
         facts.unavailable["device"] = "no XLA computations in this capture (no device plane, "

@@ -115,16 +115,11 @@ def trace_facts(
     capture's; what a trace cannot give is in ``unavailable``."""
     facts = capture_facts.CaptureFacts()
     hosts = [_trace_host(path, facts) for path in paths]
-    steps = capture_facts._step_facts(hosts)
-    if steps is None:
-        facts.unavailable["steps"] = (
-            "no ProfilerStep#N annotations (profile with a schedule and call prof.step()): "
-            "step time, its spread and the input-wait share are unknown, not zero"
-        )
-    else:
-        facts.steps = (facts.steps or {}) | steps
-        facts.breakdown = capture_facts._breakdown(hosts)
-    capture_facts._hosts(facts, hosts)
+    capture_facts.add_host_facts(
+        facts,
+        hosts,
+        "no ProfilerStep#N annotations (profile with a schedule and call prof.step())",
+    )
     device = facts.graphs.get("device")
     if device is None:
         facts.unavailable["device"] = (
