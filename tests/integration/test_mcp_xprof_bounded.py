@@ -81,3 +81,24 @@ def test_the_xprof_tool_dies_within_its_bound_with_one_line(
     text = str(caught.value)
     assert text.startswith("xprof get_step_trace: exit "), text
     assert "\n" not in text and "Traceback" not in text
+
+
+def test_the_analysis_tools_run_bounded_and_budgeted_never_in_the_server(
+    tools: ProfileTools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # top_ops, compare and flamegraph_subtree analysed in the MCP process itself (issue
+    # 30: 200 s at 3.1 GB there on a hostile file). Each is now a job child under
+    # MLPROF_REPORT_MAX_MEMORY_MB, reserved from the budget; a report is made once.
+    budget = MemoryBudget(6000)
+    monkeypatch.setattr(sandbox, "_default", budget)
+    tools.settings = tools.settings.model_copy(update={"report_max_memory_mb": 2500})
+    assert tools.top_ops("base", limit=2)["top_ops"]
+    assert tools.gpu_kernels("base")["gpu_kernels"]  # the same report, cached
+    assert tools.compare("base", "base")["step_verdict"]["verdict"] == "unchanged"
+    assert tools.flamegraph_subtree("base", limit=2)["children"]
+    started = [(e.what, e.mb) for e in budget.record if e.kind == "start"]
+    assert started == [
+        ("analysis job (analyze)", 2500),
+        ("analysis job (compare)", 2500),
+        ("analysis job (subtree)", 2500),
+    ]
