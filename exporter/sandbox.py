@@ -95,8 +95,16 @@ _ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THR
 _NOISE = ("Exception ignored in", "Traceback (most recent call last)", "During handling of",
           "The above exception", "  ", "\t", "^", "~")  # fmt: skip
 # How running out of an address-space limit reads on a child's last line: Python's own
-# error, C++'s, glibc's (thread data), the dynamic loader's (a shared library numpy loads).
-_OUT_OF_MEMORY = ("memoryerror", "bad_alloc", "cannot allocate memory", "failed to map segment")
+# error, C++'s, glibc's (thread data), the dynamic loader's (a shared library numpy loads),
+# OpenBLAS's (its buffers at numpy's import: "Memory allocation still failed after 10
+# retries", seen under a busy machine's CI run).
+_OUT_OF_MEMORY = (
+    "memoryerror",
+    "bad_alloc",
+    "cannot allocate memory",
+    "failed to map segment",
+    "memory allocation still failed",
+)
 # The child's first lines, run by ``python -c``: the limit is set before anything else is
 # imported (limit_memory's lines, inlined: nothing of ours is imported yet), then the
 # module (or code) runs as ``python -m`` (or ``-c``) would run it.

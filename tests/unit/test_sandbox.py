@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from exporter import sandbox
 from exporter.config import load_settings
 from exporter.pipeline.job import run_job
-from exporter.sandbox import MemoryBudget, default_memory_limit_mb, run_python
+from exporter.sandbox import ChildResult, MemoryBudget, default_memory_limit_mb, run_python
 
 # Long enough for an interpreter to start on a machine with both cores busy: a deadline
 # these tests never mean to reach.
@@ -102,6 +102,21 @@ def held(fifo: Path) -> Iterator[tuple[MemoryBudget, list[object]]]:
 
 
 # -- one child's limits ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "last_line",
+    [
+        "MemoryError",
+        "terminate called after throwing an instance of 'std::bad_alloc'",
+        "OpenBLAS error: Memory allocation still failed after 10 retries, giving up.",
+    ],
+)
+def test_every_way_a_child_runs_out_of_its_limit_reads_as_the_limit(last_line: str) -> None:
+    # A busy CI run's job child died in OpenBLAS's buffers at numpy's import; the report
+    # said the OpenBLAS line instead of "analysis stopped (...; memory limit N MiB?)".
+    assert ChildResult(1, error=last_line, memory_mb=64).killed
+    assert not ChildResult(1, error="corrupt XProf capture", memory_mb=64).killed
+
+
 def test_a_child_over_its_limit_fails_with_one_line() -> None:
     budget = MemoryBudget(4096)
     done = run_python(
