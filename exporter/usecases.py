@@ -162,13 +162,9 @@ def compare(
     head_sides = [load_side(spec, read_as, context) for spec in _replicates(head, context)]
     medians = [history_median_ns(spec, read_as, context) for spec in history] or None
     try:
-        return compare_sides(_one_or_all(base_sides), _one_or_all(head_sides), history=medians)
+        return compare_sides(base_sides, head_sides, history=medians)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-
-
-def _one_or_all(sides: list[Side]) -> Any:
-    return sides[0] if len(sides) == 1 else sides
 
 
 def history_median_ns(spec: str, kind: Kind | None, context: SideContext) -> float:
@@ -178,12 +174,14 @@ def history_median_ns(spec: str, kind: Kind | None, context: SideContext) -> flo
 
     path = resolve_input(spec, context.store) if not spec.startswith(RUN_PREFIX) else None
     if path is not None and path.is_dir():
+        from exporter.json_limits import load_json_object
         from exporter.regular_files import MAX_JSON_BYTES, read_regular
 
         try:  # the report is the store's file: read as the store's files are, bounded
-            report = json.loads(read_regular(path / "analysis.json", MAX_JSON_BYTES))
+            data = read_regular(path / "analysis.json", MAX_JSON_BYTES)
+            report = load_json_object(data, "analysis.json")
             return float(report["facts"]["steps"]["median_ms"]) * 1e6
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        except (OSError, ValueError, KeyError, TypeError):
             pass  # no report, an old or partial one: read the captures instead
     side = load_side(spec, kind, context)
     if not side.step_ns:

@@ -149,6 +149,30 @@ def test_replicates_a_side_answer_alike_through_every_door(
     assert answer(by_mcp) == answer(by_cli)
 
 
+def test_earlier_runs_judge_the_step_alike_through_the_cli_and_the_job_child(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --history: each earlier run's median step (its report's, else its captures') sets
+    # the step noise instead of the backend's measured floor.
+    from exporter.pipeline.job import COMPARE_JSON, ChildLimits, in_child
+    from exporter.usecases import side_context
+    from exporter.config import load_settings
+
+    _clean_env(monkeypatch)
+    history = ["base", "base-2", "slow-2"]
+    by_cli = cli(
+        "compare", "base", "slow", *[f"--history={h}" for h in history],
+        "--store", str(store), "--format", "json",
+    )  # fmt: skip
+    context = side_context(load_settings(store=str(store)))
+    options = ["--base=base", "--head=slow", *[f"--history={h}" for h in history]]
+    found = in_child("compare", [], context, ChildLimits(), options, read=[COMPARE_JSON])
+    by_child = json.loads(found[COMPARE_JSON])
+
+    assert by_cli["step_verdict"]["noise_source"] == "3 earlier runs", by_cli["step_verdict"]
+    assert answer(by_child) == answer(by_cli)
+
+
 def test_sessions_are_listed_alike_with_or_without_a_sidecar(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
