@@ -154,9 +154,9 @@ def test_earlier_runs_judge_the_step_alike_through_the_cli_and_the_job_child(
 ) -> None:
     # --history: each earlier run's median step (its report's, else its captures') sets
     # the step noise instead of the backend's measured floor.
+    from exporter.config import load_settings
     from exporter.pipeline.job import COMPARE_JSON, ChildLimits, in_child
     from exporter.usecases import side_context
-    from exporter.config import load_settings
 
     _clean_env(monkeypatch)
     history = ["base", "base-2", "slow-2"]
