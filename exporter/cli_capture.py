@@ -327,10 +327,11 @@ def sessions(
     With --store (or MLPROF_STORE) the store is read here, as `mlprof analyze` and
     `mlprof compare` read it; without, the sidecar at --url answers for its own store.
     """
-    if store is not None:
-        source = click.get_current_context().get_parameter_source
-        if url is not None and source("url") == source("store") == ParameterSource.COMMANDLINE:
-            raise ConfigError("--store and --url: give one (a store read here, or a sidecar)")
+    source = click.get_current_context().get_parameter_source
+    asked_url = url is not None and source("url") == ParameterSource.COMMANDLINE
+    if asked_url and store is not None and source("store") == ParameterSource.COMMANDLINE:
+        raise ConfigError("--store and --url: give one (a store read here, or a sidecar)")
+    if store is not None and not asked_url:  # --url on the command line beats MLPROF_STORE
         answer = _stored_sessions(store, config_file, run_id, trigger, since, limit)
     else:
         answer = _client(url, config_file).get(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "InputError", "MlprofError"]
+__all__ = ["ConfigError", "InputError", "MlprofError", "UnavailableError"]
 
 
 class MlprofError(Exception):
@@ -19,3 +19,9 @@ class ConfigError(MlprofError):
 
 class InputError(MlprofError):
     """An input file or service answer cannot be used (failure, exit 1)."""
+
+
+class UnavailableError(InputError):
+    """A service the answer needs (a bucket) does not answer: a failure (exit 1), and an
+    HTTP 503 where a request asked, never "not found"."""
+

@@ -37,6 +37,7 @@ from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures
 __all__ = ["XPROF_CLI_TOOLS", "ProfileTools", "build_server"]
 
 RUN_PREFIX: Final = "run:"
+PYROSCOPE_PREFIX: Final = "pyroscope:"
 
 # XProf's CLI tools a client may run, each with the flags it may pass. Only tools that
 # read a capture and answer JSON: none that writes elsewhere (upload_trace, get_hlo_text's
@@ -183,14 +184,15 @@ class ProfileTools:
             )
         return directory
 
-    def _spec(self, name: str, field: str = "session") -> str:
+    def _spec(self, name: str, field: str = "session", *, pyroscope: bool = False) -> str:
         """What the job child is given: a session (its directory when local), or
-        ``run:<id>`` checked; never a file path (exporter.usecases.stored_side)."""
+        ``run:<id>`` checked; never a file path (exporter.usecases.stored_side).
+        ``pyroscope``: a Pyroscope selection is a side too (compare, a baseline) when
+        Pyroscope is configured; an analysis reads captures."""
         from exporter.usecases import stored_side
 
-        return stored_side(
-            self.store, name, pyroscope=bool(self.settings.pyroscope_url), field=field
-        )
+        selections = pyroscope and bool(self.settings.pyroscope_url)
+        return stored_side(self.store, name, pyroscope=selections, field=field)
 
     def _context(self) -> Any:
         from exporter.usecases import side_context
@@ -215,8 +217,11 @@ class ProfileTools:
         found = in_child(command, inputs, self._context(), limits, options, read=[name])
         return json.loads(found[name])
 
-    def _stamp(self, spec: str) -> tuple[object, ...]:
-        """What a cached report depends on: the capture files (or the run's sessions)."""
+    def _stamp(self, spec: str) -> tuple[object, ...] | None:
+        """What a cached report depends on: the capture files (or the run's sessions);
+        None for what no stamp covers (a Pyroscope selection over a moving window)."""
+        if spec.startswith(PYROSCOPE_PREFIX):
+            return None
         if spec.startswith(RUN_PREFIX):
             run_id = spec[len(RUN_PREFIX) :].partition("~")[0]
             return tuple(
@@ -236,15 +241,19 @@ class ProfileTools:
         from exporter.pipeline.job import REPORT_JSON
 
         spec = self._spec(name)
-        base = self._spec(baseline, "baseline") if baseline is not None else None
-        key = (name, xprof, baseline, self._stamp(spec))
+        base = self._spec(baseline, "baseline", pyroscope=True) if baseline is not None else None
+        stamps = (self._stamp(spec), None if base is None else self._stamp(base))
+        cached = base is None or stamps[1] is not None  # the baseline's data is known too
+        key = (name, xprof, baseline, stamps)
         with self._lock:
-            if key in self._reports:
+            if cached and key in self._reports:
                 self._reports.move_to_end(key)
                 return self._reports[key]
         options = [f"--shown-as={name}", *([] if xprof else ["--no-xprof"])]
         options += [f"--baseline={base}"] if base is not None else []
         report: dict[str, Any] = self._in_child("analyze", [spec], options, REPORT_JSON)
+        if not cached:
+            return report
         with self._lock:
             self._reports[key] = report
             while len(self._reports) > CACHED_REPORTS:
@@ -283,8 +292,8 @@ class ProfileTools:
         bases = [base] if isinstance(base, str) else list(base)
         heads = [head] if isinstance(head, str) else list(head)
         options = ["--top", str(top), *(["--kind", kind] if kind else [])]
-        options += [f"--base={self._spec(b, 'base')}" for b in bases]
-        options += [f"--head={self._spec(h, 'head')}" for h in heads]
+        options += [f"--base={self._spec(b, 'base', pyroscope=True)}" for b in bases]
+        options += [f"--head={self._spec(h, 'head', pyroscope=True)}" for h in heads]
         return self._in_child("compare", [], options, COMPARE_JSON)
 
     def top_ops(self, session: str, limit: int = 20) -> dict[str, Any]:
@@ -314,7 +323,7 @@ class ProfileTools:
         from exporter.pipeline.job import SUBTREE_JSON
 
         spec = self._spec(session)
-        if spec.startswith((RUN_PREFIX, "pyroscope:")):
+        if spec.startswith((RUN_PREFIX, PYROSCOPE_PREFIX)):
             raise InputError(f"{session!r}: expected a session id")
         options = ["--frames", json.dumps(list(frames)), "--limit", str(limit)]
         options += ["--kind", kind] if kind else []

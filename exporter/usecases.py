@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from exporter.errors import ConfigError, InputError
+from exporter.errors import ConfigError, InputError, UnavailableError
 
 if TYPE_CHECKING:
     from exporter.analysis.compare import Comparison
@@ -96,14 +96,17 @@ def stored_side(store: SessionStore, value: str, *, pyroscope: bool, field: str 
     outside the store. Returns the spec to load: a local session's directory, else the
     value itself (a remote session is copied by the reader). ConfigError for a name of
     the wrong shape (or a Pyroscope side without Pyroscope), NoSuchSessionError for an
-    id the store does not hold.
+    id the store does not hold, UnavailableError for a store that does not answer.
     """
     from exporter.analysis.sides import run_spec
     from exporter.capture.session import check_session_id
 
     if value.startswith(PYROSCOPE_PREFIX):
         if not pyroscope:
-            raise ConfigError(f"{field}: Pyroscope sides need MLPROF_PYROSCOPE_URL")
+            raise ConfigError(
+                f"{field}: a Pyroscope selection is not a side here (a comparison takes one "
+                "where MLPROF_PYROSCOPE_URL is set)"
+            )
         return value
     if value.startswith(RUN_PREFIX):
         try:
@@ -120,7 +123,11 @@ def stored_side(store: SessionStore, value: str, *, pyroscope: bool, field: str 
         if not local.is_dir():
             raise NoSuchSessionError(f"{field}: no session {value!r} in the store {store.url}")
         return str(local.absolute())
-    if store.read_record(value) is None:
+    try:  # a session without session.json (an XProf logdir's run) is one too
+        found = store.session_files(value)
+    except OSError as exc:
+        raise UnavailableError(f"{field}: cannot read the store {store.url} ({exc})") from None
+    if not found:
         raise NoSuchSessionError(f"{field}: no session {value!r} in the store {store.url}")
     return value
 

@@ -24,7 +24,7 @@ from exporter.api.admission import AdmissionPool, app_pool
 from exporter.api.auth import check_bearer
 from exporter.api.json_body import parse_json_object
 from exporter.capture.session import check_session_id
-from exporter.errors import MlprofError
+from exporter.errors import MlprofError, UnavailableError
 
 if TYPE_CHECKING:
     from exporter.capture.store import SessionStore
@@ -165,6 +165,8 @@ def _side(sidecar: Sidecar, value: str, name: str) -> str:
         )
     except NoSuchSessionError as exc:
         raise HTTPException(404, str(exc)) from None
+    except UnavailableError as exc:
+        raise HTTPException(503, str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except MlprofError as exc:
         raise HTTPException(422, str(exc)) from None
 

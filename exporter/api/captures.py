@@ -209,7 +209,7 @@ def list_sessions(
     ``total``: the sessions that match; ``stored``: all sessions with a record;
     ``unrecorded``: session directories without one (still analysable).
     """
-    from exporter.errors import InputError
+    from exporter.errors import UnavailableError
     from exporter.usecases import list_sessions
 
     try:
@@ -222,7 +222,7 @@ def list_sessions(
             until=None if until is None else _aware(until),
             limit=limit,
         )
-    except InputError as exc:  # the store does not answer: not "no sessions"
+    except UnavailableError as exc:  # the store does not answer: not "no sessions"
         raise HTTPException(503, str(exc)) from None
 
 

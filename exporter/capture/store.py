@@ -52,7 +52,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import ValidationError
 
 from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id
-from exporter.errors import ConfigError, InputError
+from exporter.errors import ConfigError, UnavailableError
 from exporter.json_limits import JSONInputError, load_json_object
 from exporter.profiles.capture_files import is_capture_name
 from exporter.regular_files import (
@@ -374,7 +374,7 @@ class SessionStore:
         try:
             return self.records(strict=True)
         except OSError as exc:
-            raise InputError(f"cannot list the sessions of {self.url}: {exc}") from None
+            raise UnavailableError(f"cannot list the sessions of {self.url}: {exc}") from None
 
     def run_sessions(self, run_id: str) -> list[SessionRecord]:
         """The finished sessions of run ``run_id``, oldest first (as :meth:`listed`)."""

@@ -195,7 +195,7 @@ def child_context_args(context: SideContext) -> tuple[list[str], dict[str, str]]
         ("--profile-type", context.profile_type),
     ):
         if value:
-            args += [flag, value]
+            args.append(f"{flag}={value}")  # one word: a value may begin with "-" (-1h)
     env = {CHILD_HEADERS_ENV: json.dumps(context.pyroscope_headers)}
     return args, env
 

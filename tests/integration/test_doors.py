@@ -266,3 +266,37 @@ def test_every_door_sends_pyroscope_the_same_credentials(
     assert answer(answers["api"]) == answer(answers["cli"]) == answer(answers["mcp"])
     names = [r["name"] for r in answers["cli"]["regressions"] if r.get("regression")]
     assert "load_batch" in names, answers["cli"]["regressions"]
+
+
+def test_review_round_refusals_and_precedence(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter.errors import ConfigError, UnavailableError
+    from exporter.usecases import stored_side
+
+    _clean_env(monkeypatch)
+    # An analysis reads captures: a Pyroscope selection is refused in one line, even where
+    # Pyroscope is configured (it failed as a "bad session name" ValueError).
+    monkeypatch.setenv("MLPROF_PYROSCOPE_URL", "http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="not a side here"):
+        ProfileTools(str(store)).analyze('pyroscope:{service_name="x"}', xprof=False)
+    monkeypatch.delenv("MLPROF_PYROSCOPE_URL")
+    # --url on the command line asks that sidecar, though MLPROF_STORE is set.
+    done = CliRunner().invoke(
+        main,
+        ["sessions", "--url", "http://127.0.0.1:9", "--json"],
+        env={"MLPROF_STORE": str(store)},
+    )
+    assert done.exit_code == 1 and "127.0.0.1:9" in done.output, done.output
+    # A remote store: an unrecorded session is a session; one that does not answer is
+    # UnavailableError (the API's 503), never "no such session" (404).
+    bucket = SessionStore(f"memory://doors-{tmp_path.name}")
+    bucket.write_file("unrecorded-1", "h.xplane.pb", b"capture")
+    assert stored_side(bucket, "unrecorded-1", pyroscope=False) == "unrecorded-1"
+    monkeypatch.setattr(bucket, "session_files", _unreachable)
+    with pytest.raises(UnavailableError, match="cannot read the store"):
+        stored_side(bucket, "unrecorded-1", pyroscope=False)
+
+
+def _unreachable(session_id: str) -> dict[str, int]:
+    raise ConnectionRefusedError(111, "Connection refused")
