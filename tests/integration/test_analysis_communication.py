@@ -46,13 +46,20 @@ def _capture(out: Path, share: float) -> dict[str, Any]:
     return {"path": path, "reference_pct": 100 * float(comm_ms) / float(step_ms)}
 
 
+NOMINAL_PCT = 60.0
+
+
 def test_collectives_that_take_most_of_the_step_are_found_and_named(tmp_path: Path) -> None:
-    found = _capture(tmp_path / "heavy", 60.0)
+    found = _capture(tmp_path / "heavy", NOMINAL_PCT)
     report = analyze(found["path"], xprof=False)
     breakdown = report.facts.breakdown
     assert breakdown is not None
     share = breakdown["communication_pct"]
-    assert abs(share - found["reference_pct"]) <= TOLERANCE_PCT, (share, found)
+    # The workload's own calibration times the collectives apart from the step, so a busy
+    # machine can make it no share at all: a stressed CI run calibrated 275 % (the product
+    # read 64 % at a nominal 60). Beyond 100 % the nominal share is the reference.
+    reference = found["reference_pct"] if 0 < found["reference_pct"] <= 100 else NOMINAL_PCT
+    assert abs(share - reference) <= TOLERANCE_PCT, (share, found)
     finding = next(f for f in report.findings if f.rule == "CommunicationBoundRule")
     assert finding.evidence["communication_pct"] >= COMMUNICATION_P2_PCT
     # lax.psum is an all-reduce, named by its HLO opcode, not by "psum".
