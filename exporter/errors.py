@@ -24,4 +24,3 @@ class InputError(MlprofError):
 class UnavailableError(InputError):
     """A service the answer needs (a bucket) does not answer: a failure (exit 1), and an
     HTTP 503 where a request asked, never "not found"."""
-
