@@ -50,10 +50,10 @@ def _cpu_s(who: int) -> float:
 def worker(kind: str, paths: list[Path]) -> dict[str, Any]:
     """One measurement in this fresh process (imports done before the clock starts)."""
     sys.path.insert(0, str(ROOT))
-    from exporter.analysis.compare import compare_sides
-    from exporter.analysis.report import analyze
-    from exporter.analysis.sides import load_side
-    from exporter.analysis.xprof_tools import run_xprof_tools
+    from exporter.analysis.compare.comparison import compare_sides
+    from exporter.analysis.facts.xprof_tools import run_xprof_tools
+    from exporter.analysis.report.document import analyze
+    from exporter.analysis.sides.load import load_side
     from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
 
     started = time.perf_counter()

@@ -5,7 +5,7 @@ forced CPU devices whose collectives (real all-reduces between the devices' thre
 take a set share of the step, the rest a matmul loop. The true share is the workload's
 own in-process calibration (its collectives alone, timed, over its step, timed; not read
 from the capture), so it is known from outside the capture. Each capture goes through
-the product's own analysis (``exporter.analysis.report.analyze``, ``xprof=False``: facts
+the product's own analysis (``exporter.analysis.report.document.analyze``, ``xprof=False``: facts
 and rules) and XProf's ``get_step_trace`` (its ``communication_percent``), and the table
 gives, per nominal share: the reference (the calibration), the measured
 ``communication_pct``, how often ``CommunicationBoundRule`` fired and at which priority,
@@ -33,8 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from exporter.analysis.report import analyze  # noqa: E402
-from exporter.analysis.rules import (  # noqa: E402
+from exporter.analysis.report.document import analyze  # noqa: E402
+from exporter.analysis.report.rules import (  # noqa: E402
     COMMUNICATION_P0_PCT,
     COMMUNICATION_P1_PCT,
     COMMUNICATION_P2_PCT,

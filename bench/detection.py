@@ -190,8 +190,8 @@ def evaluate(
     sides_n: list[int],
     n_draws: int,
 ) -> dict[str, Any]:
-    from exporter.analysis.compare import compare_sides
-    from exporter.analysis.sides import load_side
+    from exporter.analysis.compare.comparison import compare_sides
+    from exporter.analysis.sides.load import load_side
 
     cache: dict[str, Any] = {}
     read_s: dict[str, float] = {}

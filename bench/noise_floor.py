@@ -5,7 +5,7 @@ each in a fresh process, then compares every pair as ``mlprof compare`` does:
 
 * share mode (whole graphs, as when a side has no steps): the largest change of a single
   frame's self share, in points. Its maximum over all pairs is what
-  ``exporter.analysis.noise.SHARE_NOISE_FLOOR_PTS`` must cover;
+  ``exporter.analysis.compare.noise.SHARE_NOISE_FLOOR_PTS`` must cover;
 * per-step mode: how many frames the noise model calls a regression (it must be none),
   and the smallest q-value and largest share move seen.
 
@@ -47,8 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     n = 3 if args.quick else args.captures
 
-    from exporter.analysis.compare import compare_sides
-    from exporter.analysis.sides import Side, load_side
+    from exporter.analysis.compare.comparison import compare_sides
+    from exporter.analysis.sides.load import Side, load_side
 
     with tempfile.TemporaryDirectory(prefix="mlprof-noise-") as tmp:
         started = time.perf_counter()
@@ -93,7 +93,7 @@ def main() -> None:
                 f"{kind:6s} share:    largest self-share move of one frame "
                 f"{share_max[0]:.2f} pts ({share_max[1]})"
             )
-        from exporter.analysis.noise import SHARE_NOISE_FLOOR_PTS
+        from exporter.analysis.compare.noise import SHARE_NOISE_FLOOR_PTS
 
         worst = max(v[0] for v in worst_share.values())
         print(

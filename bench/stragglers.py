@@ -14,7 +14,7 @@ Sessions are formed from these files, renamed the way XProf names the hosts of a
 straggler named there is a false alarm), and sessions of 2 or 3 ``same`` captures plus one
 slowed capture (power: the slowed host is named; "right cause": the finding also says
 "computing" for ``added``, "waiting" for ``input``). Each session goes through the
-product's own per-host facts (``exporter.analysis.facts``) and ``StragglerRule``, not
+product's own per-host facts (``exporter.analysis.facts.capture``) and ``StragglerRule``, not
 XProf, at the shipped MAD floor and at the other floors in :data:`FLOORS`, so the
 trade-off is measured in one run on the same files.
 
@@ -56,9 +56,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from detection import capture  # noqa: E402  (bench/detection.py: one process per capture)
 
-from exporter.analysis import facts as facts_module  # noqa: E402
-from exporter.analysis.hosts import STRAGGLER_MAD_FLOOR, STRAGGLER_Z  # noqa: E402
-from exporter.analysis.rules import StragglerRule  # noqa: E402
+from exporter.analysis.facts import capture as facts_module  # noqa: E402
+from exporter.analysis.facts.hosts import STRAGGLER_MAD_FLOOR, STRAGGLER_Z  # noqa: E402
+from exporter.analysis.report.rules import StragglerRule  # noqa: E402
 
 # (variant, K %): the slowed hosts measured, and the cause the finding must say.
 CHANGES = [("added", 5.0), ("added", 10.0), ("added", 20.0), ("added", 50.0),

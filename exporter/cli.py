@@ -437,8 +437,8 @@ def flamegraph(
 
 def _run_captures(spec: str, store: str, per_step: bool) -> list[Path]:
     """The captures of ``run:<run_id>``'s finished sessions (local copies of remote ones)."""
-    from exporter.analysis.report import capture_paths
-    from exporter.analysis.sides import SideContext
+    from exporter.analysis.report.document import capture_paths
+    from exporter.analysis.sides.load import SideContext
 
     if per_step:  # the run's sessions follow each other: their per-step graphs do not add
         raise ConfigError(f"{spec}: --per-step reads one session; give its id")

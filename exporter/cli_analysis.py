@@ -173,7 +173,7 @@ def baseline() -> None:
 
 
 def _baselines(store: str | None) -> Any:
-    from exporter.analysis.baselines import BaselineStore
+    from exporter.analysis.sides.baselines import BaselineStore
     from exporter.capture.store import SessionStore
 
     return BaselineStore(SessionStore(_settings(store).store))

@@ -111,7 +111,7 @@ XPROF_CLI_TOOLS: Final[dict[str, frozenset[str]]] = {
         "inspect_capture": (),
     }.items()
 }
-# As the report's own XProf run (analysis/xprof_tools.py): a minute covers a
+# As the report's own XProf run (analysis/facts/xprof_tools.py): a minute covers a
 # 2-million-event capture on a loaded machine; a client never waits longer.
 XPROF_CLI_TIMEOUT_S: Final = 60.0
 # XProf spills answers over 10 MB to a file; an agent's context wants far less.

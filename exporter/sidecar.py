@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter import schema
-from exporter.analysis.baselines import BaselineStore
+from exporter.analysis.sides.baselines import BaselineStore
 from exporter.capture.alerts import AlertPolicy, AlertPolicyConfig
 from exporter.capture.client import ProfilerClient
 from exporter.capture.events import capture_finished, capture_requested

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Final
 from exporter.errors import ConfigError, InputError, UnavailableError
 
 if TYPE_CHECKING:
-    from exporter.analysis.compare import Comparison
-    from exporter.analysis.report import Report
-    from exporter.analysis.sides import Side, SideContext
+    from exporter.analysis.compare.comparison import Comparison
+    from exporter.analysis.report.document import Report
+    from exporter.analysis.sides.load import Side, SideContext
     from exporter.capture.store import SessionStore
     from exporter.config import Settings
     from exporter.profiles.convert import Kind
@@ -70,7 +70,7 @@ def side_context(
 ) -> SideContext:
     """Where sides are looked up, from the settings: the store, the shared directory, and
     Pyroscope with its credentials (the same for every door)."""
-    from exporter.analysis.sides import SideContext
+    from exporter.analysis.sides.load import SideContext
 
     headers: dict[str, str] = {}
     if settings.pyroscope_url:
@@ -98,7 +98,7 @@ def stored_side(store: SessionStore, value: str, *, pyroscope: bool, field: str 
     the wrong shape (or a Pyroscope side without Pyroscope), NoSuchSessionError for an
     id the store does not hold, UnavailableError for a store that does not answer.
     """
-    from exporter.analysis.sides import run_spec
+    from exporter.analysis.sides.load import run_spec
     from exporter.capture.session import check_session_id
 
     if value.startswith(PYROSCOPE_PREFIX):
@@ -143,7 +143,7 @@ def head_kind(base: Side, kind: Kind | None) -> Kind | None:
 
 def _replicates(specs: Sequence[str], context: SideContext) -> list[str]:
     """Each spec as the captures it stands for (``run:<id>~N``: the run's N newest)."""
-    from exporter.analysis.sides import expand_replicates
+    from exporter.analysis.sides.load import expand_replicates
 
     return [one for spec in specs for one in expand_replicates(spec, context)]
 
@@ -159,8 +159,8 @@ def compare(
     """Compare HEAD against BASE; each side is one spec or several (replicates: one
     capture each, whose spread is the between-run noise). ``history``: earlier runs of
     the workload, whose median steps judge the step time."""
-    from exporter.analysis.compare import compare_sides
-    from exporter.analysis.sides import load_side
+    from exporter.analysis.compare.comparison import compare_sides
+    from exporter.analysis.sides.load import load_side
 
     if not base or not head:
         raise ConfigError("compare: expected at least one BASE and one HEAD")
@@ -176,7 +176,7 @@ def compare(
 
 def history_median_ns(spec: str, kind: Kind | None, context: SideContext) -> float:
     """The median step of an earlier run: its report's, else read from its captures."""
-    from exporter.analysis.sides import load_side
+    from exporter.analysis.sides.load import load_side
     from exporter.capture.inputs import resolve_input
 
     path = resolve_input(spec, context.store) if not spec.startswith(RUN_PREFIX) else None
@@ -198,7 +198,7 @@ def history_median_ns(spec: str, kind: Kind | None, context: SideContext) -> flo
 
 def comparison_document(comparison: Comparison, fmt: str, top: int = 20) -> bytes:
     """The comparison as a door shows it: ``json``, ``html`` or ``text``."""
-    from exporter.analysis.render import comparison_html, comparison_text
+    from exporter.analysis.report.render import comparison_html, comparison_text
 
     if fmt == "json":
         return (json.dumps(comparison.to_json(top=top), indent=2) + "\n").encode()
@@ -221,8 +221,9 @@ def analyze(
 ) -> Report:
     """The analysis report of a capture, a session or ``run:<id>`` (``baseline``: also
     compare against it). ``shown_as``: the name the user gave, when the door resolved
-    it to a path (a session id); ``options`` are :func:`exporter.analysis.report.analyze`'s."""
-    from exporter.analysis.report import analyze as analyse
+    it to a path (a session id); ``options`` are
+    :func:`exporter.analysis.report.document.analyze`'s."""
+    from exporter.analysis.report.document import analyze as analyse
 
     report = analyse(spec, context, baseline=baseline, xprof=xprof, **options)
     if shown_as is not None:
@@ -232,7 +233,7 @@ def analyze(
 
 def report_document(report: Report, fmt: str, title: str | None = None) -> bytes:
     """The report as a door shows it: ``json``, ``html`` or ``text``."""
-    from exporter.analysis.render import report_html, report_text
+    from exporter.analysis.report.render import report_html, report_text
 
     if fmt == "json":
         return (json.dumps(report.to_json(), indent=2) + "\n").encode()

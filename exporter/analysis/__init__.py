@@ -1,14 +1,17 @@
 """Comparison and analysis of captures: what changed since the good run, what is wrong now.
 
-Modules: ``sides`` (what a BASE or HEAD names, read into flame graphs and per-step
-samples), ``diff`` (two sides aligned to one tree), ``noise`` (per-frame significance
-across steps; ``rank_tests`` its Mann-Whitney U and Benjamini-Hochberg), ``compare``
-(the comparison and its JSON), ``facts`` and ``rules`` (the
-analysis report's measurements and findings), ``report``, ``render`` (text and HTML),
-``baselines``, ``worker`` (reports for finished sessions, off the request path) and
-``pyroscope_query`` (a Pyroscope selection as a side).
+Four subpackages, each importing only those below it (an import-linter contract):
 
-Import from the modules: this package imports nothing itself, so the sidecar does not
+- ``report``: the analysis report (``document``), the ``rules`` that turn facts into
+  findings, and its text and HTML ``render``-ings;
+- ``compare`` and ``facts``, side by side: comparing two sides (``comparison``, ``diff``,
+  ``noise``, ``rank_tests``), and the measured facts of one capture (``capture``,
+  ``types`` and one module per kind of fact);
+- ``sides``: what a BASE or HEAD names (``load``), read into flame graphs and per-step
+  samples, its ``cache``, ``baselines``, a ``pyroscope`` selection, and ``xla_host``
+  (XLA's host threads, read by both above).
+
+Import from the modules: no package here imports anything itself, so the sidecar does not
 pay for numpy until a report is made.
 """
 

@@ -245,7 +245,7 @@ async def _body(request: Request) -> dict[str, Any]:
 @router.put("/baselines/{workload}")
 async def put_baseline(request: Request, workload: str) -> dict[str, Any]:
     """Mark a session as the baseline of ``workload`` (body ``{"session_id": ...}``)."""
-    from exporter.analysis.baselines import BaselineStore, check_name
+    from exporter.analysis.sides.baselines import BaselineStore, check_name
 
     sidecar = _sidecar(request)
     try:
@@ -267,7 +267,7 @@ async def put_baseline(request: Request, workload: str) -> dict[str, Any]:
 @router.get("/baselines")
 def list_baselines(request: Request) -> dict[str, Any]:
     """Every workload's baseline mark (503 when the store does not answer, in bounded time)."""
-    from exporter.analysis.baselines import BaselineStore
+    from exporter.analysis.sides.baselines import BaselineStore
 
     try:
         return {"baselines": BaselineStore(_sidecar(request).captures.store).marks(strict=True)}

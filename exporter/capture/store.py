@@ -102,10 +102,10 @@ CONNECT_TIMEOUT_S: Final = 3.0
 # After the endpoint was found unreachable, calls fail at once for this long.
 UNREACHABLE_RECHECK_S: Final = 5.0
 # What the commands read from a session (the CLI and MCP copy only these from a bucket):
-# captures, their side caches (exporter.analysis.side_cache.SUFFIX), device-memory
+# captures, their side caches (exporter.analysis.sides.cache.SUFFIX), device-memory
 # profiles, the record and the report. Each with its bound (captures: streamed to disk).
 _SIDE_CACHE_SUFFIX: Final = ".sides.json.gz"
-_SIDE_CACHE_MAX_BYTES: Final = 32 << 20  # exporter.analysis.side_cache.MAX_FILE_BYTES
+_SIDE_CACHE_MAX_BYTES: Final = 32 << 20  # exporter.analysis.sides.cache.MAX_FILE_BYTES
 _PPROF_SUFFIXES: Final = (".pprof.gz", ".pprof")
 _PPROF_MAX_BYTES: Final = 64 << 20
 REPORT_FILE: Final = "analysis.json"

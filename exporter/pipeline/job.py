@@ -19,7 +19,7 @@ memory profile (:func:`flamegraphs_in_child`): the graphs come back as pprof fil
 ``analyze``, ``compare`` and ``subtree`` run :mod:`exporter.usecases` (the doors that serve
 others call them here, bounded). ``sides`` reads a session into its sides as a comparison
 would, so that each capture's side cache is written beside it
-(:mod:`exporter.analysis.side_cache`; nothing in OUT_DIR).
+(:mod:`exporter.analysis.sides.cache`; nothing in OUT_DIR).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 from exporter.sandbox import MemoryBudget, last_message, limit_memory, run_python
 
 if TYPE_CHECKING:
-    from exporter.analysis.sides import SideContext
+    from exporter.analysis.sides.load import SideContext
     from exporter.config import Settings
     from exporter.profiles.flamegraph import FlameGraph
 
@@ -286,7 +286,7 @@ def _write_graphs(out: Path, graphs: dict[str, Any]) -> None:
 
 def _context(ns: argparse.Namespace) -> Any:
     """The parent's SideContext (child_context_args), rebuilt."""
-    from exporter.analysis.sides import SideContext
+    from exporter.analysis.sides.load import SideContext
 
     return SideContext(
         store=ns.store,
@@ -357,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         context = _context(ns)
         if ns.command == "sides":
-            from exporter.analysis.sides import load_side
+            from exporter.analysis.sides.load import load_side
 
             load_side(specs[0], None, context)
             return 0

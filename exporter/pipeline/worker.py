@@ -7,7 +7,7 @@ request nor the capture engine ever waits for it, and a report that fails is rec
 (``analysis-error.json`` and ``mlprof_reports_total{status="error"}``), never fatal.
 
 Alert-started and snapshot sessions are compared against their baseline
-(:mod:`exporter.analysis.baselines`) automatically. When a report is finished, every
+(:mod:`exporter.analysis.sides.baselines`) automatically. When a report is finished, every
 callable in :attr:`ReportWorker.on_report` is called with a :class:`ReportEvent`:
 that is the one place to hang "report written" notifications (e.g. an event sink).
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, urlencode
 
-from exporter.analysis.baselines import BaselineStore
+from exporter.analysis.sides.baselines import BaselineStore
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
 from exporter.json_limits import load_json, load_json_object
@@ -307,7 +307,7 @@ class ReportWorker:
         automatically; one compared already kept its sides in its comparison). A child of
         its own, after the report is written: it never delays or fails the report. Only
         on a local store: a remote session is read from a temporary copy, and no cache is
-        written there (:func:`exporter.analysis.side_cache.writable`).
+        written there (:func:`exporter.analysis.sides.cache.writable`).
         """
         local = self.store.local_dir(session_id)
         if local is None:

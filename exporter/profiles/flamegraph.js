@@ -1,5 +1,5 @@
 // The interactive flame graph both pages draw: the flame graph (flamegraph.html) and the
-// analysis's differential one (analysis/diff.html). Inlined into each page by Python
+// analysis's differential one (analysis/report/diff.html). Inlined into each page by Python
 // (exporter/profiles/html.py), so a page stays one self-contained file.
 //
 // Click a frame to zoom in (the breadcrumb zooms out), search by text or /regex/, hover

@@ -21,7 +21,7 @@ except the memory ones, which write ``OUT_DIR/<variant>.pprof.gz``):
 
 Prints ``DONE <variant> <path>`` per variant. The demo variants also write
 ``OUT_DIR/<variant>/cycle_ms``: the median of their step cycles (a step's start to the
-next step's, the last step alone, as ``exporter.analysis.sides.step_cycles`` reads them
+next step's, the last step alone, as ``exporter.analysis.sides.load.step_cycles`` reads them
 from the capture) by the process's own clock (``time.perf_counter``), so a test can tell
 a busy machine's doing from the product's.
 """

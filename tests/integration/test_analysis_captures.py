@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.analysis import noise, rules
-from exporter.analysis.compare import compare_sides
-from exporter.analysis.render import comparison_html, report_html
-from exporter.analysis.report import analyze
-from exporter.analysis.sides import load_side
+from exporter.analysis.compare import noise
+from exporter.analysis.compare.comparison import compare_sides
+from exporter.analysis.report import rules
+from exporter.analysis.report.document import analyze
+from exporter.analysis.report.render import comparison_html, report_html
+from exporter.analysis.sides.load import load_side
 from tests.analysis_captures import AnalysisCaptures
 from tests.harness import ROOT
 
@@ -243,8 +244,8 @@ def test_cpu_device_view_splits_time_across_windows_exactly(
     """XLA ops of the client threads per window, against a brute-force overlap sweep."""
     import numpy as np
 
-    from exporter.analysis import xla_host
-    from exporter.analysis.sides import step_cycles
+    from exporter.analysis.sides import xla_host
+    from exporter.analysis.sides.load import step_cycles
     from exporter.profiles.steps import step_windows
     from exporter.profiles.xplane import load_capture
 

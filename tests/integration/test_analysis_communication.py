@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis.report import analyze
-from exporter.analysis.rules import COMMUNICATION_P2_PCT
+from exporter.analysis.report.document import analyze
+from exporter.analysis.report.rules import COMMUNICATION_P2_PCT
 from tests.harness import ROOT
 
 WORKLOAD = ROOT / "bench" / "communication_workload.py"

@@ -42,9 +42,9 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis.hosts import STRAGGLER_Z
-from exporter.analysis.report import analyze
-from exporter.analysis.rules import STRAGGLER_P0_SLOWDOWN
+from exporter.analysis.facts.hosts import STRAGGLER_Z
+from exporter.analysis.report.document import analyze
+from exporter.analysis.report.rules import STRAGGLER_P0_SLOWDOWN
 from exporter.profiles.steps import step_windows
 from exporter.profiles.xplane import load_capture
 from tests.harness import ROOT

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.analysis.facts import gather_facts
-from exporter.analysis.hosts import host_name
-from exporter.analysis.report import analyze
+from exporter.analysis.facts.capture import gather_facts
+from exporter.analysis.facts.hosts import host_name
+from exporter.analysis.report.document import analyze
 from exporter.testing.synthetic import write_tpu_capture
 from tests.xprof_cli import xprof_cli, xprof_run
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.analysis.sides import load_side
+from exporter.analysis.sides.load import load_side
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.proto import pyroscope_querier_pb2
 from exporter.sinks.pyroscope import PyroscopeSink

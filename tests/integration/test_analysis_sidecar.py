@@ -260,7 +260,7 @@ def test_analysis_is_bounded_in_time_and_memory(
 def test_run_side_and_baseline_cli(sidecar: tuple[str, SessionStore]) -> None:
     from click.testing import CliRunner
 
-    from exporter.analysis.sides import SideContext, load_side
+    from exporter.analysis.sides.load import SideContext, load_side
     from exporter.cli import main
 
     _, store = sidecar

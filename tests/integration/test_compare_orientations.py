@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.analysis.compare import Comparison, compare_sides
-from exporter.analysis.sides import load_side
+from exporter.analysis.compare.comparison import Comparison, compare_sides
+from exporter.analysis.sides.load import load_side
 from tests.analysis_captures import AnalysisCaptures
 
 pytestmark = pytest.mark.integration

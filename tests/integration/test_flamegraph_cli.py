@@ -315,7 +315,7 @@ def test_an_embedded_flame_graph_is_as_tall_as_its_depth(tmp_path: Path) -> None
     def page(depth: int) -> str:
         graph = FlameGraph(sample_type="wall", unit="nanoseconds")
         graph.add([f"f{i}" for i in range(depth)], 1000)
-        # As the report embeds it (exporter/analysis/render.py): a fixed 520 px iframe.
+        # As the report embeds it (exporter/analysis/report/render.py): a fixed 520 px iframe.
         frame = html.escape(render_html(graph), quote=True)
         return f'<iframe style="width: 100%; height: 520px" srcdoc="{frame}"></iframe>'
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis.facts import CaptureFacts, gather_facts
-from exporter.analysis.rules import CompilerInefficiencyRule
+from exporter.analysis.facts.capture import CaptureFacts, gather_facts
+from exporter.analysis.report.rules import CompilerInefficiencyRule
 from tests.harness import ROOT
 from tests.xprof_cli import XPROF, require_xprof
 

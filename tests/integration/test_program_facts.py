@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.analysis.facts import CaptureFacts, gather_facts
-from exporter.analysis.program_facts import op_category
-from exporter.analysis.render import report_html, report_text
-from exporter.analysis.report import Report
-from exporter.analysis.rules import apply_rules
+from exporter.analysis.facts.capture import CaptureFacts, gather_facts
+from exporter.analysis.facts.programs import op_category
+from exporter.analysis.report.document import Report
+from exporter.analysis.report.render import report_html, report_text
+from exporter.analysis.report.rules import apply_rules
 from exporter.testing.synthetic import write_tpu_capture
 from tests.analysis_captures import AnalysisCaptures
 from tests.xprof_cli import xprof_cli

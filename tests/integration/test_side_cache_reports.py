@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis import side_cache
+from exporter.analysis.sides import cache as side_cache
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.pipeline.worker import ReportSettings, ReportWorker
@@ -99,8 +99,8 @@ def test_real_cpu_captures_compare_the_same_from_their_caches(
 ) -> None:
     """JAX CPU captures (XLA on host threads, the xla_host view): decoded and cached
     sides compare the same, both ways, in every view."""
-    from exporter.analysis.compare import compare_sides
-    from exporter.analysis.sides import load_side, load_sides
+    from exporter.analysis.compare.comparison import compare_sides
+    from exporter.analysis.sides.load import load_side, load_sides
     from exporter.profiles import xplane
 
     store = SessionStore(tmp_path / "store")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from exporter.analysis.baselines import BaselineStore
+from exporter.analysis.sides.baselines import BaselineStore
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import MAX_MARK_BYTES, SessionStore
 from exporter.capture.watcher import SessionWatcher

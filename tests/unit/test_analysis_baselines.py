@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.analysis.baselines import BaselineStore
+from exporter.analysis.sides.baselines import BaselineStore
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 

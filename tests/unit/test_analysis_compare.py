@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from exporter.analysis import noise
-from exporter.analysis.compare import compare_sides
-from exporter.analysis.sides import Side
+from exporter.analysis.compare import noise
+from exporter.analysis.compare.comparison import compare_sides
+from exporter.analysis.sides.load import Side
 from exporter.profiles.flamegraph import FlameGraph
 
 REQUIRED_ENTRY_KEYS = {
@@ -440,7 +440,7 @@ def test_new_work_between_two_captures_a_side_is_judged_across_steps() -> None:
 
 
 def test_the_text_and_page_state_min_detectable_and_one_step_statistic() -> None:
-    from exporter.analysis.render import comparison_html, comparison_text
+    from exporter.analysis.report.render import comparison_html, comparison_text
 
     result = compare_sides(replicates(BASE, 100, 4), replicates(with_growth("softmax", 10), 200, 4))
     text = comparison_text(result)
@@ -461,7 +461,7 @@ def test_the_diff_page_colours_by_excess_per_step() -> None:
     import json
     import re
 
-    from exporter.analysis.render import comparison_html
+    from exporter.analysis.report.render import comparison_html
 
     # Every op x1.5 and softmax x3: by share the unchanged ops read "shrank" beside it; by
     # excess beyond the machine-wide scale they are no change.
@@ -479,7 +479,7 @@ def test_the_diff_page_colours_by_excess_per_step() -> None:
 
 
 def test_two_captures_a_side_state_what_is_beyond_reach_and_what_would_do() -> None:
-    from exporter.analysis.render import detectable_sentence
+    from exporter.analysis.report.render import detectable_sentence
 
     # Ops that move by half between processes, 2 degrees of freedom: no number for a grown
     # frame (it read 343024 % of the step), and how many captures would do.

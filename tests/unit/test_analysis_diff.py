@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exporter.analysis.diff import align
+from exporter.analysis.compare.diff import align
 from exporter.profiles.flamegraph import OTHER, FlameGraph
 from exporter.profiles.frames import FrameLabel
 

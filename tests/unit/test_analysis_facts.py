@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from exporter.analysis.facts import CaptureFacts, _host_facts
-from exporter.analysis.intervals import covered, subtract, union
+from exporter.analysis.facts.capture import CaptureFacts, _host_facts
+from exporter.analysis.facts.intervals import covered, subtract, union
 from exporter.proto import xplane_pb2
 from tests.xspace_builder import PlaneBuilder
 

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from exporter.analysis import rules
-from exporter.analysis.collectives import async_role, is_communication
-from exporter.analysis.facts import CaptureFacts, gather_facts
-from exporter.analysis.hosts import host_entries, host_name
-from exporter.analysis.report import analyze
+from exporter.analysis.facts.capture import CaptureFacts, gather_facts
+from exporter.analysis.facts.collectives import async_role, is_communication
+from exporter.analysis.facts.hosts import host_entries, host_name
+from exporter.analysis.report import rules
+from exporter.analysis.report.document import analyze
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.testing.synthetic import tpu_capture, write_tpu_capture
 
@@ -220,7 +220,7 @@ def test_communication_and_start_done_overlap_on_a_hand_built_plane(tmp_path: Pa
     # under its transfer (110-200), its done op waits 30 ns (200-230), then an all-reduce
     # (230-280; its category a string ref, as XProf writes it). No Async XLA Ops line:
     # the window is the start/done pair on the op line.
-    from exporter.analysis.facts import _host_facts
+    from exporter.analysis.facts.capture import _host_facts
     from exporter.proto import xplane_pb2
     from tests.xspace_builder import PlaneBuilder
 
@@ -257,8 +257,8 @@ def test_communication_and_start_done_overlap_on_a_hand_built_plane(tmp_path: Pa
 
 
 def test_cpu_collectives_are_taken_from_the_xla_client_threads_op_names() -> None:
-    from exporter.analysis.facts import _host_communication
-    from exporter.analysis.xla_host import XlaEvents
+    from exporter.analysis.facts.capture import _host_communication
+    from exporter.analysis.sides.xla_host import XlaEvents
 
     paths = [("jit_step", "fusion.1"), ("jit_step", "all-reduce.2"), ("jit_step", "send.4")]
     events = XlaEvents(
@@ -277,8 +277,8 @@ def test_cpu_collectives_are_taken_from_the_xla_client_threads_op_names() -> Non
 def test_cpu_collectives_are_recognised_by_their_hlo_opcode_whatever_their_name() -> None:
     # JAX names an instruction after its primitive: lax.psum's all-reduce is "psum.7"
     # on the CPU client threads. Its opcode, from the capture's HLO proto, says what it is.
-    from exporter.analysis.facts import _host_communication
-    from exporter.analysis.xla_host import XlaEvents
+    from exporter.analysis.facts.capture import _host_communication
+    from exporter.analysis.sides.xla_host import XlaEvents
 
     paths = [("jit_step", "dot.1"), ("jit_step", "psum.7"), ("jit_other", "psum.7")]
     events = XlaEvents(

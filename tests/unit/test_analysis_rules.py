@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from exporter.analysis import rules
-from exporter.analysis.facts import CaptureFacts
-from exporter.analysis.report import Report
+from exporter.analysis.facts.capture import CaptureFacts
+from exporter.analysis.report import rules
+from exporter.analysis.report.document import Report
 
 
 def facts(**overrides: Any) -> CaptureFacts:
@@ -110,7 +110,7 @@ def test_unknown_steps_give_no_input_finding() -> None:
 
 
 def host_with_steps(lengths_ms: list[float]) -> Any:
-    from exporter.analysis.facts import _Host
+    from exporter.analysis.facts.capture import _Host
 
     cycles, t = [], 0
     for length in lengths_ms:
@@ -121,7 +121,7 @@ def host_with_steps(lengths_ms: list[float]) -> Any:
 
 
 def test_one_step_at_twice_the_median_is_a_slow_step_in_ms() -> None:
-    from exporter.analysis.facts import _step_facts
+    from exporter.analysis.facts.capture import _step_facts
 
     steps = _step_facts([host_with_steps([100.0 + (i % 3) for i in range(19)] + [200.0])])
     assert steps is not None and steps["outliers"] == 1 and steps["outlier_ms"] == [200.0]
@@ -133,7 +133,7 @@ def test_one_step_at_twice_the_median_is_a_slow_step_in_ms() -> None:
 
 
 def test_steady_steps_have_no_slow_step_finding_whatever_their_spread() -> None:
-    from exporter.analysis.facts import _step_facts
+    from exporter.analysis.facts.capture import _step_facts
 
     # A wide but even spread (cv 0.3) has no outlier: nothing hides behind the mean.
     even = _step_facts([host_with_steps([70.0, 100.0, 130.0] * 7)])
@@ -142,7 +142,7 @@ def test_steady_steps_have_no_slow_step_finding_whatever_their_spread() -> None:
 
 
 def test_slow_steps_costing_a_tenth_of_the_time_are_p1() -> None:
-    from exporter.analysis.facts import _step_facts
+    from exporter.analysis.facts.capture import _step_facts
 
     steps = _step_facts([host_with_steps([100.0] * 17 + [400.0, 400.0, 400.0])])
     found = rules.StepTimeSpreadRule().apply(facts(steps=steps))
@@ -185,7 +185,7 @@ def test_input_impact_splits_overlap_from_a_faster_loader() -> None:
     ],
 )
 def test_data_phase_names(name: str, data: bool) -> None:
-    from exporter.analysis.facts import is_data_phase
+    from exporter.analysis.facts.capture import is_data_phase
 
     assert is_data_phase(name) is data
 
@@ -201,7 +201,7 @@ def test_recompiling_a_quarter_of_the_step_is_p0() -> None:
 
 
 def test_memory_note_names_cpu_only_on_cpu() -> None:
-    from exporter.analysis.facts import _memory
+    from exporter.analysis.facts.capture import _memory
 
     for backend, said in (("cpu", True), ("tpu", False)):
         found = CaptureFacts(backend=backend)

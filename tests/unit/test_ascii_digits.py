@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from exporter.analysis.gpu_kernels import parse_kernel_details
+from exporter.analysis.facts.gpu_kernels import parse_kernel_details
 from exporter.ascii_digits import parse_ascii_int
 from exporter.cli import main
 from exporter.config import parse_hostport

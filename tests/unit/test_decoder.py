@@ -29,8 +29,8 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from exporter import __version__
-from exporter.analysis import xla_host
-from exporter.analysis.sides import capture_side
+from exporter.analysis.sides import xla_host
+from exporter.analysis.sides.load import capture_side
 from exporter.errors import InputError
 from exporter.profiles import xspace
 from exporter.profiles.flamegraph import FlameGraph
@@ -519,7 +519,7 @@ def test_version_says_which_decoder_is_in_use() -> None:
 @pytest.mark.parametrize("collectives", [False, True])
 def test_report_facts_are_the_same_read_in_pieces(tmp_path: Path, collectives: bool) -> None:
     """Device busy, communication and overlap per step add up across pieces exactly."""
-    from exporter.analysis.facts import gather_facts
+    from exporter.analysis.facts.capture import gather_facts
 
     path = tmp_path / "tpu-vm-0.xplane.pb"
     shape = {"devices": 2, "steps": 4, "ops_per_step": 300, "distinct_ops": 40}

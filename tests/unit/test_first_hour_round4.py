@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from exporter.analysis.render import _esc, report_html
-from exporter.analysis.report import analyze
+from exporter.analysis.report.document import analyze
+from exporter.analysis.report.render import _esc, report_html
 from exporter.api.app import create_app
 from exporter.cli import main
 from exporter.config import load_settings, option_shown

@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.analysis import xla_host
+from exporter.analysis.sides import xla_host
 from exporter.errors import InputError
 from exporter.profiles import nesting, xplane
 from exporter.profiles.convert import flamegraph_from_capture
@@ -497,7 +497,7 @@ FOUND_ELSEWHERE = [
 def test_inputs_found_by_the_decoder_differential(
     data: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from exporter.analysis.sides import capture_side
+    from exporter.analysis.sides.load import capture_side
 
     _convert_capture(data, tmp_path / "found.xplane.pb", None, monkeypatch)
     for kind in (None, "device", "host"):

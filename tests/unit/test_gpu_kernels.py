@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis.facts import gather_facts
-from exporter.analysis.gpu_kernels import (
+from exporter.analysis.facts.capture import gather_facts
+from exporter.analysis.facts.gpu_kernels import (
     gpu_kernel_facts,
     parse_kernel_details,
     read_kernels,
@@ -354,8 +354,8 @@ def test_kernel_details_parse_as_xprof_parses_them() -> None:
 
 
 def test_the_report_shows_the_kernel_table_and_launch_overhead(tmp_path: Path) -> None:
-    from exporter.analysis.render import report_html, report_text
-    from exporter.analysis.report import analyze
+    from exporter.analysis.report.document import analyze
+    from exporter.analysis.report.render import report_html, report_text
 
     path = tmp_path / "gpu.xplane.pb"
     write_gpu_capture(path, steps=3, kernels_per_step=20, gemm_every=0)

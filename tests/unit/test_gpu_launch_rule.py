@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis import rules
-from exporter.analysis.facts import CaptureFacts, gather_facts
+from exporter.analysis.facts.capture import CaptureFacts, gather_facts
+from exporter.analysis.report import rules
 from exporter.testing.synthetic_gpu import write_gpu_capture
 
 

@@ -110,7 +110,7 @@ def test_xprof_child_applies_it(tmp_path: Path) -> None:
     pytest.importorskip("xprof")
     capture = _capture(tmp_path)  # no tool asked: the child starts, imports XProf, answers {}
     setup = (
-        "from exporter.analysis.xprof_tools import _main\n"
+        "from exporter.analysis.facts.xprof_tools import _main\n"
         f"_main(['--tools', '', {str(capture)!r}])\nprint()"  # its JSON ends no line
     )
     assert _probe(setup) == {"new_mapping": False}
@@ -120,7 +120,7 @@ def test_importing_the_commands_does_not_apply_it() -> None:
     # Only a command's start applies it: `mlprof serve` imports these modules too.
     setup = (
         "import exporter.cli, exporter.cli_analysis, exporter.pipeline.job\n"
-        "import exporter.analysis.xprof_tools, exporter.heap"
+        "import exporter.analysis.facts.xprof_tools, exporter.heap"
     )
     assert _probe(setup) == {"new_mapping": True}
 

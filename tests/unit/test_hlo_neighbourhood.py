@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.analysis import rules
-from exporter.analysis.facts import CaptureFacts, _compiler, _top_ops
-from exporter.analysis.neighbourhood import MAX_NEIGHBOURS, neighbourhood
-from exporter.analysis.program_facts import add_program_facts, hlo_ops
+from exporter.analysis.facts.capture import CaptureFacts, _compiler, _top_ops
+from exporter.analysis.facts.neighbourhood import MAX_NEIGHBOURS, neighbourhood
+from exporter.analysis.facts.programs import add_program_facts, hlo_ops
+from exporter.analysis.report import rules
 from exporter.profiles.flamegraph import FlameGraph
 from tests.unit.test_program_facts import _capture_with_hlo, _msg, _varint
 

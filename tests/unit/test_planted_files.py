@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import pytest
 
 from exporter import regular_files, schema
-from exporter.analysis.sides import SideContext, load_side
+from exporter.analysis.sides.load import SideContext, load_side
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.capture.targets import LocalRunDiscovery

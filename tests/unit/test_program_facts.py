@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis import rules
-from exporter.analysis.facts import CaptureFacts
-from exporter.analysis.program_facts import (
+from exporter.analysis.facts.capture import CaptureFacts
+from exporter.analysis.facts.programs import (
     HloOp,
     add_program_facts,
     hlo_ops,
@@ -19,6 +18,7 @@ from exporter.analysis.program_facts import (
     peak_allocations,
     roofline,
 )
+from exporter.analysis.report import rules
 from exporter.proto import xplane_pb2
 
 
@@ -196,8 +196,8 @@ def test_an_unreadable_hlo_is_a_reason_not_a_failed_report(
 ) -> None:
     # The HLO is read once per capture with its host's facts (CPU collectives' opcodes
     # come from it): a capture whose metadata plane cannot be read still gets a report.
-    from exporter.analysis import program_facts
-    from exporter.analysis.report import analyze
+    from exporter.analysis.facts import programs as program_facts
+    from exporter.analysis.report.document import analyze
     from exporter.errors import InputError
 
     path = _capture_with_hlo(tmp_path / "h.xplane.pb", _hlo_proto())

@@ -1,4 +1,4 @@
-"""exporter.analysis.rank_tests against scipy, the reference it replaces in the product.
+"""exporter.analysis.compare.rank_tests against scipy, the reference it replaces in the product.
 
 scipy's ``mannwhitneyu`` (two-sided, ``method='auto'``) and ``false_discovery_control``
 (BH) on the same rows: random continuous steps (the normal approximation), integer
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy.stats import false_discovery_control, mannwhitneyu
 
-from exporter.analysis.noise import rank_tests
-from exporter.analysis.rank_tests import benjamini_hochberg, mann_whitney_u
+from exporter.analysis.compare.noise import rank_tests
+from exporter.analysis.compare.rank_tests import benjamini_hochberg, mann_whitney_u
 
 
 def _shapes(rng: np.random.Generator, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -116,7 +116,7 @@ def test_a_short_side_against_a_long_one_is_exact_in_little_memory() -> None:
 def test_student_t_is_scipys(df: int) -> None:
     from scipy.stats import t as student
 
-    from exporter.analysis.rank_tests import student_t_critical, student_t_two_sided
+    from exporter.analysis.compare.rank_tests import student_t_critical, student_t_two_sided
 
     values = np.array([0.0, 0.1, 0.5, 1.0, 2.0, 3.5, 7.0, 20.0, -2.0])
     np.testing.assert_allclose(

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis import side_cache
-from exporter.analysis.compare import compare_sides
-from exporter.analysis.sides import Side, load_side, load_sides
+from exporter.analysis.compare.comparison import compare_sides
+from exporter.analysis.sides import cache as side_cache
+from exporter.analysis.sides.load import Side, load_side, load_sides
 from exporter.profiles import xplane
 from exporter.proto import xplane_pb2
 from exporter.testing.synthetic import write_tpu_capture

@@ -317,7 +317,7 @@ def test_old_kineto_categories_and_string_thread_ids_read_alike(tmp_path: Path) 
 
 
 def test_a_gpu_trace_side_is_the_step_view_and_its_steps_add_up(tmp_path: Path) -> None:
-    from exporter.analysis.sides import load_side
+    from exporter.analysis.sides.load import load_side
 
     path = kt.write(tmp_path / "t.json", steps(5, extra=True))
     side = load_side(str(path))

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from exporter import schema
-from exporter.analysis.baselines import BaselineStore
+from exporter.analysis.sides.baselines import BaselineStore
 from exporter.api.app import create_app
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import MAX_MARK_BYTES, MAX_REPORT_BYTES, SessionStore
@@ -619,7 +619,7 @@ def test_a_sessions_memory_side_reads_no_linked_or_fifo_profile(
     tmp_path: Path, outside: Path, kind: str
 ) -> None:
     """``compare --kind memory`` of a session followed a *.pprof.gz link out of it."""
-    from exporter.analysis.sides import load_side
+    from exporter.analysis.sides.load import load_side
     from exporter.errors import InputError
 
     session = tmp_path / "store" / "plugins" / "profile" / "s1"

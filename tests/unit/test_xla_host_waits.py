@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.analysis import xla_host
-from exporter.analysis.facts import gather_facts
+from exporter.analysis.facts.capture import gather_facts
+from exporter.analysis.sides import xla_host
 from exporter.profiles.xplane import load_capture
 from exporter.proto import xplane_pb2
 from tests.xspace_builder import PlaneBuilder

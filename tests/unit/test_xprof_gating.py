@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from exporter.analysis import xprof_tools
-from exporter.analysis.render import report_text
-from exporter.analysis.report import analyze
-from exporter.analysis.xprof_tools import FACT_TOOLS, TOOLS, plan_tools
+from exporter.analysis.facts import xprof_tools
+from exporter.analysis.facts.xprof_tools import FACT_TOOLS, TOOLS, plan_tools
+from exporter.analysis.report.document import analyze
+from exporter.analysis.report.render import report_text
 from exporter.testing.synthetic import write_tpu_capture
 
 
@@ -206,7 +206,7 @@ def test_a_corrupt_copy_makes_every_xprof_fact_unavailable(
     def corrupt(source: Path, target: Path) -> None:
         Path(target).write_bytes(b"\x0a\xff\xff\xff\x0f" + Path(source).read_bytes()[:4096])
 
-    monkeypatch.setattr("exporter.analysis.xprof_tools.shutil.copyfile", corrupt)
+    monkeypatch.setattr("exporter.analysis.facts.xprof_tools.shutil.copyfile", corrupt)
     facts = analyze(str(tpu_capture), xprof_max_mb=150).to_json()["facts"]
     assert facts["roofline"]["available"] is False
     assert facts["roofline"]["reason"].startswith("XProf's roofline_model: ")

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, cast
 
-from exporter.analysis.compare import Comparison, compare_sides
-from exporter.analysis.fact_types import BaselineSummary, Regression, StepVerdict
-from exporter.analysis.facts import CaptureFacts, gather_facts
-from exporter.analysis.rules import Finding, apply_rules
-from exporter.analysis.sides import (
+from exporter.analysis.compare.comparison import Comparison, compare_sides
+from exporter.analysis.facts.capture import CaptureFacts, gather_facts
+from exporter.analysis.facts.types import BaselineSummary, Regression, StepVerdict
+from exporter.analysis.report.rules import Finding, apply_rules
+from exporter.analysis.sides.load import (
     Kind,
     Side,
     SideContext,
@@ -137,7 +137,7 @@ def _summary(report: Report) -> str:
 
 def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str, Any]]:
     """The capture files an analysis input names (a file, a session, ``run:<id>``)."""
-    from exporter.analysis.sides import RUN_PREFIX, run_spec
+    from exporter.analysis.sides.load import RUN_PREFIX, run_spec
     from exporter.capture.inputs import existing_input
 
     if spec.startswith(RUN_PREFIX):
@@ -244,7 +244,7 @@ def analyze(
     paths, described = capture_paths(spec, context)
     started = time.perf_counter()
     if all(is_torch_trace(p) for p in paths):  # torch.profiler traces: their own reader
-        from exporter.analysis.torch_facts import trace_facts
+        from exporter.analysis.facts.torch_traces import trace_facts
 
         facts = trace_facts(paths, memory_samples)
     else:

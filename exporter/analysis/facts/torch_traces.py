@@ -1,6 +1,6 @@
 """The facts of torch.profiler traces (``mlprof analyze trace.pt.trace.json``).
 
-The same facts as a capture's, where a trace has them (:mod:`exporter.analysis.facts`):
+The same facts as a capture's, where a trace has them (:mod:`exporter.analysis.facts.capture`):
 
 * steps: ``ProfilerStep#N`` cycles (a step's start to the next one's start);
 * breakdown: the share of each cycle the *work* covers (GPU kernels, memcpy and memset
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from exporter.analysis import facts as capture_facts
-from exporter.analysis.intervals import covered, subtract, union
-from exporter.analysis.sides import step_cycles
+from exporter.analysis.facts import capture as capture_facts
+from exporter.analysis.facts.intervals import covered, subtract, union
+from exporter.analysis.sides.load import step_cycles
 from exporter.profiles.torch_trace import (
     DEVICE_CATEGORIES,
     STEP_SOURCE,

@@ -14,8 +14,8 @@ import html
 from importlib import resources
 from typing import Any, Final
 
-from exporter.analysis.compare import Comparison, Entry
-from exporter.analysis.report import Report
+from exporter.analysis.compare.comparison import Comparison, Entry
+from exporter.analysis.report.document import Report
 from exporter.profiles.flamegraph import format_value
 from exporter.profiles.html import flame_graph_page, render_html, script_json
 
@@ -234,14 +234,14 @@ def _diff_tree(comparison: Comparison, max_frames: int) -> dict[str, Any]:
 
 
 def _alpha() -> float:
-    from exporter.analysis.noise import FDR_ALPHA
+    from exporter.analysis.compare.noise import FDR_ALPHA
 
     return FDR_ALPHA
 
 
 def comparison_html(comparison: Comparison, title: str | None = None) -> str:
     """The differential flame graph page of ``comparison``."""
-    template = resources.files("exporter.analysis").joinpath("diff.html").read_text("utf-8")
+    template = resources.files("exporter.analysis.report").joinpath("diff.html").read_text("utf-8")
     data = comparison.to_json(top=0)
     view = "step view" if data["view"] == "step" else data["kind"]
     title = title or f"{view} diff: {comparison.base.spec} → {comparison.head.spec}"
@@ -585,7 +585,9 @@ def _graphs(report: Report) -> str:
 
 def report_html(report: Report, title: str | None = None) -> str:
     """The ``summary.html`` page of ``report``."""
-    template = resources.files("exporter.analysis").joinpath("report.html").read_text("utf-8")
+    template = (
+        resources.files("exporter.analysis.report").joinpath("report.html").read_text("utf-8")
+    )
     data = report.to_json()
     title = title or f"mlprof report: {report.input.get('spec', '')}"
     counts = report.counts()

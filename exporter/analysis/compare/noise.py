@@ -7,7 +7,7 @@ frames move systematically (a rank test across the steps of one capture calls a
 5-point move q = 5e-20). So a frame is only called a *regression* when it is both
 
 * **large**: its excess time per step (beyond the machine-wide scale, see
-  :mod:`exporter.analysis.compare`) is at least :data:`MIN_NEW_STEP_PCT` of the step for
+  :mod:`exporter.analysis.compare.comparison`) is at least :data:`MIN_NEW_STEP_PCT` of the step for
   new work, or :data:`MIN_GROWN_STEP_PCT` and :data:`MIN_RELATIVE_CHANGE` of its own
   time for work that grew; these floors are measured between *processes*
   (``bench/detection.py``), the unit a user compares; and
@@ -15,7 +15,7 @@ frames move systematically (a rank test across the steps of one capture calls a
   Mann-Whitney U test of the base's steps against the head's rejects "same
   distribution" at a false-discovery rate of :data:`FDR_ALPHA` across the frames tested
   (Benjamini-Hochberg; both computed as scipy computes them, in
-  :mod:`exporter.analysis.rank_tests`).
+  :mod:`exporter.analysis.compare.rank_tests`).
 
 The step's own change is judged in ratio (log) space, alike in both directions: with one
 capture a side against :data:`STEP_NOISE_PCT` (a factor either way: on a CPU x6, so
@@ -44,7 +44,7 @@ from typing import Final
 
 import numpy as np
 
-from exporter.analysis.rank_tests import (
+from exporter.analysis.compare.rank_tests import (
     benjamini_hochberg,
     mann_whitney_u,
     student_t_two_sided,

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from exporter.analysis.fact_types import (
+from exporter.analysis.facts.capture import CaptureFacts
+from exporter.analysis.facts.types import (
     BaselineSummary,
     Breakdown,
     FormattingOp,
@@ -26,7 +27,6 @@ from exporter.analysis.fact_types import (
     Neighbour,
     Regression,
 )
-from exporter.analysis.facts import CaptureFacts
 
 __all__ = [
     "RULES",

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from exporter.analysis.intervals import union
+from exporter.analysis.facts.intervals import union
 from exporter.ascii_digits import parse_ascii_int
 from exporter.profiles.nesting import FAR
 
@@ -440,7 +440,7 @@ def read_kernels(capture: Capture, cycles: Sequence[tuple[int, int]] = ()) -> Ca
     ``cycles`` (absolute ns) are the step cycles: launch overhead is also counted
     inside them, for a per-step figure.
     """
-    from exporter.analysis.intervals import covered, subtract
+    from exporter.analysis.facts.intervals import covered, subtract
 
     gpus = [ref for ref in capture.planes if GPU_PLANE_RE.fullmatch(ref.name)]
     if not gpus:

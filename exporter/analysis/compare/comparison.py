@@ -14,7 +14,7 @@ The answer comes in this order:
    ratio (log) space so that A vs B and B vs A mirror each other ("faster" is "slower"
    read backwards). One capture a side: a bootstrap interval and the factor that
    separate runs of the same workload show on that backend
-   (:data:`exporter.analysis.noise.STEP_NOISE_PCT`, or the spread of the workload's own
+   (:data:`exporter.analysis.compare.noise.STEP_NOISE_PCT`, or the spread of the workload's own
    history); replicates: Student's t on the captures' log median steps.
 2. **Attribution in absolute time.** Every frame's mean time per step on each side
    (``base_ms``/``head_ms``), its change (``delta_ms``) and its **excess**: the change
@@ -27,13 +27,13 @@ The answer comes in this order:
 3. **Verdicts.** A frame is a regression when it is significant and large. One capture a
    side: significant by Mann-Whitney U across steps of its scaled time per step
    (Benjamini-Hochberg across the frames tested), large from
-   :data:`~exporter.analysis.noise.MIN_NEW_STEP_PCT` of the step for new (or, read
-   backwards, removed) work, from :data:`~exporter.analysis.noise.MIN_GROWN_STEP_PCT`
-   and :data:`~exporter.analysis.noise.MIN_RELATIVE_CHANGE` of its own time (in ratio
+   :data:`~exporter.analysis.compare.noise.MIN_NEW_STEP_PCT` of the step for new (or, read
+   backwards, removed) work, from :data:`~exporter.analysis.compare.noise.MIN_GROWN_STEP_PCT`
+   and :data:`~exporter.analysis.compare.noise.MIN_RELATIVE_CHANGE` of its own time (in ratio
    terms, both ways) for work that grew. Replicates: significant by Student's t between
    the captures' values after each capture's own machine-wide scale
-   (:func:`exporter.analysis.noise.replicate_tests`), large from
-   :data:`~exporter.analysis.noise.REPLICATE_MIN_STEP_PCT`. Runtime waits
+   (:func:`exporter.analysis.compare.noise.replicate_tests`), large from
+   :data:`~exporter.analysis.compare.noise.REPLICATE_MIN_STEP_PCT`. Runtime waits
    (XLA's executor waiting for its thunks, a host thread in dispatch, the step
    annotation's own time while XLA works) are kept out of the candidates: their time
    is the work they wait on, which is judged itself (``"wait": true`` in the JSON).
@@ -66,16 +66,16 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from exporter.analysis import noise
-from exporter.analysis.diff import AlignedTree, DiffFrame, align
-from exporter.analysis.noise import HOST_PHASE
-from exporter.analysis.rank_tests import (
+from exporter.analysis.compare import noise
+from exporter.analysis.compare.diff import AlignedTree, DiffFrame, align
+from exporter.analysis.compare.noise import HOST_PHASE
+from exporter.analysis.compare.rank_tests import (
     benjamini_hochberg,
     student_t_critical,
     student_t_two_sided,
 )
-from exporter.analysis.sides import HOST_FRAME, XLA_THREAD, Side
-from exporter.analysis.xla_host import RUNTIME_WAIT_RE
+from exporter.analysis.sides.load import HOST_FRAME, XLA_THREAD, Side
+from exporter.analysis.sides.xla_host import RUNTIME_WAIT_RE
 
 __all__ = [
     "DEFAULT_TOP",
@@ -634,7 +634,7 @@ def compare_sides(
     Each side is one :class:`Side` or a non-empty sequence of them, one per capture
     (process): replicates, whose spread is the noise between runs. ``history``: median
     step times (ns) of earlier runs of the same workload; with
-    :data:`~exporter.analysis.noise.MIN_HISTORY` or more, their spread replaces the
+    :data:`~exporter.analysis.compare.noise.MIN_HISTORY` or more, their spread replaces the
     measured step-time noise of the backend (one capture a side).
     """
     base_reps, head_reps = _replicates(base, "base"), _replicates(head, "head")

@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from exporter.analysis.fact_types import HostFacts
+from exporter.analysis.facts.types import HostFacts
 from exporter.ascii_digits import parse_ascii_int
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import MAX_RECORD_BYTES

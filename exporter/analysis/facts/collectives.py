@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from exporter.analysis.fact_types import Overlap
-from exporter.analysis.intervals import covered, union
+from exporter.analysis.facts.intervals import covered, union
+from exporter.analysis.facts.types import Overlap
 
 if TYPE_CHECKING:
     from exporter.profiles.xplane import Capture, OpLine, PlaneRef

@@ -11,7 +11,7 @@ fact to the one tool it needs; :func:`plan_tools` picks them for a capture), and
 runs on a capture over :data:`XPROF_MAX_CAPTURE_MB`: the fact is then
 ``{"available": false, "reason": ...}``, never a failed report.
 
-    python -m exporter.analysis.xprof_tools [--tools a,b] CAPTURE [CAPTURE ...]  # JSON
+    python -m exporter.analysis.facts.xprof_tools [--tools a,b] CAPTURE [CAPTURE ...]  # JSON
 """
 
 from __future__ import annotations
@@ -532,7 +532,7 @@ def _run_child(
     from exporter.sandbox import run_python
 
     done = run_python(
-        ["-m", "exporter.analysis.xprof_tools", "--tools", tool, *copies],
+        ["-m", "exporter.analysis.facts.xprof_tools", "--tools", tool, *copies],
         memory_mb=_child_memory_mb(memory_mb),
         timeout_s=timeouts[0],
         what=f"XProf {tool}",

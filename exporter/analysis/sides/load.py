@@ -49,7 +49,7 @@ from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.torch_trace import find_traces, is_torch_trace
 
 if TYPE_CHECKING:
-    from exporter.analysis import side_cache
+    from exporter.analysis.sides import cache as side_cache
     from exporter.profiles.steps import StepWindow
     from exporter.profiles.xplane import Capture
 
@@ -207,7 +207,7 @@ def capture_side(
     noise view (``xla_host`` for the device view of a CPU capture, else the kind).
 
     ``device`` on a capture without device planes (JAX on CPU) is the XLA computations
-    that ran on its host threads (:mod:`exporter.analysis.xla_host`); it is also the
+    that ran on its host threads (:mod:`exporter.analysis.sides.xla_host`); it is also the
     default there when such computations exist, as the steadiest view to compare (the
     host view attributes waiting time to different frames from one process to the next).
     ``cache`` keeps the step windows and XLA events between calls for several kinds.
@@ -229,7 +229,7 @@ def capture_side(
     spans = [(w.start_ns, w.end_ns) for w in cycles]
     lengths = [hi - lo for lo, hi in spans]
     if kind != "host" and not capture.device_planes:
-        from exporter.analysis import xla_host
+        from exporter.analysis.sides import xla_host
 
         if "events" not in cache:
             cache["events"] = xla_host.xla_host_events(capture)
@@ -330,10 +330,10 @@ def _read_capture_kinds(
     """One capture read once into a side per kind (each new, or merged into ``sides``).
 
     The reads come from the capture's side cache where it holds them
-    (:mod:`exporter.analysis.side_cache`), else from decoding the capture, once for
+    (:mod:`exporter.analysis.sides.cache`), else from decoding the capture, once for
     every kind missing (the cache is then rewritten beside a session's capture).
     """
-    from exporter.analysis import side_cache
+    from exporter.analysis.sides import cache as side_cache
 
     asked = [
         side.kind if side is not None else kind for kind, side in zip(kinds, sides, strict=True)
@@ -363,7 +363,7 @@ def _decode_capture_kinds(
     path: Path, kinds: list[str | None]
 ) -> tuple[dict[str, side_cache.CaptureRead], set[str] | None]:
     """Decode ``path`` once into a read per kind (an InputError of a kind is its read)."""
-    from exporter.analysis import side_cache
+    from exporter.analysis.sides import cache as side_cache
     from exporter.profiles.xplane import load_capture
 
     reads: dict[str, side_cache.CaptureRead] = {}
@@ -689,7 +689,7 @@ def load_side(spec: str, kind: Kind | None = None, context: SideContext | None =
     if spec.startswith(RUN_PREFIX):
         return _read_run(spec[len(RUN_PREFIX) :], kind, context, spec)
     if spec.startswith(PYROSCOPE_PREFIX):
-        from exporter.analysis.pyroscope_query import select_merged
+        from exporter.analysis.sides.pyroscope import select_merged
 
         chosen, graph, profile_type = select_merged(
             spec[len(PYROSCOPE_PREFIX) :], kind, context, spec

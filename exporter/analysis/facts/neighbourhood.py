@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from exporter.analysis.fact_types import FormattingOp, Neighbour, Neighbourhood, TopOp
+from exporter.analysis.facts.types import FormattingOp, Neighbour, Neighbourhood, TopOp
 
 if TYPE_CHECKING:
-    from exporter.analysis.facts import CaptureFacts
-    from exporter.analysis.program_facts import HloOp
+    from exporter.analysis.facts.capture import CaptureFacts
+    from exporter.analysis.facts.programs import HloOp
 
 __all__ = ["MAX_NEIGHBOURS", "add_neighbourhoods", "neighbourhood"]
 

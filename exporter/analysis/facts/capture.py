@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
-from exporter.analysis.fact_types import (
+from exporter.analysis.facts.intervals import covered, subtract, union
+from exporter.analysis.facts.types import (
     Breakdown,
     CompilerFacts,
     GpuKernelFacts,
@@ -49,7 +50,6 @@ from exporter.analysis.fact_types import (
     StepFacts,
     TopOp,
 )
-from exporter.analysis.intervals import covered, subtract, union
 from exporter.profiles.capture_files import capture_bytes
 from exporter.profiles.flamegraph import FlameGraph
 
@@ -278,7 +278,7 @@ def _host_communication(
     Time the machine computes is not lost to communication; the rest of the
     collectives' time is (what the step would save without them).
     """
-    from exporter.analysis.collectives import COMMUNICATION_CATEGORIES, is_communication
+    from exporter.analysis.facts.collectives import COMMUNICATION_CATEGORIES, is_communication
 
     if not len(events):
         return np.zeros(len(cycles), float), {}
@@ -328,11 +328,11 @@ def _host_communication(
 
 
 def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
-    from exporter.analysis import xla_host
-    from exporter.analysis.collectives import CommunicationRecorder, overlap_facts
-    from exporter.analysis.gpu_kernels import read_kernels
-    from exporter.analysis.program_facts import capture_hlo_ops, unreadable_hlo
-    from exporter.analysis.sides import step_cycles
+    from exporter.analysis.facts.collectives import CommunicationRecorder, overlap_facts
+    from exporter.analysis.facts.gpu_kernels import read_kernels
+    from exporter.analysis.facts.programs import capture_hlo_ops, unreadable_hlo
+    from exporter.analysis.sides import xla_host
+    from exporter.analysis.sides.load import step_cycles
     from exporter.profiles.steps import step_windows
     from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
 
@@ -543,7 +543,7 @@ def _overlap(found: list[Overlap]) -> Overlap | None:
 def _top_ops(graph: FlameGraph | None) -> list[TopOp]:
     if graph is None or graph.root.total <= 0:
         return []
-    from exporter.analysis.xla_host import RUNTIME_WAIT_RE
+    from exporter.analysis.sides.xla_host import RUNTIME_WAIT_RE
 
     leaves: dict[str, int] = {}
     for _, node in graph.paths():
@@ -559,7 +559,7 @@ def _top_ops(graph: FlameGraph | None) -> list[TopOp]:
 
 
 def _compiler(graph: FlameGraph | None) -> CompilerFacts | None:
-    from exporter.analysis.program_facts import DATA_FORMATTING_CATEGORY, DATA_FORMATTING_RE
+    from exporter.analysis.facts.programs import DATA_FORMATTING_CATEGORY, DATA_FORMATTING_RE
 
     if graph is None or graph.root.total <= 0:
         return None
@@ -681,13 +681,13 @@ def gather_facts(
     facts.top_ops = _top_ops(device)
     facts.compiler = _compiler(device)
     facts.recompilation = _recompilation(hosts)
-    from exporter.analysis.gpu_kernels import gpu_kernel_facts
+    from exporter.analysis.facts.gpu_kernels import gpu_kernel_facts
 
     # gpu_kernels.py builds its JSON as a plain dict: its shape is GpuKernelFacts.
     facts.gpu_kernels = cast(
         GpuKernelFacts, gpu_kernel_facts([h.gpu for h in hosts], facts.backend)
     )
-    from exporter.analysis.program_facts import add_program_facts
+    from exporter.analysis.facts.programs import add_program_facts
 
     # Each capture's HLO, read with its host's facts: merged, not read again.
     merged: dict[str, dict[str, Any]] = {}
@@ -718,7 +718,7 @@ def _xprof_facts(
     max_capture_mb: float | None,
 ) -> None:
     """``facts.xprof``: the converters whose facts this capture can have, if not too large."""
-    from exporter.analysis.xprof_tools import capture_limit_mb, plan_tools
+    from exporter.analysis.facts.xprof_tools import capture_limit_mb, plan_tools
 
     plan = plan_tools(
         backend=facts.backend,
@@ -742,7 +742,7 @@ def _xprof_facts(
 def _hosts(facts: CaptureFacts, hosts: list[_Host], *, mad_floor: float | None = None) -> None:
     """``facts.hosts``; with 2 hosts the straggler verdict is said to be unknown.
     ``mad_floor``: the straggler score's, if not the shipped one (bench/stragglers.py)."""
-    from exporter.analysis.hosts import (
+    from exporter.analysis.facts.hosts import (
         STRAGGLER_MAD_FLOOR,
         STRAGGLER_MIN_HOSTS,
         host_entries,
@@ -772,6 +772,6 @@ def _hosts(facts: CaptureFacts, hosts: list[_Host], *, mad_floor: float | None =
 
 def run_tools(paths: Sequence[Path], tools: Sequence[str]) -> dict[str, Any]:
     """XProf's ``tools`` on ``paths`` in a bounded child (xprof_tools.run_xprof_tools)."""
-    from exporter.analysis.xprof_tools import run_xprof_tools
+    from exporter.analysis.facts.xprof_tools import run_xprof_tools
 
     return run_xprof_tools(paths, tools)

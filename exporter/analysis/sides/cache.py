@@ -1,9 +1,9 @@
 """A capture's per-step sides kept beside it: a comparison reads the baseline once.
 
-Reading a capture into sides (:func:`exporter.analysis.sides.capture_side`: the whole
+Reading a capture into sides (:func:`exporter.analysis.sides.load.capture_side`: the whole
 graph, one graph per step cycle, the cycle lengths, for each kind asked for) decodes
 every event of it, seconds for a real capture. The result is small: a few thousand
-distinct frames and at most :data:`~exporter.analysis.sides.MAX_STEP_SAMPLES` steps.
+distinct frames and at most :data:`~exporter.analysis.sides.load.MAX_STEP_SAMPLES` steps.
 It is kept in ``<capture>.sides.json.gz`` (:data:`SUFFIX`) beside the capture, and a
 later read of the same capture (the baseline of every alert-started report, ``mlprof
 compare`` against a session) loads it instead of decoding.
@@ -120,7 +120,7 @@ class Fingerprint:
 
 @dataclass
 class CaptureRead:
-    """One kind of one capture as :func:`~exporter.analysis.sides.capture_side` read it,
+    """One kind of one capture as :func:`~exporter.analysis.sides.load.capture_side` read it,
     or the InputError message it raised (``error``)."""
 
     chosen: str = ""

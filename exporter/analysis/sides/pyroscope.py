@@ -27,7 +27,7 @@ from exporter.errors import ConfigError, InputError
 from exporter.profiles.flamegraph import FlameGraph
 
 if TYPE_CHECKING:
-    from exporter.analysis.sides import Kind, SideContext
+    from exporter.analysis.sides.load import Kind, SideContext
 
 __all__ = [
     "PROFILE_TYPES",

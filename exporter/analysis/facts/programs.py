@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from exporter.analysis.fact_types import (
+from exporter.analysis.facts.types import (
     Buffer,
     OpCategories,
     OpCategoryRow,
@@ -33,7 +33,7 @@ from exporter.analysis.fact_types import (
 )
 
 if TYPE_CHECKING:
-    from exporter.analysis.facts import CaptureFacts
+    from exporter.analysis.facts.capture import CaptureFacts
     from exporter.profiles.flamegraph import FlameGraph
     from exporter.profiles.xplane import Capture
 
@@ -365,7 +365,7 @@ def op_category(
     custom-call target, its name), not every op under an ``attention`` name scope: the
     projections of an attention block stay matmuls.
     """
-    from exporter.analysis.xla_host import RUNTIME_WAIT_RE
+    from exporter.analysis.sides.xla_host import RUNTIME_WAIT_RE
 
     if RUNTIME_WAIT_RE.match(name):
         return "runtime wait"
@@ -509,7 +509,7 @@ def _add_sources(
 def _tool(facts: CaptureFacts, fact: str) -> tuple[dict[str, Any] | None, str]:
     """XProf's answer for ``fact`` (from its one tool, xprof_tools.FACT_TOOLS), or why
     there is none."""
-    from exporter.analysis.xprof_tools import FACT_TOOLS
+    from exporter.analysis.facts.xprof_tools import FACT_TOOLS
 
     skipped = (facts.xprof.get("skipped") or {}).get(fact)
     if skipped:
@@ -686,7 +686,7 @@ def add_program_facts(
     facts.op_categories = op_categories(facts.graphs.get("device"), facts.backend, ops)
     hlo_stats, _ = _tool(facts, "op_sources")
     _add_sources(facts, ops, (hlo_stats or {}).get("ops") or {})
-    from exporter.analysis.neighbourhood import add_neighbourhoods
+    from exporter.analysis.facts.neighbourhood import add_neighbourhoods
 
     try:
         add_neighbourhoods(facts, ops, damaged, *_op_self_times(facts))

@@ -7,7 +7,7 @@ into ``other`` on *both* sides together, ranking by the larger side, so that a f
 never looks added or removed because one side alone was cut.
 
 A side is a list of graphs: one per step window when the side has steps (the samples
-of :mod:`exporter.analysis.noise`), or a single whole graph. Values are kept per graph
+of :mod:`exporter.analysis.compare.noise`), or a single whole graph. Values are kept per graph
 in ``(frames x graphs)`` matrices; a frame's identity is (name, file, line), the key
 the profiles layer gives frames.
 

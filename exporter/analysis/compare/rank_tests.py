@@ -1,6 +1,6 @@
 """Mann-Whitney U, Student's t and Benjamini-Hochberg over many frames at once, in numpy.
 
-The comparison's significance test (:func:`exporter.analysis.noise.rank_tests`): every
+The comparison's significance test (:func:`exporter.analysis.compare.noise.rank_tests`): every
 frame is a row of per-step times, and each row's base steps are tested against its
 head steps. It computes what ``scipy.stats.mannwhitneyu(head, base, axis=1,
 alternative="two-sided")`` and ``scipy.stats.false_discovery_control(p, method="bh")``
