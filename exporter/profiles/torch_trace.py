@@ -429,11 +429,11 @@ class _Host:
     """The host threads nested once; the frame tree shared by host and launch stacks."""
 
     def __init__(self, trace: TorchTrace, windows_ns: np.ndarray | None) -> None:
-        from exporter.profiles.xplane import _Frames  # the XSpace host graph's frame tree
+        from exporter.profiles.xplane import FrameTree  # the XSpace graphs' frame tree
 
         self.trace = trace
         self.base_ns = min(trace.start_ns) if trace.start_ns else 0
-        self.frames = _Frames(None if windows_ns is None else windows_ns)
+        self.frames = FrameTree(None if windows_ns is None else windows_ns)
         self.labels: list[FrameLabel] = []
         self.launch_label: list[bool] = []
         label_ids: dict[tuple[str, str], int] = {}

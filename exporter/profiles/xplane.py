@@ -22,7 +22,7 @@ under that event and its tail beside it, and every event's time stays under its 
 name. A TraceMe nested in a TraceMe of the same name folds into one frame.
 
 Events nested deeper than ``MAX_EVENT_DEPTH`` fold into one frame named ``CUT_FRAME``
-(totals stay exact). Each graph comes from :class:`_Frames`, which also splits self time
+(totals stay exact). Each graph comes from :class:`FrameTree`, which also splits self time
 across time windows for :mod:`exporter.profiles.steps`.
 
 Speed: events are touched once each, reading three integer fields into numpy arrays;
@@ -71,6 +71,7 @@ __all__ = [
     "HOST_PLANE",
     "MAX_EVENT_DEPTH",
     "Capture",
+    "FrameTree",
     "OpLine",
     "PlaneRef",
     "device_flamegraph",
@@ -106,8 +107,11 @@ Labels = tuple[FrameLabel, ...]
 FOLD = -1  # a segment whose frames are its parent's (adjacent identical frames)
 
 
-class _Frames:
+class FrameTree:
     """The frame tree shared by the lines of one conversion, and self time per window.
+
+    Public: torch.profiler traces (:mod:`exporter.profiles.torch_trace`) build their host
+    and device graphs on it too, so both kinds of capture nest and window alike.
 
     Nodes are interned as (parent node, frame-tuple id); a frame tuple is the labels one
     event adds below its parent (device ops add name scopes, category and op). Node 0 is
@@ -435,7 +439,7 @@ def _gpu_stat_ids(plane: Plane) -> dict[str, int]:
 
 
 def _gpu_tuple_ids(
-    plane: Plane, line: xplane_pb2.XLine, frames: _Frames, stat_ids: dict[str, int]
+    plane: Plane, line: xplane_pb2.XLine, frames: FrameTree, stat_ids: dict[str, int]
 ) -> np.ndarray:
     """Per lasting event of a GPU stream line: program > name scope > op > kernel.
 
@@ -482,7 +486,7 @@ def _op_piece(
     programs: _Programs,
     base_ns: int,
     piece: tuple[np.ndarray, np.ndarray, np.ndarray],
-    frames: _Frames,
+    frames: FrameTree,
     infos: dict[int, _OpInfo],
 ) -> None:
     """Add one piece of an op line (events no other piece's cross) to ``frames``."""
@@ -551,7 +555,7 @@ def _op_piece(
     frames.add_line(base_ns, nested, tuple_ids, 0)
 
 
-def _device_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> None:
+def _device_plane(capture: Capture, ref: PlaneRef, frames: FrameTree) -> None:
     """Add one device plane's op time to ``frames``."""
     plane = capture.plane(ref)
     headers = line_headers(capture, plane)
@@ -608,7 +612,7 @@ def device_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[Flame
     planes = capture.device_planes
     if not planes:
         return None
-    frames = _Frames(windows_ns)
+    frames = FrameTree(windows_ns)
     for ref in planes:
         _device_plane(capture, ref, frames)
     return frames.graphs(graph_template(capture, "device"))
@@ -664,7 +668,7 @@ def _thread_names(
 
 
 def _host_tuple_ids(
-    plane: Plane, nested: Nested, frames: _Frames, labels: dict[int, FrameLabel]
+    plane: Plane, nested: Nested, frames: FrameTree, labels: dict[int, FrameLabel]
 ) -> np.ndarray:
     """Each host segment's frame tuple (``labels``: the plane's labels made so far)."""
     metas, index = dense_index(nested.label)
@@ -686,7 +690,7 @@ def _host_tuple_ids(
     return tuple_ids
 
 
-def _host_plane(capture: Capture, ref: PlaneRef, frames: _Frames) -> list[str]:
+def _host_plane(capture: Capture, ref: PlaneRef, frames: FrameTree) -> list[str]:
     """Add a host plane's lines to ``frames``; returns the thread comments."""
     plane = capture.plane(ref)
     headers = line_headers(capture, plane)
@@ -732,7 +736,7 @@ def host_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGr
     planes = capture.host_planes
     if not planes:
         return None
-    frames = _Frames(windows_ns)
+    frames = FrameTree(windows_ns)
     template = graph_template(capture, "host")
     for ref in planes:
         template.comments.extend(_host_plane(capture, ref, frames))

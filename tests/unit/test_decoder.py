@@ -258,7 +258,7 @@ def test_deep_folded_and_overlapping_stacks_read_the_same() -> None:
 def test_compiled_self_time_makes_the_numpy_frame_tree(
     max_depth: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # _Frames.add_line through the compiled core's self_tree and through numpy (assign,
+    # FrameTree.add_line through the compiled core's self_tree and through numpy (assign,
     # window_self), on random lines with folded segments anywhere (the top included) and
     # depth caps crossed: the same nodes, made in the same order, and the same self time.
     import random
@@ -279,7 +279,7 @@ def test_compiled_self_time_makes_the_numpy_frame_tree(
             lines.append((nested, tuples, rng.choice([0, 1])))
         made = []
         for core in (None, xspace._xwire):
-            frames = xplane._Frames(None)
+            frames = xplane.FrameTree(None)
             frames.core = core
             for labels in ("a", "b", "c", "d"):
                 frames.tuple_id((xplane.FrameLabel(labels),))
@@ -309,7 +309,7 @@ def test_compiled_self_time_grows_past_its_first_thousand_nodes() -> None:
     ]  # fmt: skip
     made = []
     for core in (None, xspace._xwire):
-        frames = xplane._Frames(None)
+        frames = xplane.FrameTree(None)
         frames.core = core
         for i in range(n + 1):
             frames.tuple_id((xplane.FrameLabel(f"t{i}"),))
