@@ -219,6 +219,8 @@ async def get_compare(
                 read=[wanted],
             ),
         )
+    except UnavailableError as exc:  # the child's deadline or no memory budget: busy
+        raise HTTPException(503, str(exc), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except MlprofError as exc:
         raise HTTPException(422, str(exc)) from None
     finally:

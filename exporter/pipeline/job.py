@@ -71,6 +71,9 @@ class JobResult:
     ok: bool
     error: str = ""
     seconds: float = 0.0
+    # Stopped at its deadline or never started for want of memory budget: the input may
+    # be fine, the sidecar was busy (a door answers 503, not "bad input").
+    unavailable: bool = False
 
 
 def run_job(
@@ -100,9 +103,10 @@ def run_job(
     if done.ok:
         return JobResult(True, seconds=done.seconds)
     if done.timed_out:
-        return JobResult(False, f"analysis took over {timeout_s:g}s and was stopped")
+        stopped = f"analysis took over {timeout_s:g}s and was stopped"
+        return JobResult(False, stopped, done.seconds, unavailable=True)
     if done.no_budget:
-        return JobResult(False, f"analysis not started: {done.error}", done.seconds)
+        return JobResult(False, f"analysis not started: {done.error}", done.seconds, True)
     message = done.error
     if done.killed:
         message = f"analysis stopped (exit {done.returncode}; memory limit {done.memory_mb} MiB?)"
@@ -170,14 +174,32 @@ def flamegraphs_in_child(
 @dataclass(frozen=True)
 class ChildLimits:
     """A child's deadline and address space (``MLPROF_REPORT_TIMEOUT_S``,
-    ``MLPROF_REPORT_MAX_MEMORY_MB``)."""
+    ``MLPROF_REPORT_MAX_MEMORY_MB``), and how far a pprof it reads may inflate
+    (``MLPROF_MAX_PROFILE_BYTES``, ``_RATIO``; None: the child's own settings)."""
 
     timeout_s: float = 300.0
     max_memory_mb: int = 4096
+    max_profile_bytes: int | None = None
+    max_profile_ratio: float | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ChildLimits:
-        return cls(settings.report_timeout_s, settings.report_max_memory_mb)
+        return cls(
+            settings.report_timeout_s,
+            settings.report_max_memory_mb,
+            settings.max_profile_bytes,
+            settings.max_profile_ratio,
+        )
+
+    def args(self) -> list[str]:
+        """The inflation bounds as the child's flags: a door's settings (a YAML file's
+        too) reach the child as its other values do, not through its environment."""
+        found = []
+        if self.max_profile_bytes is not None:
+            found.append(f"--max-profile-bytes={self.max_profile_bytes}")
+        if self.max_profile_ratio is not None:
+            found.append(f"--max-profile-ratio={self.max_profile_ratio!r}")
+        return found
 
 
 def child_context_args(context: SideContext) -> tuple[list[str], dict[str, str]]:
@@ -216,17 +238,20 @@ def in_child(
     read: Sequence[str],
 ) -> dict[str, bytes]:
     """Run job ``command`` on ``inputs`` in a bounded child; the files it wrote that
-    ``read`` names, as bytes. InputError with the child's one-line reason on failure."""
-    from exporter.errors import InputError
+    ``read`` names, as bytes. InputError with the child's one-line reason on failure;
+    UnavailableError (a door's 503) when it ran out of time or found no memory budget."""
+    from exporter.errors import InputError, UnavailableError
 
     context_args, env = child_context_args(context)
     with tempfile.TemporaryDirectory(prefix=f"mlprof-{command}-") as out:
-        args = [command, *inputs, out, *context_args, *options]
+        args = [command, *inputs, out, *context_args, *limits.args(), *options]
         # In an empty directory: a store's session id can never name a file of the
         # sidecar's working directory (the child's readers try a name as a path first).
         empty = Path(out) / "cwd"
         empty.mkdir()
         result = run_job(args, limits.timeout_s, limits.max_memory_mb, env=env, cwd=empty)
+        if result.unavailable:
+            raise UnavailableError(result.error)
         if not result.ok:
             raise InputError(result.error)
         found: dict[str, bytes] = {}
@@ -241,8 +266,11 @@ def _convert(path: Path, kind: str, ns: argparse.Namespace) -> dict[str, Any]:
     """The child's side of :func:`flamegraphs_in_child`."""
     below = Path(ns.shared_dir) if ns.shared_dir else None
     if kind == "capture":
+        from exporter.profiles.torch_trace import is_torch_trace, trace_flamegraphs
         from exporter.profiles.xplane import xplane_flamegraphs
 
+        if is_torch_trace(path):  # a torch.profiler trace (pipeline/torch_watcher.py)
+            return trace_flamegraphs(path)
         return dict(xplane_flamegraphs(path))
     if kind == "memory":
         from exporter.profiles.memory import load_memory_profile
@@ -387,8 +415,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             _write_bytes(out, COMPARE_JSON, document(comparison, "json", ns.top))
             _write_bytes(out, COMPARE_HTML, document(comparison, "html"))
         else:  # subtree
+            from exporter.config import load_settings
+
             frames = json.loads(ns.frames) if ns.frames else []
-            answer = usecases.flamegraph_subtree(specs[0], context, frames, ns.kind, ns.limit)
+            # The door's inflation bounds (ChildLimits.args) over the environment's.
+            bounds = {"max_profile_bytes": ns.max_profile_bytes,
+                      "max_profile_ratio": ns.max_profile_ratio}  # fmt: skip
+            answer = usecases.flamegraph_subtree(
+                specs[0], context, frames, ns.kind, ns.limit, settings=load_settings(None, **bounds)
+            )
             _write(out, SUBTREE_JSON, json.dumps(answer))
     except (MlprofError, ValueError) as exc:
         print(f"mlprof: {exc}", file=sys.stderr)
