@@ -83,6 +83,7 @@ __all__ = [
     "Entry",
     "StepVerdict",
     "compare_sides",
+    "frame_label",
     "is_host_phase",
     "is_wait",
 ]
@@ -155,6 +156,21 @@ def is_wait(
         return True
     # The host's step annotation: its own time is the thread blocked inside the step.
     return frame.name in step_names or any(_WAIT.match(f.name) for f in stack[:-1])
+
+
+def frame_label(names: Sequence[str]) -> str:
+    """A frame as titles name it: its program (or, in the host part, its thread) > itself.
+
+    Always, not only when the name recurs in this comparison: XLA names ops per HLO
+    module, so ``fusion.2`` or ``ynn_fusion`` is an op of most programs (a new
+    ``jit_extra_work``'s ``ynn_fusion`` beside the step's own), and a title that changed
+    with what else a capture held could not be searched for. The stack between the two
+    (a ``while`` body) is in ``frame``; XLA's op names are unique within a module.
+    """
+    shown = list(names[1:] if len(names) > 1 and names[0] == HOST_FRAME else names)
+    if len(shown) <= 1:
+        return "".join(shown)
+    return f"{shown[0]} > {shown[-1]}"
 
 
 def is_host_phase(frame: DiffFrame) -> bool:
@@ -279,6 +295,11 @@ class Entry:
         return self.head_ms - self.base_ms
 
     @property
+    def label(self) -> str:
+        """The frame as a title names it (:func:`frame_label`): ``jit_extra_work > ynn_fusion``."""
+        return frame_label([f.name for f in self.frame.stack()])
+
+    @property
     def site(self) -> DiffFrame | None:
         """The innermost frame of the user's own code (a file outside installed packages).
 
@@ -296,6 +317,7 @@ class Entry:
         return {
             "frame": ";".join(f.name.replace(";", ":") for f in stack),
             "name": self.frame.name,
+            "label": self.label,
             "file": self.frame.file,
             "line": self.frame.line,
             "site": None if site is None else f"{site.name} ({site.file}:{site.line})",

@@ -331,6 +331,7 @@ class Regression(TypedDict):
 
     frame: str
     name: str
+    label: NotRequired[str]  # program > op (compare.frame_label); reports before it lack it
     file: str
     line: int
     site: str | None

@@ -32,7 +32,14 @@ from exporter.errors import InputError
 from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
 from exporter.profiles.torch_trace import find_traces, is_torch_trace
 
-__all__ = ["REPORT_VERSION", "Report", "analyze", "baseline_summary", "capture_paths"]
+__all__ = [
+    "REPORT_VERSION",
+    "Report",
+    "analyze",
+    "baseline_summary",
+    "capture_paths",
+    "xprof_step_time",
+]
 
 REPORT_VERSION: Final = 1
 OPTIMAL: Final = "OPTIMAL"
@@ -81,17 +88,36 @@ class Report:
         }
 
 
+def xprof_step_time(xprof: dict[str, Any]) -> str | None:
+    """XProf's own step time (its ``input_pipeline_analyzer``), labelled as such: the one
+    figure the summary, the key numbers and the text call "XProf step time"."""
+    tools = xprof.get("tools") or {}
+    ipa = (tools.get("input_pipeline_analyzer") or {}).get("summary") or {}
+    average = (ipa.get("step_time_ms") or {}).get("average")
+    if average is None:
+        return None
+    return (
+        f"XProf step time {average:.1f} ms (input_pipeline_analyzer's average over "
+        f"{ipa.get('steps')} steps, {ipa.get('hardware_type')})"
+    )
+
+
 def _summary(report: Report) -> str:
     f = report.facts
     sentences = []
     where = f"{len(f.files)} capture{'s' if len(f.files) != 1 else ''} on {f.backend.upper()}"
     if f.steps:
         s = f.steps
-        xprof = (
-            f"; XProf's step time, without the first and last step: {s['xprof_mean_ms']:.1f} ms"
-            if s.get("xprof_mean_ms") is not None
-            else ""
-        )
+        xprof = ""
+        if (measured := xprof_step_time(f.xprof)) is not None:
+            xprof = f"; {measured}"
+        elif s.get("xprof_mean_ms") is not None:
+            # Our own reading of XProf's definition, never called XProf's: the converter's
+            # figure (Key numbers) can differ from it, and a page held two "XProf step times".
+            xprof = (
+                f"; mean without each capture's first and last step (XProf's definition; "
+                f"its converter did not run): {s['xprof_mean_ms']:.1f} ms"
+            )
         sentences.append(
             f"{s['count']} steps from {where}: median {s['median_ms']:.1f} ms, mean "
             f"{s['mean_ms']:.1f} ms, from one step's start to the next's{xprof}."
@@ -226,16 +252,20 @@ def analyze(
     spec: str,
     context: SideContext | None = None,
     *,
-    baseline: str | None = None,
+    baseline: str | Sequence[str] | None = None,
     baseline_session: str | None = None,
     baseline_reason: str = "given",
     xprof: bool = True,
     xprof_max_mb: float | None = None,
     memory_samples: Sequence[dict[str, Any]] = (),
     history: Sequence[float] | None = None,
+    replicates: Sequence[str] = (),
 ) -> Report:
     """Analyse what ``spec`` names; compare against ``baseline`` when one is given.
 
+    ``baseline``: one spec, or several (replicates: one capture each, whose spread is the
+    noise between captures); ``replicates``: what ``spec`` holds as such captures (an
+    alert's session of several), compared one by one instead of as one side.
     ``xprof``: run the XProf converters whose facts the capture can have, unless it is
     over ``xprof_max_mb`` (default: the setting ``MLPROF_REPORT_XPROF_MAX_CAPTURE_MB``).
     ``history``: earlier runs' median step (ns); their spread judges the step time.
@@ -258,27 +288,34 @@ def analyze(
     summary = None
     if baseline is not None:
         kinds: list[Kind] = _compare_kinds(facts)
-        head_spec = str(paths[0]) if len(paths) == 1 else spec
-        bases = _load_kinds(baseline, kinds, context, facts)
-        heads = _load_kinds(head_spec, [k for k in kinds if k in bases], context, facts)
+        base_specs = [baseline] if isinstance(baseline, str) else list(baseline)
+        head_specs = list(replicates) or [str(paths[0]) if len(paths) == 1 else spec]
+        bases = [_load_kinds(one, kinds, context, facts) for one in base_specs]
+        read = [k for k in kinds if all(k in b for b in bases)]
+        heads = [_load_kinds(one, read, context, facts) for one in head_specs]
         timings["load_s"] = round(time.perf_counter() - started, 3)
-        pairs: dict[str, tuple[Side, Side]] = {k: (bases[k], h) for k, h in heads.items()}
+        pairs: dict[str, tuple[list[Side], list[Side]]] = {
+            k: ([b[k] for b in bases], [h[k] for h in heads])
+            for k in read
+            if all(k in h for h in heads)
+        }
         if "device" in pairs and "host" in pairs:
             # The step view first: what explains the step, device work and host phases.
             joined = (
-                join_step_view(bases["device"], bases["host"]),
-                join_step_view(heads["device"], heads["host"]),
+                [join_step_view(b["device"], b["host"]) for b in bases],
+                [join_step_view(h["device"], h["host"]) for h in heads],
             )
-            if joined[0].scope == joined[1].scope == "step":
+            if all(side.scope == "step" for side in [*joined[0], *joined[1]]):
                 pairs = {"step": joined, **pairs}
-        for kind, (base_side, head) in pairs.items():
+        for kind, (base_sides, head_sides) in pairs.items():
             begun = time.perf_counter()
             try:
-                comparisons[kind] = compare_sides(base_side, head, history=history)
+                comparisons[kind] = compare_sides(base_sides, head_sides, history=history)
             except ValueError as exc:
                 facts.unavailable[f"baseline_{kind}"] = str(exc)
             timings[f"compare_{kind}_s"] = round(time.perf_counter() - begun, 3)
-        summary = baseline_summary(comparisons, baseline, baseline_session, baseline_reason)
+        shown = " + ".join(base_specs)  # as a comparison's spec joins its replicates'
+        summary = baseline_summary(comparisons, shown, baseline_session, baseline_reason)
     findings = apply_rules(facts, summary)
     timings["compare_s"] = round(time.perf_counter() - started, 3)
     return Report(described, facts, findings, summary, comparisons, timings=timings)

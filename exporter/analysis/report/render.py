@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Final
 
 from exporter.analysis.compare.comparison import Comparison, Entry
-from exporter.analysis.report.document import Report
+from exporter.analysis.report.document import Report, xprof_step_time
 from exporter.profiles.flamegraph import format_value
 from exporter.profiles.html import flame_graph_page, render_html, script_json
 
@@ -46,9 +46,8 @@ def _entry_row(entry: Entry, unit: str, per_step: bool) -> list[str]:
     )
     if entry.regression and entry.new:
         verdict += " (new)"
-    stack = entry.frame.stack()
-    shown = ";".join(f.name for f in stack[-2:])
-    name = ("…;" if len(stack) > 2 else "") + shown + (" (total)" if basis == "total" else "")
+    # The title's own name (program > op), so text, page and JSON name a frame alike.
+    name = entry.label + (" (total)" if basis == "total" else "")
     if per_step and unit == "nanoseconds":
         explains = "-" if entry.explains_pct is None else f"{entry.explains_pct:.0f}%"
         return [
@@ -317,16 +316,9 @@ def _numbers(report: Report) -> str:
     if f.memory:
         m = f.memory
         rows.append(("device memory peak", f"{m['peak_pct']:.1f}% of capacity ({m['source']})"))
-    tools = f.xprof.get("tools") or {}
-    ipa = (tools.get("input_pipeline_analyzer") or {}).get("summary") or {}
-    if ipa.get("step_time_ms", {}).get("average") is not None:
-        rows.append(
-            (
-                "XProf step time",
-                f"{ipa['step_time_ms']['average']} ms average over "
-                f"{ipa['steps']} steps ({ipa.get('hardware_type')})",
-            )
-        )
+    if (measured := xprof_step_time(f.xprof)) is not None:
+        # The summary's own sentence: one "XProf step time" on the page.
+        rows.append(("XProf step time", measured.removeprefix("XProf step time ")))
     rows += _program_rows(f)
     body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
     return f'<table id="numbers">{body}</table>' + _program_tables(f)

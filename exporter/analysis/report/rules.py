@@ -809,9 +809,11 @@ class BaselineRegressionRule(Rule):
         if (q_value := top.get("q_value")) is not None:
             evidence["q_value"] = q_value
         what = "new work" if top.get("new") else f"{basis} time grew"
+        # Named with its program (jit_extra_work > ynn_fusion): an op's name alone recurs.
+        label = top.get("label") or top["name"]
         if per_step:
             title = (
-                f"{step_text}{top['name']}: {what}, +{top.get('excess_ms', 0):.3g} ms per step "
+                f"{step_text}{label}: {what}, +{top.get('excess_ms', 0):.3g} ms per step "
                 f"({step_pct:.1f}% of the step) against the baseline"
             )
             detail = (
@@ -822,7 +824,7 @@ class BaselineRegressionRule(Rule):
             impact = f"It adds {step_pct:.1f}% to every step."
         else:
             title = (
-                f"{step_text}{top['name']} {basis} time grew from {before:.1f}% to "
+                f"{step_text}{label} {basis} time grew from {before:.1f}% to "
                 f"{after:.1f}% ({baseline.get('kind')}) against the baseline"
             )
             detail = (
@@ -840,7 +842,7 @@ class BaselineRegressionRule(Rule):
             detail,
             evidence,
             impact,
-            f"Look at what changed in {top['name']} since the baseline (code, data, "
+            f"Look at what changed in {label} since the baseline (code, data, "
             "configuration); the differential flame graph shows where it grew.",
             {"frame": top["frame"]},
         )
