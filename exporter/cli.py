@@ -23,6 +23,7 @@ from exporter.errors import ConfigError, InputError, MlprofError
 
 if TYPE_CHECKING:  # settings (pydantic) load when a command needs them, not at start-up
     from exporter.config import Settings
+    from exporter.profiles.pprof import InflateLimits
 
 __all__ = ["main"]
 
@@ -394,10 +395,13 @@ def flamegraph(
 
     check_output(fmt, output)
     keep_freed_memory()  # a short-lived process: numpy temporaries reuse faulted-in pages
+    # A conversion does no BLAS, and OpenBLAS starts a thread per core when numpy is
+    # imported (it reads this only then): ~40 ms of CPU on two cores, start-up's largest
+    # cost after numpy's import itself (bench/convert.py --real).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from exporter.capture.inputs import existing_input
     from exporter.profiles.convert import flamegraph_from_path, render
     from exporter.profiles.flamegraph import format_value
-    from exporter.profiles.pprof import InflateLimits
 
     # Settings (and pydantic) only when needed: a session id to look up in the store, or
     # a memory profile whose inflation they bound.
@@ -409,6 +413,8 @@ def flamegraph(
         input_path = existing_input(input_text, _settings(None, store=store).store)
 
     def limits() -> InflateLimits:
+        from exporter.profiles.pprof import InflateLimits
+
         settings = _settings(None, store=store)
         return InflateLimits(settings.max_profile_bytes, settings.max_profile_ratio)
 

@@ -19,10 +19,11 @@ from google.protobuf.message import DecodeError
 from exporter.errors import InputError
 from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
 from exporter.profiles.flamegraph import FlameGraph
-from exporter.profiles.torch_memory import SNAPSHOT_SUFFIXES, is_torch_snapshot
-from exporter.profiles.torch_trace import find_traces, is_torch_trace
 
-if TYPE_CHECKING:  # the readers and writers load when an input or format needs them
+# The readers and writers load when an input or format needs them: an XProf capture's
+# graph imports neither PyTorch reader (their protobuf and JSON modules are a tenth of
+# ``mlprof flamegraph``'s start-up on a small capture).
+if TYPE_CHECKING:
     from exporter.profiles.pprof import InflateLimits
     from exporter.profiles.xplane import Capture
 
@@ -39,6 +40,7 @@ Kind = Literal["device", "host", "memory"]
 KINDS: tuple[Kind, ...] = ("device", "host", "memory")
 FORMATS = ("folded", "pprof", "html")
 PPROF_SUFFIXES = (".pprof.gz", ".pprof", ".pb.gz")
+SNAPSHOT_SUFFIXES = (".pickle", ".pkl")  # torch_memory.SNAPSHOT_SUFFIXES (a test holds them equal)
 MEMORY_SUFFIXES = (*PPROF_SUFFIXES, *SNAPSHOT_SUFFIXES)
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -98,7 +100,17 @@ def is_pprof(path: Path) -> bool:
 def _is_memory_file(path: Path) -> bool:
     if is_capture_name(path.name):
         return False
+    from exporter.profiles.torch_memory import is_torch_snapshot
+
     return is_pprof(path) or is_torch_snapshot(path)
+
+
+def _is_torch_trace(path: Path) -> bool:
+    if is_capture_name(path.name):  # an XProf capture's name: read as one, as it always was
+        return False
+    from exporter.profiles.torch_trace import is_torch_trace
+
+    return is_torch_trace(path)
 
 
 def _session_files(directory: Path, kind: Kind | None) -> list[Path]:
@@ -106,6 +118,8 @@ def _session_files(directory: Path, kind: Kind | None) -> list[Path]:
         found = sorted(p for s in MEMORY_SUFFIXES for p in directory.rglob(f"*{s}"))
         what = "device-memory profiles (*.pprof.gz) or PyTorch memory snapshots (*.pickle)"
     else:
+        from exporter.profiles.torch_trace import find_traces
+
         found = find_captures(directory) or find_traces(directory)
         what = f"XProf captures ({CAPTURES_NAMED}) or torch.profiler traces (*.json[.gz])"
     if not found:
@@ -134,7 +148,7 @@ def flamegraph_from_path(
             for other in graphs[1:]:
                 merged.merge(other)
             return merged
-        if is_torch_trace(path):  # before pprof: a gzipped trace has gzip's magic too
+        if _is_torch_trace(path):  # before pprof: a gzipped trace has gzip's magic too
             from exporter.profiles.torch_trace import flamegraph_from_trace, load_torch_trace
 
             return flamegraph_from_trace(load_torch_trace(path), kind, per_step)
@@ -145,6 +159,8 @@ def flamegraph_from_path(
                 raise InputError(
                     f"{path}: is a device-memory profile; it has no {kind} time (use --kind memory)"
                 )
+            from exporter.profiles.torch_memory import is_torch_snapshot
+
             if is_torch_snapshot(path):
                 from exporter.profiles.torch_memory import load_torch_memory_profile
 
