@@ -22,6 +22,14 @@ Layout of the shared directory::
     requests/memory-profile-<id>.json       the sidecar asks the workload for a memory
                                   profile: {"id", "time"}; each SDK process answers it
                                   once with a profile whose request_id is <id>
+    torch_traces/<name>.pt.trace.json[.gz]  a torch.profiler trace (Kineto's Chrome-trace
+                                  JSON): run.torch_profile() writes it (identity first,
+                                  trace renamed in last), or tensorboard_trace_handler
+                                  pointed here writes <worker>.<ms>.pt.trace.json; the
+                                  sidecar takes each once (a file without identity once
+                                  it has stopped changing) into its store as a session
+    torch_traces/<name>.json      the SDK's identity of the trace <name>.pt.trace.json:
+                                  run_id, workload, host, pid, time, trigger, name
     sidecar/ingest.json           where the sidecar accepts Pyroscope pushes from the
                                   workload's host profiler: {"url", "pid", "time"};
                                   written at start when Pyroscope is on, removed at stop
@@ -66,6 +74,9 @@ __all__ = [
     "STEPS_DIR",
     "STEP_LOG_SUFFIX",
     "STEP_PHASE",
+    "TORCH_TRACES_DIR",
+    "TORCH_TRACE_META_SUFFIX",
+    "TORCH_TRACE_SUFFIXES",
     "TRIGGERS",
 ]
 
@@ -116,6 +127,12 @@ CAPTURE_LOGDIR_ENV: Final = "MLPROF_CAPTURE_LOGDIR"
 CAPTURES_DIR: Final = "captures"
 PROFILE_SESSIONS_DIR: Final = "plugins/profile"
 SESSION_FILE: Final = "session.json"
+
+# torch.profiler traces the sidecar takes into its store (see the layout above).
+TORCH_TRACES_DIR: Final = "torch_traces"
+# What tensorboard_trace_handler writes (use_gzip adds .gz) and run.torch_profile() too.
+TORCH_TRACE_SUFFIXES: Final = (".pt.trace.json", ".pt.trace.json.gz")
+TORCH_TRACE_META_SUFFIX: Final = ".json"  # <name>.json beside <name>.pt.trace.json
 
 # Host CPU profiles: the workload's pyroscope-io agent samples its Python threads and
 # pushes ``process_cpu`` profiles (cpu nanoseconds) with the run's identity as labels.

@@ -30,6 +30,7 @@ from exporter.metrics.telemetry import Telemetry, build_telemetry
 from exporter.metrics.training import TrainingMetrics
 from exporter.pipeline.memory_watcher import MemoryProfileWatcher
 from exporter.pipeline.service import CaptureService
+from exporter.pipeline.torch_watcher import TorchTraceWatcher
 from exporter.pipeline.worker import ReportEvent, report_worker_from_settings
 from exporter.profiles.pprof import InflateLimits
 from exporter.regular_files import remove_file, replace_file
@@ -246,6 +247,20 @@ class Sidecar:
         # Reports: analysis.json + summary.html per finished session, in child processes.
         self.reports = report_worker_from_settings(settings, self.captures.store, meter)
         self.capture.hooks.add(self.reports)
+        # torch.profiler traces the workload writes into the shared dir become sessions
+        # like captures: the same hooks convert, push and report them.
+        self.torch_traces = TorchTraceWatcher(
+            settings.shared_dir, self.captures.store, [self.capture.hooks]
+        )
+        discarded.add(1 if self.torch_traces.state_discarded else 0, {"file": "torch_traces"})
+        self.tasks.append(
+            PeriodicTask(
+                "torch_traces",
+                self.torch_traces.poll,
+                settings.collect_interval_s,
+                ComponentStatus(required=False),
+            )
+        )
         # A marked baseline's session is never retention's to delete.
         self.captures.retention_keep = BaselineStore(self.captures.store).pinned
         # Alertmanager webhook policy: dedup, per-run cooldown, global limit, targets.

@@ -23,6 +23,7 @@ from exporter.capture.session import SessionRecord, utcnow
 from exporter.capture.store import SessionStore
 from exporter.profiles.capture_files import capture_stem, is_capture_name
 from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.torch_trace import is_trace_name, trace_stem
 from exporter.profiles.xplane import xplane_flamegraphs
 
 __all__ = [
@@ -194,7 +195,7 @@ class SessionProcessor:
             (target.host, target.run_id, name)
             for target in record.targets
             for name in target.files
-            if is_capture_name(name)
+            if is_capture_name(name) or is_trace_name(name)  # torch traces: torch_watcher.py
         ]
         starts = _conversion_starts(record)
         artifacts: list[dict[str, Any]] = []
@@ -254,7 +255,7 @@ class SessionProcessor:
         except Exception as exc:  # an unreadable capture is recorded, not fatal
             return [base | {"error": f"cannot convert: {exc}"}]
         artifacts = []
-        stem = capture_stem(name)
+        stem = trace_stem(name) if is_trace_name(name) else capture_stem(name)
         for source, graph in graphs.items():
             artifact: dict[str, Any] = base | {
                 "profile_source": source,

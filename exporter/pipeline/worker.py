@@ -37,6 +37,7 @@ from exporter.capture.store import SessionStore
 from exporter.json_limits import load_json, load_json_object
 from exporter.pipeline.job import REPORT_HTML, REPORT_JSON, run_job
 from exporter.profiles.capture_files import is_capture_name
+from exporter.profiles.torch_trace import is_trace_name
 from exporter.regular_files import open_directory, read_regular, read_tail
 
 if TYPE_CHECKING:
@@ -74,6 +75,11 @@ DASHBOARD_UID: Final = "mlprof-overview"
 MEMORY_TAIL_BYTES: Final = 1 << 20
 # A run's identity file (runs/<id>.json) is a few KiB.
 MAX_RUN_FILE_BYTES: Final = 1 << 20
+
+
+def _analysed(name: str) -> bool:
+    """A session file the report reads: an XProf capture or a torch.profiler trace."""
+    return is_capture_name(name) or is_trace_name(name)
 
 
 @dataclass(frozen=True)
@@ -210,7 +216,7 @@ class ReportWorker:
         record = self.store.read_record(session_id)
         if record is None:
             return None
-        captures = [n for t in record.targets for n in t.files if is_capture_name(n)]
+        captures = [n for t in record.targets for n in t.files if _analysed(n)]
         if not captures:
             return None
         workload = self.workload_of(record)
@@ -409,7 +415,7 @@ class ReportWorker:
             return
         record = self.store.read_record(session_id)
         names = [
-            n for t in (record.targets if record else []) for n in t.files if is_capture_name(n)
+            n for t in (record.targets if record else []) for n in t.files if _analysed(n)
         ]
         if not names:
             yield None

@@ -46,6 +46,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
+from exporter import schema
 from exporter.errors import InputError
 from exporter.json_limits import JSONInputError, load_json
 from exporter.profiles.flamegraph import FlameGraph
@@ -58,16 +59,20 @@ __all__ = [
     "MAX_TRACE_OBJECTS",
     "STEP_FRAME",
     "STEP_SOURCE",
+    "TRACE_SOURCES",
     "TorchTrace",
     "device_graphs",
     "find_traces",
     "flamegraph_from_trace",
     "host_graphs",
     "is_torch_trace",
+    "is_trace_name",
     "load_torch_trace",
     "memory_flamegraph",
     "step_graphs",
     "step_windows",
+    "trace_flamegraphs",
+    "trace_stem",
     "windowed_graphs",
 ]
 
@@ -92,6 +97,9 @@ STEP_FRAME: Final = "ProfilerStep"
 STEP_SOURCE: Final = "host_step_annotations"
 _OPEN_NS = 1 << 62  # an open window edge, far beyond any trace clock
 _STEP_RE = re.compile(r"^ProfilerStep#(\d{1,18})$")
+# The ``profile_source`` label of each graph the sidecar pushes from a trace (XSpace
+# captures push ``xprof_device`` / ``xprof_host``): device time, host wall time, bytes.
+TRACE_SOURCES: Final = {"device": "torch_device", "host": "torch_host", "memory": "torch_memory"}
 
 HOST_CATEGORIES: Final = frozenset(
     {"python_function", "cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
@@ -184,6 +192,22 @@ def is_torch_trace(path: Path) -> bool:
         return False
     head = _head(path).lstrip(b"\xef\xbb\xbf \t\r\n")
     return head.startswith(b"{") and b'"traceEvents"' in head
+
+
+def is_trace_name(name: str) -> bool:
+    """Whether a file of this name is a trace the sidecar takes (``*.pt.trace.json``, as
+    ``tensorboard_trace_handler`` and ``run.torch_profile()`` name them; ``.gz`` too).
+    Only where names are all there is (a session's files); a file the user names is
+    read by content (:func:`is_torch_trace`)."""
+    return name.endswith(schema.TORCH_TRACE_SUFFIXES)
+
+
+def trace_stem(name: str) -> str:
+    """The name without its trace suffix (``w.17.pt.trace.json.gz`` -> ``w.17``)."""
+    for suffix in sorted(schema.TORCH_TRACE_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
 
 
 def find_traces(directory: Path) -> list[Path]:
@@ -693,3 +717,23 @@ def flamegraph_from_trace(
     if host is None or host[0].root.total <= 0:
         raise InputError(f"{trace.source}: no host or GPU events in this torch.profiler trace")
     return host[0]
+
+
+def trace_flamegraphs(path: Path) -> dict[str, FlameGraph]:
+    """``{profile_source: graph}`` of a trace the sidecar took (a workload's file: no
+    link followed): device time when it has kernels, host wall time when it has host
+    events, allocated bytes when it has ``[memory]`` events; InputError if none."""
+    trace = load_torch_trace(path, follow_symlinks=False)
+    graphs: dict[str, FlameGraph] = {}
+    device = device_graphs(trace)
+    if device is not None and device[0].root.total > 0:
+        graphs[TRACE_SOURCES["device"]] = device[0]
+    host = host_graphs(trace)
+    if host is not None and host[0].root.total > 0:
+        graphs[TRACE_SOURCES["host"]] = host[0]
+    memory = memory_flamegraph(trace)
+    if memory is not None:
+        graphs[TRACE_SOURCES["memory"]] = memory
+    if not graphs:
+        raise InputError(f"{path}: no host, GPU or memory events in this torch.profiler trace")
+    return graphs

@@ -30,6 +30,7 @@ from exporter.sdk.mfu import MfuBasis, chip_peak, xla_step_flops
 from exporter.sdk.profile import Profile
 from exporter.sdk.steplog import StepLogWriter
 from exporter.sdk.torch_memory import DEFAULT_MAX_ENTRIES, record_history, stop_history
+from exporter.sdk.torch_profile import TorchTraceHandler, torch_profile
 
 __all__ = ["Run", "run"]
 
@@ -487,6 +488,17 @@ class Run:
         stores, converts and pushes the session (trigger ``programmatic``); needs JAX.
         """
         return Profile(self, name, host_tracer_level, python_tracer_level)
+
+    def torch_trace_handler(self, name: str = "trace", use_gzip: bool = False) -> TorchTraceHandler:
+        """An ``on_trace_ready`` for ``torch.profiler.profile``: each trace goes into the
+        shared dir, and the sidecar takes it as a session (flame graphs, push, report)."""
+        identity = {"run_id": self.run_id, "workload": self.name, "host": self.host}
+        return TorchTraceHandler(self.shared_dir, identity, name, use_gzip)
+
+    def torch_profile(self, name: str = "trace", use_gzip: bool = False, **kwargs: Any) -> Any:
+        """``torch.profiler.profile(**kwargs)`` writing its traces for the sidecar:
+        ``with run.torch_profile("train", schedule=..., with_stack=True) as prof:``."""
+        return torch_profile(self.torch_trace_handler(name, use_gzip), **kwargs)
 
     def flush(self) -> None:
         """Write buffered lines now (they are written every second anyway)."""

@@ -65,7 +65,9 @@ SINK_NAME = "pyroscope"
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 SESSION_ID_RE = re.compile(r"^[0-9a-f]{16}$")  # Pyroscope's __session_id__ format
 TRIGGERS = frozenset(schema.TRIGGERS)
-PROFILE_SOURCES = frozenset({"xprof_device", "xprof_host", "device_memory"})
+# torch_*: the graphs of a torch.profiler trace (exporter.profiles.torch_trace.TRACE_SOURCES).
+PROFILE_SOURCES = frozenset({"xprof_device", "xprof_host", "device_memory",
+                             "torch_device", "torch_host", "torch_memory"})  # fmt: skip
 # Pyroscope drops profiles older than its ingestion window (default 1 h); a spooled
 # profile older than this is re-stamped to now, with the capture time in a comment.
 RESTAMP_AFTER_NS = 50 * 60 * 1_000_000_000
