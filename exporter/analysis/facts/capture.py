@@ -108,6 +108,9 @@ class CaptureFacts:
     """Facts of one analysis input; ``to_json`` is the report's ``facts``."""
 
     backend: str = "unknown"
+    # What was read: "xspace" (XProf captures) or "torch_trace" (torch.profiler traces,
+    # facts/torch_traces.py); the report words its findings for it (report/rules.py).
+    capture_format: str = "xspace"
     files: list[str] = field(default_factory=list)
     steps: StepFacts | None = None
     hosts: list[HostFacts] = field(default_factory=list)  # one per capture file
@@ -128,6 +131,7 @@ class CaptureFacts:
     def to_json(self) -> dict[str, Any]:
         return {
             "backend": self.backend,
+            "capture_format": self.capture_format,
             "files": self.files,
             "steps": self.steps,
             "hosts": self.hosts,

@@ -19,7 +19,7 @@ from typing import Any, Final, cast
 from exporter.analysis.compare.comparison import Comparison, compare_sides
 from exporter.analysis.facts.capture import CaptureFacts, gather_facts
 from exporter.analysis.facts.types import BaselineSummary, Regression, StepVerdict
-from exporter.analysis.report.rules import Finding, apply_rules
+from exporter.analysis.report.rules import XLA_WORDS, Finding, apply_rules, vocabulary
 from exporter.analysis.sides.load import (
     Kind,
     Side,
@@ -105,13 +105,15 @@ def xprof_step_time(xprof: dict[str, Any]) -> str | None:
 def _summary(report: Report) -> str:
     f = report.facts
     sentences = []
-    where = f"{len(f.files)} capture{'s' if len(f.files) != 1 else ''} on {f.backend.upper()}"
+    words = vocabulary(f)  # XLA's, or PyTorch's for torch.profiler traces
+    what = "torch.profiler trace" if words is not XLA_WORDS else "capture"
+    where = f"{len(f.files)} {what}{'s' if len(f.files) != 1 else ''} on {f.backend.upper()}"
     if f.steps:
         s = f.steps
         xprof = ""
         if (measured := xprof_step_time(f.xprof)) is not None:
             xprof = f"; {measured}"
-        elif s.get("xprof_mean_ms") is not None:
+        elif s.get("xprof_mean_ms") is not None and words is XLA_WORDS:
             # Our own reading of XProf's definition, never called XProf's: the converter's
             # figure (Key numbers) can differ from it, and a page held two "XProf step times".
             xprof = (
@@ -132,15 +134,19 @@ def _summary(report: Report) -> str:
             else ""
         )
         sentences.append(
-            f"XLA computed during {b['xla_pct']:.1f}% of step time{comm}; "
-            f"{b['input_wait_pct']:.1f}% had no XLA computation running "
+            f"{words.worked} during {b['xla_pct']:.1f}% of step time{comm}; "
+            f"{b['input_wait_pct']:.1f}% had {words.no_work.replace('runs', 'running')} "
             f"({b['data_phase_pct']:.1f}% in the data phase)."
         )
     if f.top_ops:
         top = f.top_ops[0]
-        sentences.append(f"The top op is {top['name']} with {top['share_pct']:.1f}% of XLA time.")
-    else:
+        sentences.append(
+            f"The top op is {top['name']} with {top['share_pct']:.1f}% of {words.work} time."
+        )
+    elif words is XLA_WORDS:
         sentences.append("No XLA computation was found, so device time and top ops are unknown.")
+    else:
+        sentences.append("No GPU kernels in the trace, so device time and top ops are unknown.")
     counts = report.counts()
     if report.findings:
         urgent = [x for x in report.findings if x.priority in ("P0", "P1")]

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from exporter.analysis.compare.comparison import Comparison, Entry
 from exporter.analysis.report.document import Report, xprof_step_time
+from exporter.analysis.report.rules import vocabulary
 from exporter.profiles.flamegraph import format_value
 from exporter.profiles.html import flame_graph_page, render_html, script_json
 
@@ -295,10 +296,11 @@ def _numbers(report: Report) -> str:
         ]
     if f.breakdown:
         b = f.breakdown
+        words = vocabulary(f)  # XLA's, or PyTorch's for torch.profiler traces
         rows += [
-            ("XLA computing", f"{b['xla_pct']:.1f}% of step time"),
+            (f"{words.work} computing", f"{b['xla_pct']:.1f}% of step time"),
             (
-                "no XLA running (input wait)",
+                f"no {words.work} running (input wait)",
                 f"{b['input_wait_pct']:.1f}% (data phase "
                 f"{b['data_phase_pct']:.1f}%, between steps {b['between_steps_pct']:.1f}%, "
                 f"other host {b['host_other_pct']:.1f}%)",

@@ -9,6 +9,11 @@ reported as "fine" or as a problem.
 Priorities: ``P0`` the run is losing most of its time or is about to fail, ``P1`` a
 large, fixable loss, ``P2`` worth a look. A report ``NEEDS_ATTENTION`` when any finding
 is P0 or P1.
+
+Findings speak the capture's language (:class:`Vocabulary`): XLA and JAX for XProf
+captures, PyTorch for torch.profiler traces (the work is GPU kernels, or torch ops on a
+CPU-only trace; the advice names DataLoader, record_function, NCCL). The evidence keys
+stay the same (``xla_pct`` is the work's share whatever the work is).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from exporter.analysis.facts.capture import CaptureFacts
+from exporter.analysis.facts.torch_traces import TORCH_TRACE_FORMAT
 from exporter.analysis.facts.types import (
     BaselineSummary,
     Breakdown,
@@ -43,7 +49,9 @@ __all__ = [
     "Rule",
     "StepTimeSpreadRule",
     "StragglerRule",
+    "Vocabulary",
     "apply_rules",
+    "vocabulary",
 ]
 
 Priority = Literal["P0", "P1", "P2"]
@@ -130,6 +138,111 @@ BASELINE_P0_STEP_PCT: Final = 50.0
 BASELINE_P0_ADDED_PCT: Final = 20.0
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    """How findings name the work, its absence, and the tools their advice points to."""
+
+    work: str  # what computes: "XLA", "GPU kernels", "torch ops"
+    worked: str  # "XLA computed", "GPU kernels ran"
+    no_work: str  # "no XLA computation runs"
+    annotate: str  # how to mark the input pipeline so it is told apart
+    viewer: str  # where to look at single steps
+    input_advice: str
+    host_advice: str
+    communication_advice: str
+    memory_advice: str
+    toolchain: str  # what else two runs may differ in
+    fuse: str  # the compiler's part in launching fewer kernels
+
+
+XLA_WORDS: Final = Vocabulary(
+    work="XLA",
+    worked="XLA computed",
+    no_work="no XLA computation runs",
+    annotate="If the input pipeline runs there without a TraceMe annotation, wrap it in "
+    "jax.profiler.TraceAnnotation('data_loading') to tell the two apart.",
+    viewer="xprof's trace viewer",
+    input_advice="Overlap input with compute: prefetch the next batches to the device (a "
+    "background thread, flax.jax_utils.prefetch_to_device), use more input workers "
+    "(tf.data num_parallel_calls, grain worker_count), and cache or pre-process data "
+    "offline.",
+    host_advice="Move Python work out of the step or batch it: fuse small jitted calls into "
+    "one, avoid per-step host syncs (float(loss), .block_until_ready()) and per-step array "
+    "creation on the host; check that nothing else competes for the host's CPUs.",
+    communication_advice="Overlap collectives with compute (XLA's latency-hiding scheduler "
+    "and async collectives: --xla_tpu_enable_async_collective_fusion, --xla_gpu_enable_"
+    "latency_hiding_scheduler), send fewer bytes (bf16 gradients, reduce-scatter "
+    "with sharded optimizer state instead of all-reduce), and check for a straggler "
+    "host: the others wait for it inside their collectives.",
+    memory_advice="Free headroom: rematerialise activations (jax.checkpoint), shard optimizer "
+    "state, donate buffers (donate_argnums), or lower the batch size",
+    toolchain="the XLA flags and library versions",
+    fuse="(XLA: --xla_gpu_enable_command_buffer; PyTorch: torch.cuda.graphs / "
+    "torch.compile mode='reduce-overhead'), let XLA fuse more,",
+)
+_TORCH_INPUT = (
+    "Overlap input with compute: more DataLoader workers (num_workers, "
+    "persistent_workers=True, prefetch_factor), pinned memory with non_blocking copies "
+    "(pin_memory=True, .to(device, non_blocking=True)), and cache or pre-process data "
+    "offline."
+)
+_TORCH_ANNOTATE = (
+    "If the input pipeline runs there without an annotation, wrap it in "
+    "torch.profiler.record_function('data_loader') to tell the two apart."
+)
+_TORCH_HOST = (
+    "Move Python work out of the step: avoid per-step host syncs (loss.item(), .cpu(), "
+    "torch.cuda.synchronize()), cut per-op dispatch with torch.compile or CUDA graphs, and "
+    "check that nothing else competes for the host's CPUs."
+)
+_TORCH_COMMUNICATION = (
+    "Overlap collectives with compute (DDP's gradient buckets, bucket_cap_mb; FSDP's "
+    "backward_prefetch and forward_prefetch), send fewer bytes (bf16 gradients, a "
+    "compression comm hook, reduce-scatter with sharded optimizer state instead of "
+    "all-reduce), and check for a straggler rank: the others wait for it inside their "
+    "NCCL kernels."
+)
+_TORCH_MEMORY = (
+    "Free headroom: recompute activations (torch.utils.checkpoint), shard optimizer state "
+    "(FSDP, ZeroRedundancyOptimizer), zero_grad(set_to_none=True), or lower the batch size"
+)
+TORCH_GPU_WORDS: Final = Vocabulary(
+    work="GPU kernels",
+    worked="GPU kernels ran",
+    no_work="no GPU kernel runs",
+    annotate=_TORCH_ANNOTATE,
+    viewer="the trace in Perfetto (ui.perfetto.dev) or TensorBoard",
+    input_advice=_TORCH_INPUT,
+    host_advice=_TORCH_HOST,
+    communication_advice=_TORCH_COMMUNICATION,
+    memory_advice=_TORCH_MEMORY,
+    toolchain="the PyTorch, CUDA and NCCL versions and settings",
+    fuse="(torch.cuda.graphs, torch.compile mode='reduce-overhead'), fuse elementwise "
+    "ops with torch.compile,",
+)
+TORCH_CPU_WORDS: Final = Vocabulary(
+    work="torch ops",
+    worked="torch ops ran",
+    no_work="no torch op runs",
+    annotate=_TORCH_ANNOTATE,
+    viewer="the trace in Perfetto (ui.perfetto.dev) or TensorBoard",
+    input_advice=_TORCH_INPUT,
+    host_advice=_TORCH_HOST,
+    communication_advice=_TORCH_COMMUNICATION,
+    memory_advice=_TORCH_MEMORY,
+    toolchain="the PyTorch version, its thread settings (torch.get_num_threads()) and the "
+    "library versions",
+    fuse=TORCH_GPU_WORDS.fuse,
+)
+
+
+def vocabulary(facts: CaptureFacts) -> Vocabulary:
+    """The words of ``facts``' capture: PyTorch's for a torch.profiler trace, else XLA's."""
+    if facts.capture_format != TORCH_TRACE_FORMAT:
+        return XLA_WORDS
+    return TORCH_GPU_WORDS if facts.backend == "gpu" else TORCH_CPU_WORDS
+
+
 @dataclass
 class Finding:
     """One finding (the JSON object of ``findings``)."""
@@ -179,7 +292,7 @@ def _wait_parts(facts: CaptureFacts) -> tuple[Breakdown, float, str]:
     named = f" ({', '.join(names[:4])})" if names else " (no host event named like one)"
     compiling = f"{b['compile_pct']:.1f}% compiling, " if b.get("compile_pct") else ""
     detail = (
-        f"Over {facts.steps['count']} steps of {step_ms:.1f} ms, XLA computed during "
+        f"Over {facts.steps['count']} steps of {step_ms:.1f} ms, {vocabulary(facts).worked} during "
         f"{b['xla_pct']:.1f}% of the step; of the {b['input_wait_pct']:.1f}% without any, "
         f"{b['data_phase_pct']:.1f}% was inside the annotated data phase{named}, {compiling}"
         f"{b['between_steps_pct']:.1f}% between step annotations and "
@@ -208,7 +321,7 @@ def _speedup(share: float, step_ms: float) -> str:
     )
 
 
-def _input_speedup(share: float, xla_pct: float, step_ms: float) -> str:
+def _input_speedup(share: float, xla_pct: float, step_ms: float, work: str = "XLA") -> str:
     """The input's cost in two parts: overlap alone, and a faster loader."""
     load, compute = step_ms * share / 100, step_ms * xla_pct / 100
     rest = step_ms - load  # the step without the input wait
@@ -217,7 +330,8 @@ def _input_speedup(share: float, xla_pct: float, step_ms: float) -> str:
     fast = step_ms / rest if rest > 0 else float("inf")
     limit = (
         f" Loading ({load:.1f} ms) outlasts the rest of the step ({rest:.1f} ms, {compute:.1f} "
-        "ms of it XLA): overlap hides only the shorter, so the loader itself must get faster."
+        f"ms of it {work}): overlap hides only the shorter, so the loader itself must get "
+        "faster."
         if load > rest
         else ""
     )
@@ -259,18 +373,15 @@ class InputWaitRule(Rule):
             if b["data_phase_pct"] >= b["between_steps_pct"]
             else "the gap between step annotations"
         )
+        words = vocabulary(facts)
         return Finding(
             _priority(share, INPUT_WAIT_P2_PCT, INPUT_WAIT_P1_PCT, INPUT_WAIT_P0_PCT),
             self.name,
-            f"Steps wait for input: {share:.1f}% of step time loads data while no XLA "
-            "computation runs",
+            f"Steps wait for input: {share:.1f}% of step time loads data while {words.no_work}",
             f"{detail} The input wait is mostly {where}.",
             _wait_evidence(facts, b, step_ms) | {"input_pct": share},
-            _input_speedup(share, float(b["xla_pct"]), step_ms),
-            "Overlap input with compute: prefetch the next batches to the device (a "
-            "background thread, flax.jax_utils.prefetch_to_device), use more input workers "
-            "(tf.data num_parallel_calls, grain worker_count), and cache or pre-process data "
-            "offline.",
+            _input_speedup(share, float(b["xla_pct"]), step_ms, words.work),
+            words.input_advice,
         )
 
 
@@ -286,18 +397,16 @@ class HostWaitRule(Rule):
     def finding(self, facts: CaptureFacts, baseline: BaselineSummary | None) -> Finding:
         b, step_ms, detail = _wait_parts(facts)
         share = float(b["host_other_pct"])
+        words = vocabulary(facts)
         return Finding(
             _priority(share, HOST_WAIT_P2_PCT, HOST_WAIT_P1_PCT, HOST_WAIT_P0_PCT),
             self.name,
-            f"Steps wait for the host: {share:.1f}% of step time runs neither XLA nor an "
-            "annotated data phase",
-            f"{detail} If the input pipeline runs there without a TraceMe annotation, wrap "
-            "it in jax.profiler.TraceAnnotation('data_loading') to tell the two apart.",
+            f"Steps wait for the host: {share:.1f}% of step time runs neither {words.work} "
+            "nor an annotated data phase",
+            f"{detail} {words.annotate}",
             _wait_evidence(facts, b, step_ms),
             _speedup(share, step_ms),
-            "Move Python work out of the step or batch it: fuse small jitted calls into one, "
-            "avoid per-step host syncs (float(loss), .block_until_ready()) and per-step array "
-            "creation on the host; check that nothing else competes for the host's CPUs.",
+            words.host_advice,
         )
 
 
@@ -339,7 +448,7 @@ class StepTimeSpreadRule(Rule):
             f"({100 * excess / total:.1f}% of the captured step time)."
             if total
             else f"The slow steps cost {excess:.1f} ms more than median steps would have.",
-            "Look at the slowest steps in the trace (xprof's trace viewer): garbage "
+            f"Look at the slowest steps in {vocabulary(facts).viewer}: garbage "
             "collection, checkpointing, data stalls or another process on the host.",
         )
 
@@ -390,18 +499,15 @@ class CommunicationBoundRule(Rule):
             self.name,
             f"Steps are communication-bound: collectives run during {share:.1f}% of step time "
             f"({per_step:.2f} ms per step)",
-            f"Over {facts.steps['count']} steps of {step_ms:.1f} ms the device ran XLA during "
+            f"Over {facts.steps['count']} steps of {step_ms:.1f} ms the device ran "
+            f"{vocabulary(facts).work} during "
             f"{b['xla_pct']:.1f}% of the step: {b['compute_pct']:.1f}% compute and {share:.1f}% "
             f"collective ops{f' ({named} per step)' if named else ''}.{hidden}",
             evidence,
             f"Hiding the communication under compute would make steps up to "
             f"{100 / max(1e-9, 100 - share):.2f}x faster ({per_step:.2f} ms of every "
             f"{step_ms:.1f} ms step).",
-            "Overlap collectives with compute (XLA's latency-hiding scheduler and async "
-            "collectives: --xla_tpu_enable_async_collective_fusion, --xla_gpu_enable_"
-            "latency_hiding_scheduler), send fewer bytes (bf16 gradients, reduce-scatter "
-            "with sharded optimizer state instead of all-reduce), and check for a straggler "
-            "host: the others wait for it inside their collectives.",
+            vocabulary(facts).communication_advice,
         )
 
 
@@ -445,7 +551,9 @@ class StragglerRule(Rule):
         key: _HostMs = "own_median_ms" if lockstep else "step_median_ms"
         ref_median = typical(key)
         slowdown = _ms(host, key) / ref_median if ref_median else float("inf")
-        waiting = "waiting with no XLA running (input, the host or other hosts)"
+        waiting = (
+            f"waiting with no {vocabulary(facts).work} running (input, the host or other hosts)"
+        )
         where_spent: tuple[tuple[str, _HostMs], ...] = (
             ("computing", "compute_ms_per_step"),
             ("in collectives", "communication_ms_per_step"),
@@ -683,8 +791,7 @@ class OomRiskRule(Rule):
             evidence,
             "A larger batch, a longer sequence or fragmentation can fail the run with "
             "RESOURCE_EXHAUSTED.",
-            "Free headroom: rematerialise activations (jax.checkpoint), shard optimizer "
-            "state, donate buffers (donate_argnums), or lower the batch size"
+            vocabulary(facts).memory_advice
             + (", starting with the largest buffers named above." if largest else "."),
             {"largest_buffers": largest[:3]} if largest else {},
         )
@@ -776,8 +883,8 @@ class BaselineRegressionRule(Rule):
                 {"step_time_change_pct": round(step or 0.0, 2), "scale": round(scale, 3)},
                 f"Each step takes {step or 0:.0f}% longer than in the baseline.",
                 "A uniform slowdown is a machine, clock or configuration change rather than "
-                "new work: compare the chips, their clocks and throttling, the XLA flags and "
-                "library versions of both runs.",
+                "new work: compare the chips, their clocks and throttling, "
+                f"{vocabulary(facts).toolchain} of both runs.",
                 {},
             )
         basis = top["basis"]
@@ -914,10 +1021,9 @@ class LaunchBoundRule(Rule):
             evidence,
             f"Launching ahead of the device would make steps up to "
             f"{100 / max(1e-9, 100 - share):.2f}x faster.",
-            "Launch fewer, larger kernels: capture the step in a CUDA graph "
-            "(XLA: --xla_gpu_enable_command_buffer; PyTorch: torch.cuda.graphs / "
-            "torch.compile mode='reduce-overhead'), let XLA fuse more, and keep Python work "
-            "between launches off the launching thread.",
+            f"Launch fewer, larger kernels: capture the step in a CUDA graph "
+            f"{vocabulary(facts).fuse} and keep Python work between launches off the "
+            "launching thread.",
             {"top_latency": top},
         )
 
