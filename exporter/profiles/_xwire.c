@@ -35,7 +35,8 @@ enum { LINE_ID = 1, LINE_NAME = 2, LINE_TIMESTAMP_NS = 3, LINE_EVENTS = 4,
        LINE_DURATION_PS = 9, LINE_DISPLAY_ID = 10, LINE_DISPLAY_NAME = 11 };
 enum { EVENT_METADATA_ID = 1, EVENT_OFFSET_PS = 2, EVENT_DURATION_PS = 3,
        EVENT_STATS = 4, EVENT_NUM_OCCURRENCES = 5 };
-enum { STAT_STR_VALUE = 5 };
+enum { STAT_METADATA_ID = 1, STAT_DOUBLE_VALUE = 2, STAT_UINT64_VALUE = 3,
+       STAT_INT64_VALUE = 4, STAT_STR_VALUE = 5, STAT_BYTES_VALUE = 6, STAT_REF_VALUE = 7 };
 enum { WIRE_VARINT = 0, WIRE_FIXED64 = 1, WIRE_LEN = 2, WIRE_FIXED32 = 5 };
 /* protobuf reads a tag as a 32-bit varint: at most 5 bytes (upb refuses a longer one). */
 enum { MAX_TAG_BYTES = 5 };
@@ -141,10 +142,146 @@ static inline int valid_stat(const uint8_t *p, const uint8_t *end) {
     return 1;
 }
 
+/* -- selected stats of each event as columns (scan_line's ``stats``) ------------------ */
+
+/* The distinct str_value strings met, as spans of the line's bytes: (index + 1) in an
+ * open-addressing map on their hash; 0 marks an empty slot. Made without the GIL. */
+typedef struct {
+    const uint8_t **text;
+    Py_ssize_t *length;
+    Py_ssize_t count, capacity;
+    Py_ssize_t *slots;
+    size_t mask;
+} Strings;
+
+/* What the caller wants of the stats: sorted stat metadata ids, each with the slot
+ * (column) its value goes to, and per event and slot a kind and a value. */
+typedef struct {
+    const int64_t *ids, *slots;
+    Py_ssize_t n_ids, width;
+    int8_t *kind;   /* per event and slot: 0 none; 1 the stat without a value; else the
+                     * number of its value's field (2 double ... 7 ref_value) */
+    int64_t *value; /* the value's bits; for a str_value its index in strings */
+    Strings strings;
+} StatColumns;
+
+static inline uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;  /* FNV-1a, its high bits folded into the low */
+    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h ^ (h >> 29) ^ (h >> 47);
+}
+
+static void strings_free(Strings *s) {
+    PyMem_RawFree(s->text);
+    PyMem_RawFree(s->length);
+    PyMem_RawFree(s->slots);
+    memset(s, 0, sizeof *s);
+}
+
+/* The index of [p, p + n) among the strings, added when new; -1 when out of memory. */
+static Py_ssize_t intern_string(Strings *s, const uint8_t *p, Py_ssize_t n) {
+    if (s->count == s->capacity) {  /* keeps the map at most half full */
+        Py_ssize_t capacity = s->capacity ? s->capacity * 2 : 64;
+        const uint8_t **text = PyMem_RawRealloc(s->text, capacity * sizeof *text);
+        if (text == NULL) return -1;
+        s->text = text;
+        Py_ssize_t *length = PyMem_RawRealloc(s->length, capacity * sizeof *length);
+        if (length == NULL) return -1;
+        s->length = length;
+        Py_ssize_t *slots = PyMem_RawCalloc((size_t)capacity * 2, sizeof *slots);
+        if (slots == NULL) return -1;
+        PyMem_RawFree(s->slots);
+        s->slots = slots, s->mask = (size_t)capacity * 2 - 1, s->capacity = capacity;
+        for (Py_ssize_t i = 0; i < s->count; i++) {
+            size_t at = hash_bytes(s->text[i], s->length[i]) & s->mask;
+            while (s->slots[at]) at = (at + 1) & s->mask;
+            s->slots[at] = i + 1;
+        }
+    }
+    size_t at = hash_bytes(p, n) & s->mask;
+    while (s->slots[at]) {
+        Py_ssize_t i = s->slots[at] - 1;
+        if (s->length[i] == n && memcmp(s->text[i], p, (size_t)n) == 0) return i;
+        at = (at + 1) & s->mask;
+    }
+    s->text[s->count] = p, s->length[s->count] = n;
+    s->slots[at] = s->count + 1;
+    return s->count++;
+}
+
+/* The slot of stat metadata id ``id``, or -1 when it is not wanted. */
+static inline Py_ssize_t slot_of_stat(const StatColumns *st, int64_t id) {
+    Py_ssize_t lo = 0, hi = st->n_ids;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (st->ids[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < st->n_ids && st->ids[lo] == id ? (Py_ssize_t)st->slots[lo] : -1;
+}
+
+/* Reads one XStat as protobuf would: the last metadata_id wins, and of the value oneof
+ * the last member set. A known field of another wire type is refused (0): protobuf
+ * then reads the line. Its value goes to event ``row``'s column of its id's slot, if
+ * wanted (a later stat of the same slot wins). 1: read; 0: not canonical; -1: no memory. */
+static int read_stat(const uint8_t *p, const uint8_t *end, StatColumns *st, Py_ssize_t row) {
+    int64_t id = 0;
+    uint64_t value = 0;
+    int kind = 1;
+    const uint8_t *text = NULL;
+    Py_ssize_t text_length = 0;
+    while (p < end) {
+        uint64_t number, n;
+        unsigned wire;
+        if (!read_tag(&p, end, &number, &wire)) return 0;
+        switch (number) {
+        case STAT_METADATA_ID:
+        case STAT_UINT64_VALUE:
+        case STAT_INT64_VALUE:
+        case STAT_REF_VALUE:
+            if (wire != WIRE_VARINT || !read_varint(&p, end, &n)) return 0;
+            if (number == STAT_METADATA_ID) id = (int64_t)n;
+            else kind = (int)number, value = n;
+            break;
+        case STAT_DOUBLE_VALUE:
+            if (wire != WIRE_FIXED64 || end - p < 8) return 0;
+            value = 0;
+            for (int i = 7; i >= 0; i--) value = value << 8 | p[i];  /* little-endian */
+            p += 8;
+            kind = STAT_DOUBLE_VALUE;
+            break;
+        case STAT_STR_VALUE:
+        case STAT_BYTES_VALUE:
+            if (wire != WIRE_LEN || !read_varint(&p, end, &n) || n > (uint64_t)(end - p))
+                return 0;
+            if (number == STAT_STR_VALUE && !valid_utf8(p, p + n)) return 0;
+            kind = (int)number, text = p, text_length = (Py_ssize_t)n;
+            p += n;
+            break;
+        default:
+            if (!skip_value(&p, end, wire)) return 0;
+        }
+    }
+    Py_ssize_t slot = slot_of_stat(st, id);
+    if (slot < 0) return 1;
+    if (kind == STAT_STR_VALUE) {
+        Py_ssize_t index = intern_string(&st->strings, text, text_length);
+        if (index < 0) return -1;
+        value = (uint64_t)index;
+    } else if (kind == STAT_BYTES_VALUE) {
+        value = 0;  /* not read: no conversion uses a stat's bytes */
+    }
+    st->kind[row * st->width + slot] = (int8_t)kind;
+    st->value[row * st->width + slot] = (int64_t)value;
+    return 1;
+}
+
 /* Decodes one XEvent; protobuf's rules: the last value of a field wins, and the
- * offset_ps / num_occurrences oneof keeps the last member set (the other reads 0). */
+ * offset_ps / num_occurrences oneof keeps the last member set (the other reads 0). With
+ * ``st``, its wanted stats go to row ``row`` of their columns. 1: decoded; 0: not
+ * canonical; -1: out of memory. */
 static int decode_event(const uint8_t *p, const uint8_t *end, int64_t *meta, int64_t *off,
-                        int64_t *dur) {
+                        int64_t *dur, StatColumns *st, Py_ssize_t row) {
     int64_t m = 0, o = 0, d = 0;
     while (p < end) {
         uint64_t number, value;
@@ -159,8 +296,10 @@ static int decode_event(const uint8_t *p, const uint8_t *end, int64_t *meta, int
             else o = 0;
         } else if (number == EVENT_STATS) {
             if (wire != WIRE_LEN || !read_varint(&p, end, &value) ||
-                value > (uint64_t)(end - p) || !valid_stat(p, p + value))
+                value > (uint64_t)(end - p))
                 return 0;
+            int read = st != NULL ? read_stat(p, p + value, st, row) : valid_stat(p, p + value);
+            if (read <= 0) return read;
             p += value;
         } else if (!skip_value(&p, end, wire)) {
             return 0;
@@ -219,10 +358,11 @@ typedef struct {
     const uint8_t *stop; /* past the last whole field */
 } Scan;
 
-/* Frames the whole fields of [p, end): 0, or -1 when they are not canonical. With
- * columns (sized for scan->events of an earlier pass), decodes each event into them. */
+/* Frames the whole fields of [p, end): 0, -1 when they are not canonical, -2 when out of
+ * memory. With columns (sized for scan->events of an earlier pass), decodes each event
+ * into them, and with ``st`` its wanted stats. */
 static int scan(const uint8_t *p, const uint8_t *end, int final, Scan *out, int64_t *m,
-                int64_t *o, int64_t *d) {
+                int64_t *o, int64_t *d, StatColumns *st) {
     memset(out, 0, sizeof *out);
     out->stop = p;
     for (;;) {
@@ -250,7 +390,8 @@ static int scan(const uint8_t *p, const uint8_t *end, int final, Scan *out, int6
             if (wire != WIRE_LEN) return -1;
             if (m != NULL) {
                 Py_ssize_t i = out->events;
-                if (!decode_event(body, body + value, &m[i], &o[i], &d[i])) return -1;
+                int decoded = decode_event(body, body + value, &m[i], &o[i], &d[i], st, i);
+                if (decoded <= 0) return decoded < 0 ? -2 : -1;
             }
             out->events++;
         }
@@ -258,7 +399,7 @@ static int scan(const uint8_t *p, const uint8_t *end, int final, Scan *out, int6
 }
 
 PyDoc_STRVAR(scan_line_doc,
-"scan_line(data, final, events, /)\n--\n\n"
+"scan_line(data, final, events, stat_ids=None, stat_slots=None, width=0, /)\n--\n\n"
 "Reads the whole fields at the start of a serialized XLine's bytes ``data`` (all of\n"
 "the line when ``final``; else a window of it, whose last field may be cut). Returns\n"
 "None when they are not canonical protobuf, else (consumed, (id, display_id,\n"
@@ -266,22 +407,65 @@ PyDoc_STRVAR(scan_line_doc,
 "``consumed`` the bytes of the whole fields read, ``seen`` a bitmask of the header\n"
 "fields present (bits 0-3 the ints, 4 name, 5 display_name; the last value wins),\n"
 "names as bytes, and with ``events`` the columns (metadata ids, offsets ps,\n"
-"durations ps) as the bytes of three int64 arrays in event order, else None.");
+"durations ps) as the bytes of three int64 arrays in event order, else None.\n\n"
+"With ``stat_ids`` (the bytes of an int64 array of stat metadata ids, ascending) and\n"
+"``stat_slots`` (each id's column, below ``width``), the columns also hold each event's\n"
+"wanted stats: kinds (int8, ``width`` a row: 0 no such stat, 1 the stat without a value,\n"
+"else the field number of its value, 2 double ... 7 ref_value), values (int64, ``width``\n"
+"a row: the value's bits; a str_value's index in the strings; 0 for bytes) and the\n"
+"distinct str_values (a list of str). Of an event's stats of one column the last wins;\n"
+"a stat's known field of another wire type is not canonical (None).");
+
+static int int64_array(Py_buffer *view, Py_ssize_t *n);
+
+/* The wanted stats of scan_line: 1 with none (st->width 0), 0 with ValueError. */
+static int stat_request(Py_buffer *ids, Py_buffer *slots, Py_ssize_t width, StatColumns *st) {
+    memset(st, 0, sizeof *st);
+    if (ids->buf == NULL && slots->buf == NULL) return 1;
+    Py_ssize_t n, n_slots;
+    if (!int64_array(ids, &n) || !int64_array(slots, &n_slots)) return 0;
+    if (n != n_slots || width < 1 || width > 64) {
+        PyErr_SetString(PyExc_ValueError,
+                        "stat_ids and stat_slots differ in length, or width is not 1..64");
+        return 0;
+    }
+    const int64_t *id = ids->buf, *slot = slots->buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((i && id[i] <= id[i - 1]) || slot[i] < 0 || slot[i] >= width) {
+            PyErr_SetString(PyExc_ValueError,
+                            "stat_ids must ascend and each slot be below width");
+            return 0;
+        }
+    }
+    st->ids = id, st->slots = slot, st->n_ids = n, st->width = width;
+    return 1;
+}
 
 static PyObject *scan_line(PyObject *self, PyObject *args) {
-    Py_buffer view;
+    Py_buffer view, stat_ids = {0}, stat_slots = {0};
     int final, events;
-    if (!PyArg_ParseTuple(args, "y*pp:scan_line", &view, &final, &events)) return NULL;
+    Py_ssize_t width = 0;
+    if (!PyArg_ParseTuple(args, "y*pp|z*z*n:scan_line", &view, &final, &events, &stat_ids,
+                          &stat_slots, &width))
+        return NULL;
     const uint8_t *start = view.buf, *end = start + view.len;
     PyObject *result = NULL, *ids = NULL, *offs = NULL, *durs = NULL, *columns = NULL;
+    PyObject *kinds = NULL, *values = NULL, *strings = NULL;
+    StatColumns st;
     Scan found;
     int status;
+    if (!stat_request(&stat_ids, &stat_slots, width, &st)) {
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&stat_ids);
+        PyBuffer_Release(&stat_slots);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
-    status = scan(start, end, final, &found, NULL, NULL, NULL);
+    status = scan(start, end, final, &found, NULL, NULL, NULL, NULL);
     Py_END_ALLOW_THREADS
     if (status < 0) {
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
+        result = Py_NewRef(Py_None);
+        goto done;
     }
     if (events) {
         Py_ssize_t n = found.events;
@@ -292,14 +476,39 @@ static PyObject *scan_line(PyObject *self, PyObject *args) {
         int64_t *m = (int64_t *)PyBytes_AS_STRING(ids);
         int64_t *o = (int64_t *)PyBytes_AS_STRING(offs);
         int64_t *d = (int64_t *)PyBytes_AS_STRING(durs);
+        if (st.width) {
+            kinds = PyBytes_FromStringAndSize(NULL, n * st.width);
+            values = PyBytes_FromStringAndSize(NULL, n * st.width * 8);
+            if (kinds == NULL || values == NULL) goto done;
+            st.kind = (int8_t *)PyBytes_AS_STRING(kinds);
+            st.value = (int64_t *)PyBytes_AS_STRING(values);
+            memset(st.kind, 0, (size_t)(n * st.width));
+            memset(st.value, 0, (size_t)(n * st.width) * 8);
+        }
         Py_BEGIN_ALLOW_THREADS
-        status = scan(start, found.stop, 1, &found, m, o, d);
+        status = scan(start, found.stop, 1, &found, m, o, d, st.width ? &st : NULL);
         Py_END_ALLOW_THREADS
+        if (status == -2) {
+            PyErr_NoMemory();
+            goto done;
+        }
         if (status < 0) {  /* an event that is not canonical */
             result = Py_NewRef(Py_None);
             goto done;
         }
-        columns = PyTuple_Pack(3, ids, offs, durs);
+        if (st.width) {
+            strings = PyList_New(st.strings.count);
+            if (strings == NULL) goto done;
+            for (Py_ssize_t i = 0; i < st.strings.count; i++) {
+                PyObject *text = PyUnicode_DecodeUTF8((const char *)st.strings.text[i],
+                                                      st.strings.length[i], NULL);
+                if (text == NULL) goto done;
+                PyList_SET_ITEM(strings, i, text);
+            }
+            columns = PyTuple_Pack(6, ids, offs, durs, kinds, values, strings);
+        } else {
+            columns = PyTuple_Pack(3, ids, offs, durs);
+        }
         if (columns == NULL) goto done;
     } else {
         columns = Py_NewRef(Py_None);
@@ -324,7 +533,13 @@ done:
     Py_XDECREF(ids);
     Py_XDECREF(offs);
     Py_XDECREF(durs);
+    Py_XDECREF(kinds);
+    Py_XDECREF(values);
+    Py_XDECREF(strings);
+    strings_free(&st.strings);
     PyBuffer_Release(&view);
+    PyBuffer_Release(&stat_ids);
+    PyBuffer_Release(&stat_slots);
     return result;
 }
 

@@ -33,16 +33,18 @@ overlap without nesting), and labels are computed once per distinct event kind.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
 import numpy as np
 
-from exporter.profiles.flamegraph import FlameGraph, Frame
+from exporter.profiles.event_stats import StatEvents, StatTexts, first_seen, read_stat_events
+from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
 from exporter.profiles.nesting import FAR, Nested, aggregate, dense_index, nest, window_self
+from exporter.profiles.tree_graphs import graphs_by_frame
 from exporter.profiles.xspace import (
     DEVICE_PLANE_RE,
     HOST_PLANE,
@@ -52,6 +54,7 @@ from exporter.profiles.xspace import (
     OpLine,
     Plane,
     PlaneRef,
+    _lasting,
     compiled_core,
     event_columns,
     line_headers,
@@ -61,7 +64,6 @@ from exporter.profiles.xspace import (
     read_line,
     stat_values,
 )
-from exporter.proto import xplane_pb2
 
 # The decoding names (Capture, load_capture, ...) are also this module's: callers that
 # convert a capture open it and build its graphs through one import.
@@ -276,35 +278,11 @@ class FrameTree:
     def graphs(self, template: FlameGraph) -> list[FlameGraph]:
         """One graph per window (one in all without windows), shaped like ``template``."""
         count = 1 if self.windows_ns is None else len(self.windows_ns)
-        nodes, wins, ns = self.self_ns()
-        out = [template.copy() for _ in range(count)]
-        keep = ns > 0
-        order = np.lexsort((nodes[keep], wins[keep]))
-        w_sorted, n_sorted, v_sorted = wins[keep][order], nodes[keep][order], ns[keep][order]
-        bounds = np.searchsorted(w_sorted, np.arange(count + 1))
-        for window, graph in enumerate(out):
-            lo, hi = int(bounds[window]), int(bounds[window + 1])
-            self._fill(graph, n_sorted[lo:hi].tolist(), v_sorted[lo:hi].tolist())
-        return out
-
-    def _fill(self, graph: FlameGraph, nodes: list[int], values: list[int]) -> None:
-        frames: dict[int, Frame] = {0: graph.root}
-
-        def frame_of(node: int) -> Frame:
-            chain = []
-            while node not in frames:  # walk up to a node already built
-                chain.append(node)
-                node = self.parent[node]
-            frame = frames[node]
-            for below in reversed(chain):
-                for label in self.tuples[self.tuple_of[below]]:
-                    frame = frame.child(label.name, label.file, label.line)
-                frames[below] = frame
-            return frame
-
-        for node, value in zip(nodes, values, strict=True):
-            frame_of(node).self_value += value
-        graph.recompute_totals()
+        # Built frame by frame for all windows at once (tree_graphs; its reference,
+        # graphs_by_node, walks the nodes of each window and gives the same graphs).
+        return graphs_by_frame(
+            self.parent, self.tuple_of, self.tuples, template, self.self_ns(), count
+        )
 
 
 def graph_template(capture: Capture, kind: str) -> FlameGraph:
@@ -438,47 +416,54 @@ def _gpu_stat_ids(plane: Plane) -> dict[str, int]:
     return {m.name: m.id for m in plane.stat_metadata.values() if m.name in wanted}
 
 
-def _gpu_tuple_ids(
-    plane: Plane, line: xplane_pb2.XLine, frames: FrameTree, stat_ids: dict[str, int]
-) -> np.ndarray:
-    """Per lasting event of a GPU stream line: program > name scope > op > kernel.
+_GPU_MODULE, _GPU_OP, _GPU_SCOPE = range(3)  # a stream line's stat columns (event_stats)
 
-    On GPU the HLO op, module and framework op are stats of each kernel event.
+
+def _gpu_line(
+    capture: Capture,
+    plane: Plane,
+    index: int,
+    stat_ids: dict[str, int],
+    texts: StatTexts,
+    frames: FrameTree,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A GPU stream line's lasting events: metadata ids, starts, ends (ps) and frame
+    tuples, program > name scope > op > kernel.
+
+    On GPU the HLO module, op and framework op (``tf_op``, else ``name_scope``: the
+    last of either) are stats of each kernel event, read with the events
+    (:mod:`exporter.profiles.event_stats`); labels are made once per distinct
+    (kernel, module, op, scope), in the order they first occur.
     """
-    names = {m.id: m.name for m in plane.stat_metadata.values()}
-    module_id, op_id = stat_ids.get("hlo_module", -1), stat_ids.get("hlo_op", -1)
-    scope_ids = {stat_ids.get("tf_op", -1), stat_ids.get("name_scope", -1)} - {-1}
-    wanted = scope_ids | {module_id, op_id}
-    cache: dict[tuple[int, str, str, str], int] = {}
-    out = []
-    for event in line.events:
-        if event.duration_ps <= 0:
-            continue
-        module = op = scope = ""
-        for stat in event.stats:
-            sid = stat.metadata_id
-            if sid in wanted:
-                text = names.get(stat.ref_value, "") if stat.ref_value else stat.str_value
-                if sid == module_id:
-                    module = _program_name(text)
-                elif sid == op_id:
-                    op = text
-                else:
-                    scope = text
-        key = (event.metadata_id, module, op, scope)
-        found = cache.get(key)
-        if found is None:
-            meta = plane.event_metadata.get(event.metadata_id)
-            kernel = (meta.name or meta.display_name) if meta else f"<kernel {key[0]}>"
-            parts = (
-                module or UNKNOWN_PROGRAM,
-                *(p for p in scope.split("/") if p),
-                *((op,) if op and op != kernel else ()),
-                kernel,
-            )
-            found = cache[key] = frames.tuple_id(tuple(FrameLabel(p) for p in parts))
-        out.append(found)
-    return np.asarray(out, np.int64)
+    columns = {stat_ids[name]: c for name, c in (("hlo_module", _GPU_MODULE),
+               ("hlo_op", _GPU_OP), ("tf_op", _GPU_SCOPE), ("name_scope", _GPU_SCOPE))
+               if name in stat_ids}  # fmt: skip
+
+    def lasting(pieces: Iterable[StatEvents]) -> list[np.ndarray]:
+        parts = [[np.zeros(0, np.int64)] * 6]
+        for piece in pieces:
+            keep = np.flatnonzero(piece.durations > 0)  # instants carry no time
+            codes = [np.maximum(texts.column(piece, c)[keep], 0) for c in range(3)]
+            parts.append([piece.ids[keep], piece.offsets[keep], piece.durations[keep], *codes])
+        return [np.concatenate(c) for c in zip(*parts, strict=True)]
+
+    ids, offs, durs, *codes = read_stat_events(capture, plane, index, columns, 3, lasting)
+    ids, starts, ends = _lasting(ids, offs, durs, capture.source)
+    key, first = first_seen([ids, *codes])
+    made = []
+    for at in first.tolist():
+        meta_id = int(ids[at])
+        module, op, scope = (texts.texts[c[at]] for c in codes)
+        meta = plane.event_metadata.get(meta_id)
+        kernel = (meta.name or meta.display_name) if meta else f"<kernel {meta_id}>"
+        parts = (
+            _program_name(module) or UNKNOWN_PROGRAM,
+            *(p for p in scope.split("/") if p),
+            *((op,) if op and op != kernel else ()),
+            kernel,
+        )
+        made.append(frames.tuple_id(tuple(FrameLabel(p) for p in parts)))
+    return ids, starts, ends, np.asarray(made, np.int64)[key]
 
 
 def _op_piece(
@@ -572,13 +557,13 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: FrameTree) -> None:
         del steps
     programs = _programs(capture, plane, by_name.get(XLA_MODULES))
     infos: dict[int, _OpInfo] = {}
+    texts = StatTexts({m.id: m.name for m in plane.stat_metadata.values()}) if gpu_stats else None
     for line_index in op_lines:
         base_ns = capture.line_start_ns(headers[line_index].timestamp_ns)
-        if gpu_stats.keys() & {"hlo_op", "hlo_module"}:
-            line = read_line(capture, plane, line_index)
-            kernel_ids = _gpu_tuple_ids(plane, line, frames, gpu_stats)
-            metas_of, starts, ends = event_columns(line.events, capture.source)
-            del line
+        if texts is not None and gpu_stats.keys() & {"hlo_op", "hlo_module"}:
+            metas_of, starts, ends, kernel_ids = _gpu_line(
+                capture, plane, line_index, gpu_stats, texts, frames
+            )
             if capture.on_op_line is not None:
                 sole = len(op_lines) == 1
                 capture.on_op_line(OpLine(ref, plane, base_ns, metas_of, starts, ends, sole))

@@ -30,12 +30,15 @@ over devices; its share is of the devices' kernel span (first kernel start to la
 kernel end on each device), or of the step cycles when the capture has steps.
 A kernel's launch latency is its start minus its call's start.
 
-Memory: each stream line is parsed on its own (protobuf objects for one line at a
-time) and reduced to int64 columns and per-kernel sums; what is kept across lines is
-one aggregate per distinct kernel and, per device, the merged busy intervals and the
-launch-wait intervals. Cost: about 6 us of CPU a kernel (200,000 kernels on 4 GPUs, a
-13.6 MB synthetic capture, in 1.2 s on the 2-core development machine), mostly the
-Python loop over each event's stats, which the compiled decoder's columns do not carry.
+Reading: each stream line's events come with their ``kernel_details``, ``hlo_module``,
+``hlo_op``, ``correlation_id`` and memcpy stats as columns
+(:mod:`exporter.profiles.event_stats`: the compiled core reads them in the pass that
+reads the events, through windows of the line; the pure-Python twin through protobuf),
+and the rows, sums and gaps are numpy over those columns: Python runs once per distinct
+(kernel, configuration, module, op), not per event. What is kept of a line is four
+int64 columns of its kernels until the line is reduced; across lines, one aggregate per
+distinct kernel and, per device, the merged busy intervals and launch waits.
+``bench/gpu_capture_speed.py`` measures it against XProf's ``kernel_stats``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,14 @@ import numpy as np
 
 from exporter.analysis.facts.intervals import union
 from exporter.ascii_digits import parse_ascii_int
-from exporter.profiles.nesting import FAR
+from exporter.profiles.event_stats import (
+    StatEvents,
+    StatTexts,
+    first_seen,
+    int_column,
+    read_stat_events,
+)
+from exporter.profiles.nesting import FAR, dense_index
 
 if TYPE_CHECKING:
     from exporter.profiles.xspace import Capture, Plane
@@ -82,6 +92,9 @@ _NOT_STREAMS: Final = frozenset(
     {"XLA Ops", "XLA Modules", "Steps", "XLA TraceMe", "Framework Ops", "Framework Name Scope",
      "Source code", "Launch Stats", "TensorFlow Ops", "TensorFlow Name Scope"}
 )  # fmt: skip
+# The stat columns a stream line is read with (event_stats.read_stat_events).
+_DETAILS, _MODULE, _OP, _CORRELATION, _COPY = range(5)
+_WIDTH: Final = 5
 _MAX_DETAILS: Final = 1024  # a longer kernel_details string is not CUPTI's: not parsed
 _UINT32: Final = 1 << 32
 _PS_PER_NS: Final = 1000
@@ -263,41 +276,43 @@ def _launch_calls(capture: Capture) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """Correlation ids (sorted), start and end ns of the launch calls on host planes.
 
     Only planes whose event metadata names a launch call are read (a ``/host:CPU``
-    plane of TraceMes is skipped without reading its lines).
+    plane of TraceMes is skipped without reading its lines). A call's correlation id is
+    its last stat named ``correlation_id`` (as a kernel's), read with the events.
     """
-    from exporter.profiles.xspace import line_headers, read_line
+    from exporter.profiles.xspace import line_headers
 
-    ids: list[int] = []
-    starts: list[int] = []
-    ends: list[int] = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for ref in capture.planes:
         if not ref.name.startswith("/host:") or ref.name == "/host:metadata":
             continue
         plane = capture.plane(ref)
-        calls = {m for m, meta in plane.event_metadata.items()
-                 if LAUNCH_API_RE.match(meta.name or meta.display_name)}  # fmt: skip
-        corr = {m.id for m in plane.stat_metadata.values() if m.name == "correlation_id"}
-        if not calls or not corr:
+        calls = np.asarray(sorted(m for m, meta in plane.event_metadata.items()
+                                  if LAUNCH_API_RE.match(meta.name or meta.display_name)),
+                           np.int64)  # fmt: skip
+        corr = {m.id: 0 for m in plane.stat_metadata.values() if m.name == "correlation_id"}
+        if not len(calls) or not corr:
             continue
+
+        def found(pieces: Iterable[StatEvents], calls: np.ndarray = calls) -> list[Any]:
+            out = []
+            for piece in pieces:
+                off, dur, ids = piece.offsets, piece.durations, int_column(piece, 0)
+                keep = np.isin(piece.ids, calls) & (dur >= 0) & (off > -FAR) & (off < FAR)
+                keep &= (dur <= FAR) & (ids >= 0)
+                out.append((ids[keep], off[keep], dur[keep]))
+            return out
+
         for header in line_headers(capture, plane):
-            line = read_line(capture, plane, header.index)
-            base_ns = capture.line_start_ns(line.timestamp_ns)
-            for event in line.events:
-                if event.metadata_id not in calls or event.duration_ps < 0:
-                    continue
-                if not -FAR < event.offset_ps < FAR or event.duration_ps > FAR:
-                    continue
-                found = next((_stat_int(s) for s in event.stats if s.metadata_id in corr), -1)
-                if found < 0:
-                    continue
-                start = base_ns + event.offset_ps // _PS_PER_NS
-                ids.append(found)
-                starts.append(start)
-                ends.append(start + event.duration_ps // _PS_PER_NS)
-            del line
-    order = np.argsort(np.asarray(ids, np.int64), kind="stable")
-    return (np.asarray(ids, np.int64)[order], np.asarray(starts, np.int64)[order],
-            np.asarray(ends, np.int64)[order])  # fmt: skip
+            base_ns = capture.line_start_ns(header.timestamp_ns)
+            for ids, off, dur in read_stat_events(capture, plane, header.index, corr, 1, found):
+                start = base_ns + off // _PS_PER_NS
+                parts.append((ids, start, start + dur // _PS_PER_NS))
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    ids, starts, ends = (np.concatenate(c) for c in zip(*parts, strict=True))
+    order = np.argsort(ids, kind="stable")
+    return ids[order], starts[order], ends[order]
 
 
 def _length(starts: np.ndarray, ends: np.ndarray) -> int:
@@ -332,7 +347,7 @@ class _Reader:
         return found
 
     def plane(self, plane: Plane, device: _Device) -> None:
-        from exporter.profiles.xspace import line_headers, read_line
+        from exporter.profiles.xspace import line_headers
 
         names = {m.id: m.name for m in plane.stat_metadata.values()}
         by_name = {name: sid for sid, name in names.items()}
@@ -341,44 +356,36 @@ class _Reader:
         module_id, op_id = by_name.get("hlo_module", -1), by_name.get("hlo_op", -1)
         corr_id = by_name.get("correlation_id", -1)
         self.out.basis.add("kernel_details" if details_id >= 0 else "lasting events")
+        columns = {
+            sid: c
+            for sid, c in (
+                (details_id, _DETAILS),
+                (module_id, _MODULE),
+                (op_id, _OP),
+                (corr_id, _CORRELATION),
+            )
+            if sid >= 0
+        }
+        columns |= dict.fromkeys(memcpy_ids, _COPY)  # fmt: skip
+        texts = StatTexts(names)
         # Stats on the event metadata hold for every event of it (XProf's visitor reads
         # both); the event's own stats win.
         ids = _KernelStatIds(details_id, module_id, op_id, corr_id, memcpy_ids)
-        meta_stats = {
-            meta_id: ids.read(meta.stats, names, _NO_STATS)[:4]
-            for meta_id, meta in plane.event_metadata.items()
-        }
+        meta_stats: dict[int, tuple[int, int, int, bool]] = {}
+        for meta_id, meta in plane.event_metadata.items():
+            d, m, o, copy, _ = ids.read(meta.stats, names, _NO_STATS)
+            meta_stats[meta_id] = (texts.code(d), texts.code(m), texts.code(o), copy)
+        line = _StreamLine(self, plane, texts, meta_stats, details_id >= 0)
         for header in line_headers(self.capture, plane):
             if not _is_stream(header.id, header.name):
                 continue
-            line = read_line(self.capture, plane, header.index)
-            base_ns = self.capture.line_start_ns(line.timestamp_ns)
-            rows: list[int] = []
-            offs: list[int] = []
-            durs: list[int] = []
-            corrs: list[int] = []
-            for event in line.events:
-                if event.duration_ps <= 0:
-                    continue  # instants carry no time (XProf: DurationNs() == 0)
-                if not -FAR < event.offset_ps < FAR or event.duration_ps > FAR:
-                    self.out.skipped += 1
-                    continue
-                known = meta_stats.get(event.metadata_id, _NO_STATS[:4])
-                d, m, o, copy, corr = ids.read(event.stats, names, (*known, -1))
-                if (details_id >= 0 and not d) or (details_id < 0 and copy):
-                    continue
-                meta = plane.event_metadata.get(event.metadata_id)
-                name = (meta.name or meta.display_name) if meta else ""
-                rows.append(self._row(name or f"<kernel {event.metadata_id}>", d, m, o))
-                offs.append(event.offset_ps)
-                durs.append(event.duration_ps)
-                corrs.append(corr)
-            del line
-            if rows:
+            base_ns = self.capture.line_start_ns(header.timestamp_ns)
+            read = read_stat_events(self.capture, plane, header.index, columns, _WIDTH, line)
+            rows, offs, durs, corrs, skipped = read
+            self.out.skipped += skipped
+            if len(rows):
                 device.streams += 1
-                self._stream(device, base_ns, np.asarray(rows, np.int64),
-                             np.asarray(offs, np.int64), np.asarray(durs, np.int64),
-                             np.asarray(corrs, np.int64))  # fmt: skip
+                self._stream(device, base_ns, rows, offs, durs, corrs)
 
     def _stream(self, device: _Device, base_ns: int, rows: np.ndarray, offs: np.ndarray,
                 durs: np.ndarray, corrs: np.ndarray) -> None:  # fmt: skip
@@ -418,20 +425,82 @@ class _Reader:
         self.out.launch_gaps_ns.append(gap[known & (nxt_call <= idle_from)])
 
 
+class _StreamLine:
+    """Reduces a stream line's pieces (:class:`StatEvents`) to its kernels: per kernel
+    its row, offset and duration (ps) and correlation id, and the events skipped.
+
+    Rows are made only once every piece is read: a line the compiled core hands back to
+    protobuf is reduced again from the start (event_stats.read_stat_events).
+    """
+
+    def __init__(
+        self,
+        reader: _Reader,
+        plane: Plane,
+        texts: StatTexts,
+        meta_stats: dict[int, tuple[int, int, int, bool]],
+        by_details: bool,
+    ) -> None:
+        self.reader, self.plane, self.texts = reader, plane, texts
+        self.meta_stats, self.by_details = meta_stats, by_details
+
+    def __call__(
+        self, pieces: Iterable[StatEvents]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        parts: list[tuple[np.ndarray, ...]] = []
+        skipped = 0
+        for piece in pieces:
+            off, dur = piece.offsets, piece.durations
+            lasting = dur > 0  # instants carry no time (XProf: DurationNs() == 0)
+            sane = (off > -FAR) & (off < FAR) & (dur <= FAR)
+            skipped += int(np.count_nonzero(lasting & ~sane))
+            sel = np.flatnonzero(lasting & sane)
+            if not len(sel):
+                continue
+            meta = piece.ids[sel]
+            metas, of_meta = dense_index(meta)
+            known = np.array([self.meta_stats.get(m, (0, 0, 0, False)) for m in metas.tolist()],
+                             np.int64).reshape(-1, 4)[of_meta]  # fmt: skip
+            d, m, o = (np.where(codes >= 0, codes, known[:, i]) for i, codes in enumerate(
+                self.texts.column(piece, c)[sel] for c in (_DETAILS, _MODULE, _OP)))  # fmt: skip
+            copy = (piece.kinds[sel, _COPY] != 0) | (known[:, 3] != 0)
+            kernel = d != 0 if self.by_details else ~copy
+            corr = int_column(piece, _CORRELATION)[sel]
+            parts.append((meta[kernel], d[kernel], m[kernel], o[kernel], off[sel][kernel],
+                          dur[sel][kernel], corr[kernel]))  # fmt: skip
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty, empty, skipped
+        meta, d, m, o, off, dur, corr = (np.concatenate(c) for c in zip(*parts, strict=True))
+        return self._rows(meta, d, m, o), off, dur, corr, skipped
+
+    def _rows(self, meta: np.ndarray, *codes: np.ndarray) -> np.ndarray:
+        """Each kernel's row: one per distinct (kernel, details, module, op), made in the
+        order of their first kernels."""
+        key, first = first_seen([meta, *codes])
+        row_of = np.zeros(len(first), np.int64)
+        texts = self.texts.texts
+        for k, at in enumerate(first.tolist()):
+            meta_id = int(meta[at])
+            found = self.plane.event_metadata.get(meta_id)
+            name = (found.name or found.display_name) if found else ""
+            row_of[k] = self.reader._row(name or f"<kernel {meta_id}>", texts[codes[0][at]],
+                                         texts[codes[1][at]], texts[codes[2][at]])  # fmt: skip
+        rows: np.ndarray = row_of[key]
+        return rows
+
+
 def _per_row(rows: np.ndarray, values: np.ndarray) -> Iterable[tuple[int, int, int, int, int]]:
-    """(row, count, sum, min, max) of ``values`` per distinct row."""
+    """(row, count, sum, min, max) of ``values`` per distinct row (sums exact in int64)."""
     if not len(rows):
         return []
-    unique, inverse = np.unique(rows, return_inverse=True)
-    count = np.bincount(inverse, minlength=len(unique))
-    total = np.zeros(len(unique), np.int64)
-    np.add.at(total, inverse, values)
-    low = np.full(len(unique), np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(low, inverse, values)
-    high = np.full(len(unique), np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(high, inverse, values)
-    return zip(unique.tolist(), count.tolist(), total.tolist(), low.tolist(), high.tolist(),
-               strict=True)  # fmt: skip
+    order = np.argsort(rows, kind="stable")
+    rows, values = rows[order], values[order]
+    first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    count = np.diff(np.r_[first, len(rows)])
+    return zip(rows[first].tolist(), count.tolist(), np.add.reduceat(values, first).tolist(),
+               np.minimum.reduceat(values, first).tolist(),
+               np.maximum.reduceat(values, first).tolist(), strict=True)  # fmt: skip
 
 
 def read_kernels(capture: Capture, cycles: Sequence[tuple[int, int]] = ()) -> CaptureKernels | None:
