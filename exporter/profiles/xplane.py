@@ -41,9 +41,10 @@ from pathlib import Path
 import numpy as np
 
 from exporter.profiles.event_stats import StatEvents, StatTexts, first_seen, read_stat_events
-from exporter.profiles.flamegraph import FlameGraph, Frame
+from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
 from exporter.profiles.nesting import FAR, Nested, aggregate, dense_index, nest, window_self
+from exporter.profiles.tree_graphs import graphs_by_frame
 from exporter.profiles.xspace import (
     DEVICE_PLANE_RE,
     HOST_PLANE,
@@ -277,35 +278,11 @@ class FrameTree:
     def graphs(self, template: FlameGraph) -> list[FlameGraph]:
         """One graph per window (one in all without windows), shaped like ``template``."""
         count = 1 if self.windows_ns is None else len(self.windows_ns)
-        nodes, wins, ns = self.self_ns()
-        out = [template.copy() for _ in range(count)]
-        keep = ns > 0
-        order = np.lexsort((nodes[keep], wins[keep]))
-        w_sorted, n_sorted, v_sorted = wins[keep][order], nodes[keep][order], ns[keep][order]
-        bounds = np.searchsorted(w_sorted, np.arange(count + 1))
-        for window, graph in enumerate(out):
-            lo, hi = int(bounds[window]), int(bounds[window + 1])
-            self._fill(graph, n_sorted[lo:hi].tolist(), v_sorted[lo:hi].tolist())
-        return out
-
-    def _fill(self, graph: FlameGraph, nodes: list[int], values: list[int]) -> None:
-        frames: dict[int, Frame] = {0: graph.root}
-
-        def frame_of(node: int) -> Frame:
-            chain = []
-            while node not in frames:  # walk up to a node already built
-                chain.append(node)
-                node = self.parent[node]
-            frame = frames[node]
-            for below in reversed(chain):
-                for label in self.tuples[self.tuple_of[below]]:
-                    frame = frame.child(label.name, label.file, label.line)
-                frames[below] = frame
-            return frame
-
-        for node, value in zip(nodes, values, strict=True):
-            frame_of(node).self_value += value
-        graph.recompute_totals()
+        # Built frame by frame for all windows at once (tree_graphs; its reference,
+        # graphs_by_node, walks the nodes of each window and gives the same graphs).
+        return graphs_by_frame(
+            self.parent, self.tuple_of, self.tuples, template, self.self_ns(), count
+        )
 
 
 def graph_template(capture: Capture, kind: str) -> FlameGraph:

@@ -1,0 +1,196 @@
+"""Flame graphs from a frame tree's self time, one graph per time window.
+
+:class:`exporter.profiles.xplane.FrameTree` interns its nodes as (parent node, frame
+tuple), a frame tuple being the labels one event adds below its parent, and sums self
+time per (node, window). Two builders turn that into :class:`FlameGraph` objects:
+
+:func:`graphs_by_node`
+    The reference: per window, each node that carries time walks up to the nearest node
+    already built and adds its labels below it with :meth:`Frame.child`; totals are
+    recomputed by walking each finished graph. Its cost is a few dictionary look-ups per
+    label, per node, per window: a compare's per-step graphs (up to 200 windows per
+    capture) spent most of their time here.
+
+:func:`graphs_by_frame`
+    The same graphs, built once per frame. The node tree is mapped to a frame tree once
+    (a frame being a path of labels from the root, as ``Frame.child`` keys them); then,
+    in numpy and for all windows together, each frame that carries time in a window is
+    found with its ancestors, its self time and its total (added up level by level from
+    the deepest frame). Only the frames' objects are made in Python, each set once.
+
+Both give identical graphs, children in the same order too (a frame is made when the
+first node, in node order, that lies below it is reached; then its ancestors first):
+``tests/unit/test_tree_graphs.py`` holds them equal on synthetic and real captures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from exporter.profiles.flamegraph import FlameGraph, Frame, FrameKey
+from exporter.profiles.frames import FrameLabel
+
+__all__ = ["graphs_by_frame", "graphs_by_node"]
+
+Labels = tuple[FrameLabel, ...]
+
+
+def graphs_by_node(
+    parent: Sequence[int],
+    tuple_of: Sequence[int],
+    tuples: Sequence[Labels],
+    template: FlameGraph,
+    values: tuple[np.ndarray, np.ndarray, np.ndarray],
+    count: int,
+) -> list[FlameGraph]:
+    """One graph per window from ``values`` = (node, window, ns): the reference builder."""
+    nodes, wins, ns = values
+    out = [template.copy() for _ in range(count)]
+    keep = ns > 0
+    order = np.lexsort((nodes[keep], wins[keep]))
+    w_sorted, n_sorted, v_sorted = wins[keep][order], nodes[keep][order], ns[keep][order]
+    bounds = np.searchsorted(w_sorted, np.arange(count + 1))
+    for window, graph in enumerate(out):
+        lo, hi = int(bounds[window]), int(bounds[window + 1])
+        frames: dict[int, Frame] = {0: graph.root}
+
+        def frame_of(node: int, frames: dict[int, Frame] = frames) -> Frame:
+            chain = []
+            while node not in frames:  # walk up to a node already built
+                chain.append(node)
+                node = parent[node]
+            frame = frames[node]
+            for below in reversed(chain):
+                for label in tuples[tuple_of[below]]:
+                    frame = frame.child(label.name, label.file, label.line)
+                frames[below] = frame
+            return frame
+
+        for node, value in zip(n_sorted[lo:hi].tolist(), v_sorted[lo:hi].tolist(), strict=True):
+            frame_of(node).self_value += value
+        graph.recompute_totals()
+    return out
+
+
+def _frame_tree(
+    parent: Sequence[int], tuple_of: Sequence[int], tuples: Sequence[Labels]
+) -> tuple[np.ndarray, np.ndarray, list[FrameKey], np.ndarray]:
+    """(parent frame, depth, key of each frame; the frame of each node). Frame 0 is the
+    root, node 0's; a node with no labels is its parent's frame."""
+    f_parent = [-1]
+    f_depth = [0]
+    keys: list[FrameKey] = [("root", "", 0)]
+    index: dict[tuple[int, str, str, int], int] = {}
+    frame_of = [0] * len(parent)
+    for node in range(1, len(parent)):  # a node's parent is interned before it
+        frame = frame_of[parent[node]]
+        for label in tuples[tuple_of[node]]:
+            key = (frame, label.name, label.file, label.line)
+            found = index.get(key)
+            if found is None:
+                found = index[key] = len(f_parent)
+                f_parent.append(frame)
+                f_depth.append(f_depth[frame] + 1)
+                keys.append((label.name, label.file, label.line))
+            frame = found
+        frame_of[node] = frame
+    return (
+        np.asarray(f_parent, np.int64),
+        np.asarray(f_depth, np.int64),
+        keys,
+        np.asarray(frame_of, np.int64),
+    )
+
+
+def _combine(
+    keys: np.ndarray, own: np.ndarray, total: np.ndarray, touch: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct key: summed self and total, and the smallest touch."""
+    order = np.argsort(keys, kind="stable")
+    keys, own, total, touch = keys[order], own[order], total[order], touch[order]
+    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return (
+        keys[first],
+        np.add.reduceat(own, first),
+        np.add.reduceat(total, first),
+        np.minimum.reduceat(touch, first),
+    )
+
+
+def graphs_by_frame(
+    parent: Sequence[int],
+    tuple_of: Sequence[int],
+    tuples: Sequence[Labels],
+    template: FlameGraph,
+    values: tuple[np.ndarray, np.ndarray, np.ndarray],
+    count: int,
+) -> list[FlameGraph]:
+    """One graph per window from ``values`` = (node, window, ns); see the module doc."""
+    nodes, wins, ns = values
+    out = [template.copy() for _ in range(count)]
+    keep = ns > 0
+    if not keep.any():
+        for graph in out:
+            graph.recompute_totals()
+        return out
+    f_parent, f_depth, f_keys, frame_of = _frame_tree(parent, tuple_of, tuples)
+    width = len(f_parent)
+    # (window, frame) pairs as one int64 key; "touch" is the first node (in node order)
+    # below the frame that carries time in that window: frames are made in that order.
+    pair = wins[keep] * width + frame_of[nodes[keep]]
+    touch = nodes[keep]
+    own = ns[keep]
+    depth = f_depth[pair % width]
+    by_depth = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[by_depth], np.arange(int(depth.max()) + 2))
+    empty = np.zeros(0, np.int64)
+    up_keys, up_total, up_touch = empty, empty, empty  # what the level below adds
+    levels = []
+    for level in range(int(depth.max()), -1, -1):
+        here = by_depth[bounds[level] : bounds[level + 1]]
+        level_keys, level_own, level_total, level_touch = _combine(
+            np.concatenate([pair[here], up_keys]),
+            np.concatenate([own[here], np.zeros(len(up_keys), np.int64)]),
+            np.concatenate([own[here], up_total]),
+            np.concatenate([touch[here], up_touch]),
+        )
+        levels.append((level_keys, level_own, level_total, level_touch, level))
+        level_window, level_frame = np.divmod(level_keys, width)
+        up_keys = level_window * width + np.maximum(f_parent[level_frame], 0)
+        up_total, up_touch = level_total, level_touch
+    keys = np.concatenate([x[0] for x in levels])
+    own_all = np.concatenate([x[1] for x in levels])
+    total_all = np.concatenate([x[2] for x in levels])
+    touch_all = np.concatenate([x[3] for x in levels])
+    depth_all = np.concatenate([np.full(len(x[0]), x[4], np.int64) for x in levels])
+    window_all, frame_all = np.divmod(keys, width)
+    # Made in order: by window, then by first touching node, ancestors first.
+    made = np.lexsort((depth_all, touch_all, window_all))
+    made_keys = keys[made]
+    by_key = np.argsort(made_keys)  # the position in ``made`` of each key, by key
+    parent_keys = window_all[made] * width + np.maximum(f_parent[frame_all[made]], 0)
+    parent_rank = by_key[np.searchsorted(made_keys[by_key], parent_keys)]
+    built: list[Frame] = []
+    rows = zip(
+        window_all[made].tolist(),
+        frame_all[made].tolist(),
+        own_all[made].tolist(),
+        total_all[made].tolist(),
+        parent_rank.tolist(),
+        strict=True,
+    )
+    for window_index, frame_id, self_value, total, above in rows:
+        if frame_id == 0:
+            frame = out[window_index].root
+        else:
+            key = f_keys[frame_id]
+            frame = Frame(*key)
+            built[above].children[key] = frame
+        frame.self_value = self_value
+        frame.total = total
+        built.append(frame)
+    for window_index in set(range(count)) - set(window_all.tolist()):
+        out[window_index].recompute_totals()  # no time in it: as the reference leaves it
+    return out

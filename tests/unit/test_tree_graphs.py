@@ -1,0 +1,144 @@
+"""The frame-by-frame graph builder against its reference (exporter.profiles.tree_graphs).
+
+Every graph a conversion builds goes through ``graphs_by_frame``; ``graphs_by_node`` is
+the builder it replaced. Both run on the frame tree of each conversion here, and their
+graphs must be identical: same frames, values, totals, and children in the same order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from exporter.profiles import tree_graphs, xplane
+from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.steps import StepWindow, windowed_flamegraphs
+from exporter.profiles.xplane import MAX_EVENT_DEPTH, Capture, device_flamegraph, host_flamegraph
+from exporter.proto import xplane_pb2
+from exporter.testing.synthetic import tpu_capture
+from tests.xspace_builder import PlaneBuilder
+
+BASE_NS = 1_700_000_000_000_000_000
+
+
+def shape(graph: FlameGraph) -> list[tuple[Any, ...]]:
+    """Everything a graph holds, in its own order (pre-order, children as inserted)."""
+    head = (graph.sample_type, graph.unit, graph.profile_name, graph.time_nanos)
+    nodes = [(d, n.name, n.file, n.line, n.self_value, n.total) for d, n in graph._walk()]
+    return [head, graph.duration_nanos, graph.comments, *nodes]
+
+
+class Both:
+    """Builds every graph both ways (the product keeps the new one) and counts them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.frames = 0
+
+    def __call__(self, *args: Any) -> list[FlameGraph]:
+        old = tree_graphs.graphs_by_node(*args)
+        new = tree_graphs.graphs_by_frame(*args)
+        assert [shape(g) for g in new] == [shape(g) for g in old]
+        self.calls += 1
+        self.frames += sum(g.node_count for g in new)
+        return new
+
+
+@pytest.fixture
+def both(monkeypatch: pytest.MonkeyPatch) -> Iterator[Both]:
+    spy = Both()
+    monkeypatch.setattr(xplane, "graphs_by_frame", spy)
+    yield spy
+
+
+def _tiles(start: int, end: int, count: int) -> list[StepWindow]:
+    edges = [start + (end - start) * i // count for i in range(count + 1)]
+    return [StepWindow(a, b, None) for a, b in itertools.pairwise(edges)]
+
+
+def _gapped(start: int, end: int, count: int, seed: int) -> list[StepWindow]:
+    rng = random.Random(seed)
+    edges = sorted(rng.sample(range(start, end), 2 * count))
+    return [StepWindow(a, b, None) for a, b in zip(edges[::2], edges[1::2], strict=True) if b > a]
+
+
+def test_tpu_capture_whole_and_windowed(both: Both) -> None:
+    synthetic = tpu_capture(devices=2, steps=6, ops_per_step=120, distinct_ops=40,
+                            while_every=7, while_body=3)  # fmt: skip
+    capture = Capture.from_space(synthetic.space)
+    assert device_flamegraph(capture) is not None
+    assert host_flamegraph(capture) is not None
+    start, duration = capture.time_range()
+    for windows in (
+        _tiles(start - 10**9, start + duration + 10**9, 9),  # cut inside ops, edges outside
+        _gapped(start, start + duration, 12, seed=1),  # gaps between windows
+        [StepWindow(start + duration + 5, start + duration + 9, None)],  # no time in it
+    ):
+        for kind in ("device", "host"):
+            windowed_flamegraphs(capture, kind, windows)  # type: ignore[arg-type]
+    assert both.calls == 8 and both.frames > 1000
+
+
+def _host_capture(lines: dict[str, list[tuple[str, int, int]]]) -> Capture:
+    space = xplane_pb2.XSpace()
+    env = PlaneBuilder(space, "Task Environment")
+    env.plane.stats.add(metadata_id=env.stat_id("profile_start_time"), uint64_value=BASE_NS)
+    host = PlaneBuilder(space, "/host:CPU")
+    for number, (name, events) in enumerate(lines.items()):
+        line = host.line(name, line_id=number + 1, timestamp_ns=1_000)
+        for event, offset, duration in events:
+            host.event(line, event, offset, duration)
+    return Capture.from_space(space)
+
+
+def test_host_shapes_overlaps_folds_recursion_and_the_depth_cut(both: Both) -> None:
+    rng = random.Random(7)
+    py = [f"$/src/m{i}.py:{10 * i} f{i}" for i in range(6)]  # Python frames (file, line)
+    overlapping = [(rng.choice(["a", "b", "c", *py]), rng.randrange(0, 5000),
+                    rng.randrange(1, 400)) for _ in range(600)]  # fmt: skip
+    # A TraceMe inside one of the same name folds; a Python frame inside itself recurses.
+    same = [("PjitFunction(update)", 0, 100), ("PjitFunction(update)", 10, 50),
+            (py[0], 200, 100), (py[0], 210, 50), (py[0], 220, 10)]  # fmt: skip
+    deep = [("deep", i, 2 * (MAX_EVENT_DEPTH + 20) - 2 * i) for i in range(MAX_EVENT_DEPTH + 20)]
+    pools = [("work", 0, 30), ("work", 40, 30)]
+    capture = _host_capture({"python": overlapping, "main": same, "tf_pool/123": deep,
+                             "tf_pool/456": pools, "python ": same})  # fmt: skip
+    host = host_flamegraph(capture)
+    assert host is not None
+    folded = host.to_folded()
+    assert xplane.CUT_FRAME in folded and "f0;f0;f0" in folded  # the cut and a recursion
+    start, end = BASE_NS + 1_000, BASE_NS + 1_000 + 2 * (MAX_EVENT_DEPTH + 20)  # the lines'
+    windowed_flamegraphs(capture, "host", _tiles(start, end + 1, 23))
+    windowed_flamegraphs(capture, "host", _gapped(start, end, 30, seed=3))
+    assert both.calls == 3 and both.frames > 3 * MAX_EVENT_DEPTH
+
+
+def test_random_trees_and_values() -> None:
+    # Straight at the builders: random trees with empty and repeated label tuples, values
+    # on the root, on inner nodes and on several nodes of one frame, empty windows.
+    rng = random.Random(11)
+    labels = [xplane.FrameLabel(n, f, ln) for n in "abc" for f, ln in (("", 0), ("x.py", 3))]
+    for _ in range(40):
+        tuples = [tuple(rng.choice(labels) for _ in range(rng.randrange(0, 3))) for _ in range(9)]
+        parent, tuple_of = [-1], [-1]
+        for node in range(1, rng.randrange(2, 60)):
+            parent.append(rng.randrange(0, node))
+            tuple_of.append(rng.randrange(len(tuples)))
+        count = rng.randrange(1, 6)
+        size = rng.randrange(0, 120)
+        values = (
+            np.array([rng.randrange(len(parent)) for _ in range(size)], np.int64),
+            np.array([rng.randrange(count) for _ in range(size)], np.int64),
+            np.array([rng.randrange(-2, 50) for _ in range(size)], np.int64),
+        )
+        template = FlameGraph(sample_type="wall", unit="nanoseconds", comments=["c"])
+        args = (parent, tuple_of, tuples, template, values, count)
+        new = tree_graphs.graphs_by_frame(*args)
+        assert [shape(g) for g in new] == [shape(g) for g in tree_graphs.graphs_by_node(*args)]
+        for graph in new:
+            graph.check()
