@@ -247,6 +247,12 @@ class Sidecar:
         # Reports: analysis.json + summary.html per finished session, in child processes.
         self.reports = report_worker_from_settings(settings, self.captures.store, meter)
         self.capture.hooks.add(self.reports)
+        # One child per session: the processor's converts its captures and makes its
+        # report from one read of each (the worker's hook leaves such sessions to it).
+        processor = self.capture.processor
+        processor.session_job = self.reports.session_job
+        processor.on_processed.append(self.reports)
+        self.reports.deferred = processor.pending
         # torch.profiler traces the workload writes into the shared dir become sessions
         # like captures: the same hooks convert, push and report them.
         self.torch_traces = TorchTraceWatcher(

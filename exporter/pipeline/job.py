@@ -13,13 +13,18 @@ wrote into an output directory.
     python -m exporter.pipeline.job subtree INPUT OUT_DIR [--frames JSON --kind K --limit N]
     python -m exporter.pipeline.job flamegraphs INPUT OUT_DIR --kind capture|memory|torch
     python -m exporter.pipeline.job sides INPUT OUT_DIR
+    python -m exporter.pipeline.job session SESSION_DIR OUT_DIR --capture NAME ... [--report ...]
 
 ``flamegraphs`` is the sidecar's conversion of a session's capture or a workload's
 memory profile (:func:`flamegraphs_in_child`): the graphs come back as pprof files.
-``analyze``, ``compare`` and ``subtree`` run :mod:`exporter.usecases` (the doors that serve
-others call them here, bounded). ``sides`` reads a session into its sides as a comparison
-would, so that each capture's side cache is written beside it
-(:mod:`exporter.analysis.sides.cache`; nothing in OUT_DIR).
+``session`` is the sidecar's one child per finished session (:func:`run_session`): each
+capture read once, into its side cache, its flame graphs written as the pprof the
+sidecar stores and pushes, then (``--report``, with ``analyze``'s options) the session's
+report from those reads. ``analyze``, ``compare`` and ``subtree`` run
+:mod:`exporter.usecases` (the doors that serve others call them here, bounded).
+``sides`` reads a session into its sides as a comparison would, so that each capture's
+side cache is written beside it (:mod:`exporter.analysis.sides.cache`; nothing in
+OUT_DIR).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,12 +49,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChildLimits",
+    "Converted",
     "JobResult",
+    "SessionRun",
     "child_context_args",
     "flamegraphs_in_child",
     "in_child",
     "last_message",
+    "read_graphs",
     "run_job",
+    "run_session",
 ]
 
 REPORT_JSON = "analysis.json"
@@ -56,11 +66,14 @@ REPORT_HTML = "summary.html"
 COMPARE_JSON = "comparison.json"
 COMPARE_HTML = "comparison.html"
 GRAPHS_JSON = "graphs.json"
+SESSION_GRAPHS_JSON = "session-graphs.json"
+# The gzip level of the pprof files stored beside a capture (encode_pprof's default).
+STORED_PPROF_LEVEL: Final = 6
 SUBTREE_JSON = "subtree.json"
 # The child reads the Pyroscope credentials from its environment, never from its
 # command line: /proc/<pid>/cmdline is readable by every user of the machine.
 CHILD_HEADERS_ENV: Final = "MLPROF_CHILD_PYROSCOPE_HEADERS"
-COMMANDS = ("analyze", "compare", "flamegraphs", "sides", "subtree")
+COMMANDS = ("analyze", "compare", "flamegraphs", "session", "sides", "subtree")
 CONVERT_KINDS = ("capture", "memory", "torch")
 
 
@@ -138,7 +151,6 @@ def flamegraphs_in_child(
     import tempfile
 
     from exporter.errors import InputError
-    from exporter.profiles.pprof import InflateLimits, decode_pprof, graphs_from_pprof
 
     with tempfile.TemporaryDirectory(prefix="mlprof-convert-") as out:
         args = ["flamegraphs", str(path), out, "--kind", kind]
@@ -153,22 +165,94 @@ def flamegraphs_in_child(
             error = result.error.replace("analysis", "conversion")
             raise InputError(error if str(path) in error else f"{path}: {error}")
         listing = json.loads((Path(out) / GRAPHS_JSON).read_text(encoding="utf-8"))
-        graphs: dict[str, FlameGraph] = {}
-        for entry in listing:
-            data = (Path(out) / entry["file"]).read_bytes()
-            # Our own child's output: its size is what it made, within its memory bound.
-            profile = decode_pprof(data, entry["file"], InflateLimits(1 << 40, float(1 << 40)))
-            table = profile.string_table
-            types = [table[t.type] for t in profile.sample_type]
-            *companions, graph = graphs_from_pprof(profile, types, entry["profile_name"])
-            for part, (name, unit) in zip([*companions, graph], entry["types"], strict=True):
-                part.sample_type, part.unit = name, unit
-            graph.period_type, graph.period_unit = entry["period_type"], entry["period_unit"]
-            for part in companions:
-                part.period_type, part.period_unit = graph.period_type, graph.period_unit
-            graph.companions = companions
-            graphs[entry["source"]] = graph
-        return graphs
+        return {source: made.graph for source, made in read_graphs(Path(out), listing).items()}
+
+
+@dataclass(frozen=True)
+class Converted:
+    """One flame graph a child made, and its pprof as the child encoded it (stored as
+    it is: a graph is encoded once)."""
+
+    graph: FlameGraph
+    pprof: bytes
+
+
+def read_graphs(out: Path, listing: Sequence[dict[str, Any]]) -> dict[str, Converted]:
+    """The graphs a child listed (``_write_graphs``) in ``out``, by profile source."""
+    from exporter.profiles.pprof import InflateLimits, decode_pprof, graphs_from_pprof
+
+    graphs: dict[str, Converted] = {}
+    for entry in listing:
+        data = (out / entry["file"]).read_bytes()
+        # Our own child's output: its size is what it made, within its memory bound.
+        profile = decode_pprof(data, entry["file"], InflateLimits(1 << 40, float(1 << 40)))
+        table = profile.string_table
+        types = [table[t.type] for t in profile.sample_type]
+        *companions, graph = graphs_from_pprof(profile, types, entry["profile_name"])
+        for part, (name, unit) in zip([*companions, graph], entry["types"], strict=True):
+            part.sample_type, part.unit = name, unit
+        graph.period_type, graph.period_unit = entry["period_type"], entry["period_unit"]
+        for part in companions:
+            part.period_type, part.period_unit = graph.period_type, graph.period_unit
+        graph.companions = companions
+        graphs[entry["source"]] = Converted(graph, data)
+    return graphs
+
+
+@dataclass
+class SessionRun:
+    """What a ``session`` child made: each capture's graphs (or its one-line error), the
+    seconds it took to convert them, and the report when one was asked for (``report``:
+    ``analysis.json`` parsed and ``summary.html``; None with ``result.error`` saying why).
+    """
+
+    result: JobResult
+    graphs: dict[str, dict[str, Converted] | str]
+    conversion_s: float = 0.0
+    report: tuple[dict[str, Any], bytes] | None = None
+
+
+def run_session(
+    session_dir: Path,
+    names: Sequence[str],
+    timeout_s: float,
+    max_memory_mb: int,
+    report_args: Sequence[str] | None = None,
+) -> SessionRun:
+    """One bounded child for a finished session: its captures ``names`` (in
+    ``session_dir``) converted, and with ``report_args`` (``analyze``'s options) its
+    report, from one read of each capture.
+
+    The child may run ``timeout_s`` for the conversion and as long again for the report
+    (two children had each). A capture that did not convert, or that the child did not
+    reach (it ran out of time or memory), maps to the one-line reason.
+    """
+    with tempfile.TemporaryDirectory(prefix="mlprof-session-job-") as tmp:
+        out = Path(tmp)
+        args = ["session", str(session_dir), str(out), *[f"--capture={n}" for n in names]]
+        if report_args is not None:
+            args += ["--report", *report_args]
+        deadline = timeout_s * (2 if report_args is not None else 1)
+        result = run_job(args, deadline, max_memory_mb)
+        graphs: dict[str, dict[str, Converted] | str] = {}
+        conversion_s = 0.0
+        listed = out / SESSION_GRAPHS_JSON
+        if listed.is_file():  # our own child's output, written under its own bound
+            found = json.loads(listed.read_text(encoding="utf-8"))
+            conversion_s = float(found["seconds"])
+            for entry in found["captures"]:
+                if "error" in entry:
+                    graphs[entry["capture"]] = str(entry["error"])
+                else:
+                    graphs[entry["capture"]] = read_graphs(out, entry["graphs"])
+        reason = result.error.replace("analysis", "conversion") or "not converted"
+        for name in names:
+            graphs.setdefault(name, f"{session_dir / name}: {reason}")
+        report = None
+        if report_args is not None and result.ok:
+            text = (out / REPORT_JSON).read_text(encoding="utf-8")
+            report = (json.loads(text), (out / REPORT_HTML).read_bytes())
+        return SessionRun(result, graphs, conversion_s, report)
 
 
 @dataclass(frozen=True)
@@ -287,7 +371,11 @@ def _convert(path: Path, kind: str, ns: argparse.Namespace) -> dict[str, Any]:
     return {"device_memory": load_torch_memory_profile(path, below=below)}
 
 
-def _write_graphs(out: Path, graphs: dict[str, Any]) -> None:
+def _write_graphs(
+    out: Path, graphs: dict[str, Any], prefix: str = "", level: int = 1
+) -> list[dict[str, Any]]:
+    """Each graph as pprof in ``out`` (``prefix``: before each file's name) at gzip
+    ``level``; what :func:`read_graphs` reads back."""
     from exporter.profiles.pprof import MAX_PROFILE_FRAMES, encode_pprof
 
     listing = []
@@ -296,9 +384,9 @@ def _write_graphs(out: Path, graphs: dict[str, Any]) -> None:
         graph = (
             made if made.node_count <= MAX_PROFILE_FRAMES else made.truncated(MAX_PROFILE_FRAMES)
         )
-        name = f"{source}.pb.gz"
+        name = f"{prefix}{source}.pb.gz"
         out.mkdir(parents=True, exist_ok=True)
-        (out / name).write_bytes(encode_pprof(graph, level=1))
+        (out / name).write_bytes(encode_pprof(graph, level=level))
         listing.append(
             {
                 "source": source,
@@ -309,7 +397,67 @@ def _write_graphs(out: Path, graphs: dict[str, Any]) -> None:
                 "period_unit": graph.period_unit,
             }
         )
-    _write(out, GRAPHS_JSON, json.dumps(listing))
+    return listing
+
+
+def _capture_graphs(path: Path, ns: argparse.Namespace) -> dict[str, Any]:
+    """The conversion's graphs of one of a session's files, for the ``session`` command.
+
+    An XProf capture is read as a comparison reads it, device and host in one pass
+    (:func:`exporter.analysis.sides.load.decode_capture_kinds`), through its side cache:
+    the read is written beside the capture (a session of the store layout), so the
+    report that follows in this child, and every later comparison against the session,
+    loads it instead of decoding the capture again. The whole graph of each read is the
+    conversion's (``xprof_device``, ``xprof_host``: the same frames and values). A read
+    that failed leaves the conversion to the plain reader (its own answer and error).
+    Any other file (a torch.profiler trace) is converted as ``flamegraphs`` converts it.
+    """
+    from exporter.profiles.capture_files import is_capture_name
+
+    if not is_capture_name(path.name):
+        return _convert(path, "capture", ns)
+    from exporter.analysis.sides import cache as side_cache
+    from exporter.analysis.sides.load import decode_capture_kinds
+
+    reads, _ = side_cache.read_capture(path, ["device", "host"], decode_capture_kinds)
+    device, host = reads["device"], reads["host"]
+    if device.error is not None or host.error is not None:
+        # No device planes and no XLA work, no host events, or a plane that does not
+        # convert: the reader decides (rare, and cheap on such captures).
+        return _convert(path, "capture", ns)
+    graphs: dict[str, Any] = {}
+    if device.view == "device" and device.whole is not None:  # not a CPU capture's XLA view
+        graphs["xprof_device"] = device.whole
+    if host.whole is not None and host.whole.root.total > 0:
+        graphs["xprof_host"] = host.whole
+    return graphs
+
+
+def _write_session_graphs(directory: Path, names: Sequence[str], out: Path, ns: Any) -> None:
+    """``session``: every capture of the session converted (SESSION_GRAPHS_JSON lists
+    each one's graphs, or its one-line error), before the report is begun."""
+    from exporter.errors import MlprofError
+
+    started = time.perf_counter()
+    listing: list[dict[str, Any]] = []
+    for index, name in enumerate(names):
+        if Path(name).name != name:  # a record's file names are the store's, never paths
+            listing.append({"capture": name, "error": f"{name!r}: not a file name"})
+            continue
+        path = directory / name
+        try:
+            graphs = _capture_graphs(path, ns)
+        except (MlprofError, ValueError) as exc:
+            message = str(exc)
+            listing.append({"capture": name, "error": message if str(path) in message
+                            else f"{path}: {message}"})  # fmt: skip
+            continue
+        # The store's pprof, at its compression level: the sidecar stores these bytes.
+        found = _write_graphs(out, graphs, prefix=f"{index}.", level=STORED_PPROF_LEVEL)
+        listing.append({"capture": name, "graphs": found})
+        del graphs  # the report below reads the side cache: free what it need not hold
+    seconds = round(time.perf_counter() - started, 3)
+    _write(out, SESSION_GRAPHS_JSON, json.dumps({"captures": listing, "seconds": seconds}))
 
 
 def _context(ns: argparse.Namespace) -> Any:
@@ -365,6 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-profile-bytes", type=int)
     parser.add_argument("--max-profile-ratio", type=float)
     parser.add_argument("--max-memory-mb", type=int, help="address-space limit (RLIMIT_AS)")
+    parser.add_argument("--capture", action="append", default=[], help="session: a file")
+    parser.add_argument("--report", action="store_true", help="session: also its report")
     ns = parser.parse_args(argv)
     if ns.max_memory_mb:  # run by hand: run_job's sandbox has set its own limit already
         limit_memory(ns.max_memory_mb)
@@ -381,8 +531,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.command == "flamegraphs":
             if ns.kind not in CONVERT_KINDS:
                 raise ValueError(f"--kind {ns.kind!r}: expected one of {', '.join(CONVERT_KINDS)}")
-            _write_graphs(out, _convert(Path(specs[0]), ns.kind, ns))
+            listing = _write_graphs(out, _convert(Path(specs[0]), ns.kind, ns))
+            _write(out, GRAPHS_JSON, json.dumps(listing))
             return 0
+        if ns.command == "session":
+            # One child per finished session: its captures converted (and read into
+            # their side caches) first, then, with --report, the session's report as
+            # ``analyze`` makes it, which loads those reads instead of decoding again.
+            _write_session_graphs(Path(specs[0]), ns.capture, out, ns)
+            if not ns.report:
+                return 0
+            ns.command = "analyze"
         context = _context(ns)
         if ns.command == "sides":
             from exporter.analysis.sides.load import load_side

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from exporter.capture.session import SessionRecord, utcnow
 from exporter.capture.store import SessionStore
@@ -26,10 +26,14 @@ from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.torch_trace import is_trace_name, trace_stem
 from exporter.profiles.xplane import xplane_flamegraphs
 
+if TYPE_CHECKING:
+    from exporter.pipeline.job import Converted
+
 __all__ = [
     "MAX_CONVERSION_STARTS",
     "Convert",
     "Push",
+    "SessionJob",
     "SessionProcessor",
     "bounded_flamegraphs",
 ]
@@ -46,6 +50,10 @@ RETRY_DELAYS_S: Final = (30.0, 120.0, 600.0)
 MAX_CONVERSION_STARTS: Final = 3
 Convert = Callable[[Path], Mapping[str, FlameGraph]]  # capture -> {profile_source: graph}
 Push = Callable[[FlameGraph, dict[str, str]], object]
+# (record, its capture names) -> each name's graphs (with the pprof bytes to store) or
+# its one-line error: a session's captures converted in one child, with its report
+# (exporter.pipeline.worker.ReportWorker.session_job).
+SessionJob = Callable[[SessionRecord, list[str]], Mapping[str, "Mapping[str, Converted] | str"]]
 
 
 def bounded_flamegraphs(timeout_s: float, max_memory_mb: int) -> Convert:
@@ -139,6 +147,12 @@ class SessionProcessor:
         self._closed = False
         self.processed = 0
         self.given_up = 0
+        # When set, one child per session converts every capture and makes the report
+        # (SessionJob); else each capture is converted alone (``convert``).
+        self.session_job: SessionJob | None = None
+        # Called with each session's record once it is processed (the report worker,
+        # for a report the session job did not make).
+        self.on_processed: list[Callable[[SessionRecord], object]] = []
 
     def __call__(self, record: SessionRecord) -> Future[None] | None:
         """Queue a finished session (once at a time per id); the future, None if skipped."""
@@ -150,15 +164,27 @@ class SessionProcessor:
             self._pending[record.id] = 0
         return self._pool.submit(self._process_logged, record.id)
 
+    def pending(self, session_id: str) -> bool:
+        """Whether the session is queued, being processed or waiting for a retry here."""
+        with self._lock:
+            return session_id in self._pending
+
     def _process_logged(self, session_id: str) -> None:
         try:
-            self.process(session_id)
+            record = self.process(session_id)
         except Exception:  # retried later (bounded), never in a tight loop
             log.exception("processing session %s failed", session_id)
             self._failed(session_id)
-        else:
-            with self._lock:
-                self._pending.pop(session_id, None)
+            return
+        with self._lock:
+            self._pending.pop(session_id, None)
+        if record is None:
+            return
+        for hook in self.on_processed:
+            try:
+                hook(record)
+            except Exception:  # one hook's failure never stops the others
+                log.exception("hook %r failed for session %s", hook, session_id)
 
     def _failed(self, session_id: str) -> None:
         with self._lock:
@@ -216,8 +242,16 @@ class SessionProcessor:
                 current.conversion_starts = starts + 1  # type: ignore[attr-defined]
 
             self.store.update_record(session_id, started)
+            made: Mapping[str, Mapping[str, Converted] | str] | None = None
+            if self.session_job is not None:
+                try:
+                    made = self.session_job(record, [name for _, _, name in captures])
+                except Exception as exc:  # e.g. a remote store's copy failed: recorded
+                    log.warning("session %s: session job failed: %s", session_id, exc)
+                    made = {name: f"{type(exc).__name__}: {exc}" for _, _, name in captures}
             for host, run_id, name in captures:
-                artifacts.extend(self._convert_one(record, host, run_id, name))
+                one = None if made is None else made.get(name, "not converted")
+                artifacts.extend(self._convert_one(record, host, run_id, name, one))
 
         def record_artifacts(current: SessionRecord) -> None:
             current.artifacts = [a for a in current.artifacts if a.get("kind") != "flamegraph"]
@@ -246,14 +280,29 @@ class SessionProcessor:
             log.warning("session %s: cannot note the push of %s: %s", record.id, key, exc)
 
     def _convert_one(
-        self, record: SessionRecord, host: str, run_id: str | None, name: str
+        self,
+        record: SessionRecord,
+        host: str,
+        run_id: str | None,
+        name: str,
+        made: Mapping[str, Converted] | str | None = None,
     ) -> list[dict[str, Any]]:
+        """Store and push the graphs of capture ``name``: ``made`` by the session job
+        (each with the pprof it encoded; a string: why it did not convert), else
+        converted here."""
         base = {"kind": "flamegraph", "capture": name, "host": host}
-        try:
-            with self.store.local_file(record.id, name) as path:
-                graphs = self.convert(path)
-        except Exception as exc:  # an unreadable capture is recorded, not fatal
-            return [base | {"error": f"cannot convert: {exc}"}]
+        if isinstance(made, str):
+            return [base | {"error": f"cannot convert: {made}"}]
+        encoded: dict[str, bytes] = {}
+        if made is not None:
+            graphs: Mapping[str, FlameGraph] = {s: c.graph for s, c in made.items()}
+            encoded = {source: converted.pprof for source, converted in made.items()}
+        else:
+            try:
+                with self.store.local_file(record.id, name) as path:
+                    graphs = self.convert(path)
+            except Exception as exc:  # an unreadable capture is recorded, not fatal
+                return [base | {"error": f"cannot convert: {exc}"}]
         artifacts = []
         stem = trace_stem(name) if is_trace_name(name) else capture_stem(name)
         for source, graph in graphs.items():
@@ -267,7 +316,8 @@ class SessionProcessor:
             if self.write_pprof:
                 pprof_name = f"{stem}.{source}.pb.gz"
                 try:
-                    self.store.write_file(record.id, pprof_name, _encode(graph))
+                    data = encoded.get(source) or _encode(graph)  # the child's, as it is
+                    self.store.write_file(record.id, pprof_name, data)
                     artifact["file"] = pprof_name
                 except OSError as exc:
                     artifact["file_error"] = str(exc)

@@ -35,7 +35,7 @@ from exporter.analysis.sides.baselines import BaselineStore
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
 from exporter.json_limits import load_json, load_json_object
-from exporter.pipeline.job import REPORT_HTML, REPORT_JSON, run_job
+from exporter.pipeline.job import REPORT_HTML, REPORT_JSON, SessionRun, run_job, run_session
 from exporter.profiles.capture_files import is_capture_name
 from exporter.profiles.torch_trace import is_trace_name
 from exporter.regular_files import open_directory, read_regular, read_tail
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
     from exporter.config import Settings
+    from exporter.pipeline.job import Converted
 
 __all__ = [
     "ERROR_FILE",
@@ -131,6 +132,9 @@ class ReportWorker:
         self.workload_of = workload_of or (lambda record: record.workload)
         self.baselines = BaselineStore(store, self.workload_of)
         self.on_report: list[Callable[[ReportEvent], object]] = []
+        # Sessions the session processor holds: it makes their reports in its own child
+        # (session_job), with their conversion, so the hook leaves them to it.
+        self.deferred: Callable[[str], bool] = lambda session_id: False
         # One worker thread; alert and snapshot sessions go first (someone was paged),
         # then the others in arrival order.
         self._queue: queue.PriorityQueue[tuple[int, int, str, Future[ReportEvent | None]]] = (
@@ -171,7 +175,7 @@ class ReportWorker:
         """
         if not self.settings.enabled or record.status == "running" or not record.finished_ok:
             return None
-        if record.report is not None:
+        if record.report is not None or self.deferred(record.id):
             return None
         ended = record.finished or record.created
         if (
@@ -210,9 +214,56 @@ class ReportWorker:
             log.exception("report of session %s failed", session_id)
             return None
 
+    def _claim(self, record: SessionRecord) -> bool:
+        """Whether ``record``'s report is due and now this caller's to make (not queued)."""
+        if not self.settings.enabled or record.status == "running" or not record.finished_ok:
+            return False
+        if record.report is not None:
+            return False
+        with self._lock:
+            if record.id in self._seen:
+                return False
+            self._seen.add(record.id)
+        return True
+
+    def session_job(
+        self, record: SessionRecord, names: list[str]
+    ) -> dict[str, dict[str, Converted] | str]:
+        """The session processor's one child for a finished session (``run_session``):
+        ``names`` converted, and the session's report written when it is due, from one
+        read of each capture. Each name's graphs, or its one-line error.
+
+        The processor calls it for the sessions it holds (:attr:`deferred`), so the hook
+        leaves their reports to it; a report the child did not get to make is left to
+        the hook again (the processor's ``on_processed``).
+        """
+        if self._claim(record):
+            made: list[SessionRun] = []
+            try:
+                self.process(record.id, converting=(names, made))
+            except Exception:  # the report's failure is its own; the conversion goes on
+                log.exception("report of session %s failed", record.id)
+            if made and made[0].graphs:
+                return made[0].graphs
+            with self._lock:  # not made here: the hook may queue it
+                self._seen.discard(record.id)
+        with self._local_session(record.id, names) as session_dir:
+            run = run_session(session_dir, names, self.settings.timeout_s,
+                              self.settings.max_memory_mb)  # fmt: skip
+        return run.graphs
+
     # -- work --------------------------------------------------------------------
-    def process(self, session_id: str) -> ReportEvent | None:
-        """Analyse one session now (blocking) and write its report into the session."""
+    def process(
+        self,
+        session_id: str,
+        *,
+        converting: tuple[list[str], list[SessionRun]] | None = None,
+    ) -> ReportEvent | None:
+        """Analyse one session now (blocking) and write its report into the session.
+
+        ``converting``: (files, out) also converts those files in the same child
+        (:meth:`session_job`); what it made is appended to ``out``.
+        """
         record = self.store.read_record(session_id)
         if record is None:
             return None
@@ -252,10 +303,20 @@ class ReportWorker:
             args += ["--links", json.dumps(self._links(record, workload))]
             if not self.settings.xprof:
                 args.append("--no-xprof")
-            result = run_job(args, self.settings.timeout_s, self.settings.max_memory_mb)
-            if result.ok:
-                report = json.loads((Path(out) / REPORT_JSON).read_text(encoding="utf-8"))
-                page = (Path(out) / REPORT_HTML).read_bytes()
+            if converting is not None:  # one child: the conversion, then this report
+                names, made = converting
+                limits = (self.settings.timeout_s, self.settings.max_memory_mb)
+                run = run_session(session_dir, names, *limits, report_args=args[3:])
+                made.append(run)
+                result = run.result
+                started += run.conversion_s  # analysis_seconds: the report's part
+                if run.report is not None:
+                    report, page = run.report
+            else:
+                result = run_job(args, self.settings.timeout_s, self.settings.max_memory_mb)
+                if result.ok:
+                    report = json.loads((Path(out) / REPORT_JSON).read_text(encoding="utf-8"))
+                    page = (Path(out) / REPORT_HTML).read_bytes()
         seconds = time.monotonic() - started
         if not result.ok:
             return self._failed(record, workload, result.error, seconds)
@@ -301,7 +362,8 @@ class ReportWorker:
             {"status": event.status, "findings": event.findings, "file": REPORT_JSON},
         )
         self._count(event)
-        if baseline is None and record.trigger != "alert":
+        if baseline is None and record.trigger != "alert" and converting is None:
+            # (The session child wrote the side caches with its conversion already.)
             self._keep_sides(record.id)
         return event
 
@@ -404,9 +466,16 @@ class ReportWorker:
             yield local
             return
         with tempfile.TemporaryDirectory(prefix="mlprof-session-") as tmp:
+            # A copy in the store's layout, its record beside: the child writes each
+            # capture's side cache there, and the report it makes next loads it
+            # (analysis.sides.cache.writable) instead of decoding the capture again.
+            copy = Path(tmp) / "plugins" / "profile" / session_id
+            copy.mkdir(parents=True)
+            with contextlib.suppress(OSError, ValueError):  # no record: no cache, still read
+                self.store.copy_file(session_id, "session.json", copy / "session.json")
             for name in names:  # streamed to disk: a capture is never whole in memory
-                self.store.copy_file(session_id, name, Path(tmp) / name)
-            yield Path(tmp)
+                self.store.copy_file(session_id, name, copy / name)
+            yield copy
 
     @contextlib.contextmanager
     def _local_baseline(self, session_id: str | None) -> Iterator[Path | None]:
@@ -414,9 +483,7 @@ class ReportWorker:
             yield None
             return
         record = self.store.read_record(session_id)
-        names = [
-            n for t in (record.targets if record else []) for n in t.files if _analysed(n)
-        ]
+        names = [n for t in (record.targets if record else []) for n in t.files if _analysed(n)]
         if not names:
             yield None
             return

@@ -61,6 +61,7 @@ __all__ = [
     "Side",
     "SideContext",
     "capture_side",
+    "decode_capture_kinds",
     "expand_replicates",
     "join_step_view",
     "load_side",
@@ -338,7 +339,7 @@ def _read_capture_kinds(
     asked = [
         side.kind if side is not None else kind for kind, side in zip(kinds, sides, strict=True)
     ]
-    reads, step_names = side_cache.read_capture(path, asked, _decode_capture_kinds)
+    reads, step_names = side_cache.read_capture(path, asked, decode_capture_kinds)
     chosen_reads = [reads[side_cache.key_of(kind)] for kind in asked]
     for read in chosen_reads:
         side_cache.raise_error(read)  # the first kind's error first, as decoding raised it
@@ -359,7 +360,7 @@ def _read_capture_kinds(
     return out
 
 
-def _decode_capture_kinds(
+def decode_capture_kinds(
     path: Path, kinds: list[str | None]
 ) -> tuple[dict[str, side_cache.CaptureRead], set[str] | None]:
     """Decode ``path`` once into a read per kind (an InputError of a kind is its read)."""
