@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 # numpy's BLAS threads spinning against XLA's pool made the data phase 100x slower on
@@ -131,8 +132,24 @@ def timed(fn, repeats: int = 9) -> float:  # type: ignore[no-untyped-def]
     return float(np.median(times))
 
 
-def main() -> None:
-    out, variant, k_pct = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+@dataclass
+class Setup:
+    """A calibrated workload: the step's arguments for one variant of K % of the step."""
+
+    params: dict[str, jax.Array]
+    batch: int
+    rounds: int
+    loop: int
+    extra: int
+    step_s: float
+    unit_s: float
+
+    def step(self, step: int) -> None:
+        self.params = one_step(self.params, step, self.batch, self.rounds, self.loop, self.extra)
+
+
+def setup(variant: str, k_pct: float) -> Setup:
+    """Compile and calibrate in this process (K is a share of *its* step)."""
     params = init()
     share = k_pct / 100
     batch = round(BATCH * (1 + share)) if variant == "uniform" else BATCH
@@ -153,6 +170,12 @@ def main() -> None:
         rounds, unit_s = DATA_BASE + max(1, round(share * step_s / data_s)), data_s
     elif variant not in ("same", "uniform"):
         raise SystemExit(f"unknown variant {variant!r}")
+    return Setup(params, batch, rounds, loop, extra, step_s, unit_s)
+
+
+def main() -> None:
+    out, variant, k_pct = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+    run = setup(variant, k_pct)
     options = jax.profiler.ProfileOptions()
     options.host_tracer_level = 2
     options.python_tracer_level = 0
@@ -161,11 +184,12 @@ def main() -> None:
         for step in range(STEPS):
             started = time.perf_counter()
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
-                params = one_step(params, step, batch, rounds, loop, extra)
+                run.step(step)
             traced.append(time.perf_counter() - started)
     (path,) = out.glob("plugins/profile/*/*.xplane.pb")
+    iterations = run.extra or run.loop or run.rounds
     print(
-        f"DONE {path} {1e3 * step_s:.3f} {1e3 * unit_s:.3f} {extra or loop or rounds} "
+        f"DONE {path} {1e3 * run.step_s:.3f} {1e3 * run.unit_s:.3f} {iterations} "
         f"{1e3 * float(np.median(traced)):.3f}",
         flush=True,
     )

@@ -27,8 +27,10 @@ from exporter.errors import ConfigError
 from exporter.heap import malloc_choice
 
 __all__ = [
+    "ALERT_CAPTURES",
     "ENV_PREFIX",
     "EVENT_SINKS",
+    "MAX_ALERT_CAPTURES",
     "WILDCARD_LISTEN",
     "Settings",
     "load_settings",
@@ -46,6 +48,16 @@ DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "[::1]", "ip6-localhost")
 WILDCARD_LISTEN = frozenset({"0.0.0.0", "::", "[::]", ""})
 SOURCE_NAMES = frozenset({"auto", "tpu", "nvml", "jax"})
 EVENT_SINKS = ("off", "log", "cloud-logging-structured", "cloud-logging-api")
+# Captures an alert-triggered session takes (MLPROF_ALERT_CAPTURES), its time split among
+# them. Measured by bench/alert_replicates.py (docs/analysis.md, "Replicates from the
+# sidecar"), real JAX CPU processes at load 10-11 on 2 cores, the same 3 s a side: three
+# 1 s captures named an added op of 10 % of the step in 10-11 of 18 pairs per orientation,
+# one 3 s capture in 3 of 18 (4 steps: under the rank test's 5); neither gave a verdict
+# in 30 unchanged orientations. Where steps are fast both see it: the replicates also
+# measure the noise the fixed floors only stand in for.
+ALERT_CAPTURES = 3
+# Each capture is a replicate a report reads (and a profiling session on the workload).
+MAX_ALERT_CAPTURES = 16
 
 
 def parse_hostport(value: str, default_port: int | None = None) -> tuple[str, int]:
@@ -226,6 +238,14 @@ class Settings(BaseSettings):
     )
     alert_max_concurrent: int = Field(
         2, ge=1, le=1000, description="Alert-triggered capture sessions running at once, at most."
+    )
+    alert_captures: int = Field(
+        ALERT_CAPTURES,
+        ge=1,
+        le=MAX_ALERT_CAPTURES,
+        description="Captures an alert-triggered session takes one after another, its "
+        "duration split among them, so that its report compares replicates with the "
+        "baseline's (1: one capture, no measured between-capture noise).",
     )
     alert_max_body_bytes: int = Field(
         4 * 1024 * 1024,

@@ -214,14 +214,14 @@ def analyze(
     spec: str,
     context: SideContext,
     *,
-    baseline: str | None = None,
+    baseline: str | Sequence[str] | None = None,
     xprof: bool = True,
     shown_as: str | None = None,
     **options: Any,
 ) -> Report:
     """The analysis report of a capture, a session or ``run:<id>`` (``baseline``: also
-    compare against it). ``shown_as``: the name the user gave, when the door resolved
-    it to a path (a session id); ``options`` are
+    compare against it, or against each of several as replicates). ``shown_as``: the
+    name the user gave, when the door resolved it to a path (a session id); ``options`` are
     :func:`exporter.analysis.report.document.analyze`'s."""
     from exporter.analysis.report.document import analyze as analyse
 

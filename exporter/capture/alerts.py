@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from exporter.capture.engine import CaptureRejected, CaptureRequest
-from exporter.config import parse_hostport
+from exporter.capture.engine import MAX_CAPTURES, CaptureRejected, CaptureRequest
+from exporter.config import ALERT_CAPTURES, parse_hostport
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -89,6 +89,7 @@ PARAMETERS: Final[Mapping[str, str]] = {
     "mlprof_host_tracer_level": "host_tracer_level",
     "mlprof_device_tracer_level": "device_tracer_level",
     "mlprof_python_tracer_level": "python_tracer_level",
+    "mlprof_captures": "captures",  # this alert's captures, beside MLPROF_ALERT_CAPTURES
 }
 # A flood of distinct fingerprints must not grow memory without bound; past this many
 # remembered fingerprints the oldest are forgotten first.
@@ -151,6 +152,8 @@ class AlertPolicyConfig:
     cooldown_s: float = 600.0
     dedup_window_s: float = 3600.0
     max_concurrent: int = 2
+    # A trace's captures, its duration split among them: the report's replicates.
+    captures: int = ALERT_CAPTURES
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AlertPolicyConfig:
@@ -158,6 +161,7 @@ class AlertPolicyConfig:
             cooldown_s=settings.alert_cooldown_s,
             dedup_window_s=settings.alert_dedup_window_s,
             max_concurrent=settings.alert_max_concurrent,
+            captures=settings.alert_captures,
         )
 
 
@@ -252,8 +256,10 @@ def _int_parameter(alert: AlertmanagerAlert, name: str) -> int | None:
         value = int(text)
     except ValueError:
         raise _IgnoredError("invalid", f"{name}={text!r}: expected a whole number") from None
-    if value < 0 or (name == "mlprof_duration_ms" and value == 0):
+    if value < 0 or (name in ("mlprof_duration_ms", "mlprof_captures") and value == 0):
         raise _IgnoredError("invalid", f"{name}={text!r}: expected a positive number") from None
+    if name == "mlprof_captures" and value > MAX_CAPTURES:
+        raise _IgnoredError("invalid", f"{name}={text!r}: expected 1..{MAX_CAPTURES}")
     return value
 
 
@@ -430,6 +436,8 @@ class AlertPolicy:
             )
         request = CaptureRequest(
             kind=kind,
+            # A snapshot is one kept window; a trace is split into replicates.
+            captures=self.config.captures if kind == "trace" else 1,
             trigger="alert",
             requester="alertmanager",
             alert={

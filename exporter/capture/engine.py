@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -43,6 +44,7 @@ from exporter.capture.session import (
 )
 from exporter.capture.store import PROFILE_DIR, SessionStore
 from exporter.capture.targets import ProfilerTarget, TargetRegistry, probe
+from exporter.config import MAX_ALERT_CAPTURES
 from exporter.errors import MlprofError
 from exporter.regular_files import NotRegularFileError, open_directory, replace_file
 from exporter.schema import TRIGGERS
@@ -62,6 +64,7 @@ __all__ = [
     "CaptureStoreError",
     "SnapshotSource",
     "TargetOutcome",
+    "capture_rounds",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,14 @@ CAPTURE_SUFFIX: Final = ".xplane.pb"
 # Finished records the store refused, kept so ``get`` answers their final status.
 MAX_UNSAVED: Final = 256
 FINAL_STATUSES: Final = ("done", "partial", "failed")  # how a session ends (summarize())
+# Captures one session may take of each target one after another (an alert's
+# replicates: MLPROF_ALERT_CAPTURES); each is a profiling session on the workload.
+MAX_CAPTURES: Final = MAX_ALERT_CAPTURES
+# A session of several captures names each target's files <stem>.r<i>.xplane.pb (i from
+# 1): the store is flat, and each capture is a replicate its report reads on its own.
+_ROUND_NAME = re.compile(
+    r"^(?P<stem>.+)\.r(?P<round>[1-9][0-9]{0,2})(?P<suffix>\.xplane\.(?:pb|riegeli))$"
+)
 
 
 class CaptureRejected(ValueError):  # noqa: N818 (name fixed by the capture contract)
@@ -104,6 +115,28 @@ class CaptureRequest:
     trigger: str = "manual"
     requester: str = "api"
     alert: dict[str, Any] | None = None
+    # Traces of each target one after another, ``duration_ms`` split among them (see
+    # capture_rounds); a snapshot is one window.
+    captures: int = 1
+
+
+def capture_rounds(record: SessionRecord) -> list[list[str]]:
+    """The capture files of a session of several captures, one list per capture (every
+    target's file of that round), in the order taken; [] for a session of one capture."""
+    if record.options.get("captures", 1) <= 1:
+        return []
+    rounds: dict[int, list[str]] = {}
+    for target in record.targets:
+        for name in target.files:
+            found = _ROUND_NAME.match(name)
+            if found is not None:
+                rounds.setdefault(int(found["round"]), []).append(name)
+    return [sorted(rounds[i]) for i in sorted(rounds)]
+
+
+def _round_name(name: str, stem: str, index: int) -> str:
+    """``<stem>.xplane.pb`` as round ``index``'s ``<stem>.r<index>.xplane.pb``."""
+    return f"{stem}.r{index}{name.removeprefix(stem)}"
 
 
 @dataclass(frozen=True)
@@ -209,6 +242,13 @@ class CaptureEngine:
             raise CaptureRejected(f"kind={request.kind!r}: expected 'trace' or 'snapshot'")
         if request.trigger not in TRIGGERS:
             raise CaptureRejected(f"trigger={request.trigger!r}: expected one of {TRIGGERS}")
+        captures = request.captures
+        if not isinstance(captures, int) or isinstance(captures, bool):
+            raise CaptureRejected(f"captures={captures!r}: expected an integer")
+        if not 1 <= captures <= MAX_CAPTURES:
+            raise CaptureRejected(f"captures={captures}: expected 1..{MAX_CAPTURES}")
+        if captures > 1 and request.kind != "trace":
+            raise CaptureRejected(f"captures={captures}: only a trace takes several captures")
         if request.name is not None:
             try:
                 check_session_id(request.name)
@@ -244,6 +284,8 @@ class CaptureEngine:
             "python_tracer_level": self.limits.max_python_tracer_level,
         }
         options = {key: min(value, maxima[key]) for key, value in wanted.items()}
+        if captures > 1:  # absent for one capture: such records read as they always did
+            options["captures"] = captures
         clamped = {
             key: {"requested": wanted[key], "max": maxima[key]}
             for key in wanted
@@ -497,12 +539,53 @@ class CaptureEngine:
                     "taken instead"
                 )
                 return traced
-            return self.trace_into(target, record.id, record.options)
+            return self._trace_rounds(target, record.id, record.options)
         except Exception as exc:  # one target's failure is its result, not the session's
             log.exception("capture of %s failed", target.address)
             return TargetOutcome("failed", f"{target.address}: {type(exc).__name__}: {exc}")
         finally:
             self.release(target, record.id)
+
+    def _trace_rounds(
+        self, target: ProfilerTarget, session_id: str, options: dict[str, int]
+    ) -> TargetOutcome:
+        """``options["captures"]`` traces of ``target`` one after another, each of an equal
+        share of ``duration_ms`` (the delay before the first), each file renamed to its
+        round's name (:func:`capture_rounds`); one trace when there is no such option.
+
+        A round that fails ends the target's captures (a server busy or gone does not
+        come back within the session): the rounds before it are the result, said in
+        its note; a failed first round is the failure.
+        """
+        count = options.get("captures", 1)
+        if count <= 1:
+            return self.trace_into(target, session_id, options)
+        each = {**options, "duration_ms": max(1, options["duration_ms"] // count)}
+        stem = target.file_stem()
+        kept: list[Path] = []
+        for index in range(1, count + 1):
+            outcome = self.trace_into(target, session_id, each)
+            if outcome.status != "ok":
+                if not kept:
+                    return outcome
+                note = f"{index - 1} of {count} captures taken; capture {index}: {outcome.error}"
+                return TargetOutcome("ok", files=kept, note=note)
+            for path in outcome.files:
+                if path not in kept:
+                    kept.append(self._rename_round(path, stem, index))
+            each["delay_ms"] = 0
+        return TargetOutcome("ok", files=kept)
+
+    def _rename_round(self, path: Path, stem: str, index: int) -> Path:
+        """Rename a file the profiler wrote in the staging dir, no link under the logdir
+        followed (the workload may write there)."""
+        renamed = path.with_name(_round_name(path.name, stem, index))
+        parent = open_directory(path.parent, below=self.logdir)
+        try:
+            os.rename(path.name, renamed.name, src_dir_fd=parent, dst_dir_fd=parent)
+        finally:
+            os.close(parent)
+        return renamed
 
     def _run_session(
         self, record: SessionRecord, free: list[tuple[int, ProfilerTarget]], kind: str
@@ -525,7 +608,9 @@ class CaptureEngine:
         with self._lock:
             record.started = utcnow()
         options = record.options
-        budget = (options["delay_ms"] + options["duration_ms"]) / 1000 + self.limits.timeout_s
+        # Each of a target's captures has its own overhead (connecting, writing the file).
+        overhead = self.limits.timeout_s * options.get("captures", 1)
+        budget = (options["delay_ms"] + options["duration_ms"]) / 1000 + overhead
         futures: dict[Future[TargetOutcome], int] = {}
         for index, target in free:
             try:
@@ -551,7 +636,7 @@ class CaptureEngine:
             address = record.targets[index].address
             self._apply(record, index, TargetOutcome(
                 "timeout", f"{address}: no answer within {budget:g}s "
-                f"(delay + duration + MLPROF_CAPTURE_TIMEOUT_S)",
+                f"(delay + duration + MLPROF_CAPTURE_TIMEOUT_S for each capture)",
             ))  # fmt: skip
             future.add_done_callback(functools.partial(self._discard_late, record.id))
 

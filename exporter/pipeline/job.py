@@ -7,7 +7,7 @@ huge file must not wedge or crash the sidecar. :func:`run_job` starts
 address-space limit reserved from the memory budget, a deadline) and reads what it
 wrote into an output directory.
 
-    python -m exporter.pipeline.job analyze INPUT OUT_DIR [--baseline SPEC ...]
+    python -m exporter.pipeline.job analyze INPUT OUT_DIR [--baseline SPEC ...] [--replicate S ...]
     python -m exporter.pipeline.job compare BASE HEAD OUT_DIR [--kind K ...]
     python -m exporter.pipeline.job compare OUT_DIR --base SPEC ... --head SPEC ... [...]
     python -m exporter.pipeline.job subtree INPUT OUT_DIR [--frames JSON --kind K --limit N]
@@ -496,7 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shown-as", help="analyze: the name the user gave the input")
     parser.add_argument("--frames", help="subtree: JSON list of frame names, root first")
     parser.add_argument("--limit", type=int, default=50, help="subtree: children shown")
-    parser.add_argument("--baseline")
+    parser.add_argument("--baseline", action="append", help="analyze: a baseline replicate")
+    parser.add_argument("--replicate", action="append", default=[], help="analyze: INPUT's")
     parser.add_argument("--baseline-session")
     parser.add_argument("--baseline-reason", default="given")
     parser.add_argument("--history-ns", help="JSON list: earlier runs' median step (ns)")
@@ -562,6 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 baseline_reason=ns.baseline_reason,
                 memory_samples=samples,
                 history=json.loads(ns.history_ns) if ns.history_ns else None,
+                replicates=ns.replicate,
             )
             report.links = json.loads(ns.links) if ns.links else {}
             _write_bytes(out, REPORT_JSON, usecases.report_document(report, "json"))

@@ -36,6 +36,7 @@ from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
 from exporter.json_limits import load_json, load_json_object
 from exporter.pipeline.job import REPORT_HTML, REPORT_JSON, SessionRun, run_job, run_session
+from exporter.pipeline.replicates import plan_replicates, replicate_specs
 from exporter.profiles.capture_files import is_capture_name
 from exporter.profiles.torch_trace import is_trace_name
 from exporter.regular_files import open_directory, read_regular, read_tail
@@ -272,11 +273,14 @@ class ReportWorker:
             return None
         workload = self.workload_of(record)
         baseline = self.baselines.choose(record) if record.trigger in COMPARED_TRIGGERS else None
+        # An alert's several captures: compared one by one with the baseline's (replicates).
+        plan = plan_replicates(record, baseline.session_id, self.baselines) if baseline else None
         started = time.monotonic()
         with (
             self._local_session(record.id, captures) as session_dir,
             self._local_baseline(baseline.session_id if baseline else None) as base_dir,
             tempfile.TemporaryDirectory(prefix="mlprof-report-") as out,
+            replicate_specs(plan, session_dir, base_dir, self._local_session) as (heads, bases),
         ):
             args = [
                 "analyze",
@@ -286,9 +290,9 @@ class ReportWorker:
                 f"mlprof report: session {record.id}",
             ]
             if baseline is not None and base_dir is not None:
+                args += [f"--baseline={spec}" for spec in bases]
+                args += [f"--replicate={spec}" for spec in heads]
                 args += [
-                    "--baseline",
-                    str(base_dir),
                     "--baseline-session",
                     baseline.session_id,
                     "--baseline-reason",

@@ -182,6 +182,12 @@ class StatTexts:
         ids = sorted(names)
         self._ref_ids = np.asarray(ids, np.int64)
         self._ref_codes = np.asarray([self.code(names[i]) for i in ids], np.int64)
+        # Stat ids are small counters in every writer's captures: a lookup table by id
+        # (0 for ids that name nothing) replaces the search, when it stays small.
+        self._table: np.ndarray | None = None
+        if not ids or (ids[0] >= 0 and ids[-1] <= 4 * len(ids) + 1024):
+            self._table = np.zeros((ids[-1] if ids else 0) + 1, np.int64)
+            self._table[self._ref_ids] = self._ref_codes
 
     def code(self, text: str) -> int:
         found = self._codes.get(text)
@@ -194,8 +200,10 @@ class StatTexts:
         """Per event, the code of the column's text; -1 where the event has no such stat."""
         kinds, values = piece.kinds[:, column], piece.values[:, column]
         out = np.where(kinds == KIND_NONE, -1, 0).astype(np.int64)
-        refs = np.flatnonzero((kinds == KIND_REF) & (values != 0))
-        if len(refs) and len(self._ref_ids):
+        if self._table is not None:
+            refs = np.flatnonzero((kinds == KIND_REF) & (values > 0) & (values < len(self._table)))
+            out[refs] = self._table[values[refs]]  # refs to nothing stay ""
+        elif len(refs := np.flatnonzero((kinds == KIND_REF) & (values != 0))):
             wanted = values[refs]
             pos = np.minimum(np.searchsorted(self._ref_ids, wanted), len(self._ref_ids) - 1)
             hit = self._ref_ids[pos] == wanted

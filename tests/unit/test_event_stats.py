@@ -307,3 +307,16 @@ def test_a_line_of_distinct_strings_reads_in_memory_of_its_window() -> None:
             tracemalloc.stop()
     assert distinct == 60_000
     assert len(data) > 4_000_000 and peak < len(data) // 8, (peak, len(data))
+
+
+def test_ref_texts_read_alike_by_table_and_by_search() -> None:
+    """Small stat ids resolve through a table, others (hostile: huge or negative ids)
+    through a search; a ref to an id that names nothing is the empty text either way."""
+    refs = np.array([1, 2, 3, 0, 7, -5, 1 << 40, 2], np.int64)
+    piece = StatEvents(refs, refs, refs, np.full((8, 1), 7, np.int8), refs.reshape(8, 1), [])
+    small = StatTexts({1: "a", 2: "b", 3: "c"})
+    huge = StatTexts({1: "a", 2: "b", 3: "c", 1 << 41: "far", -9: "neg"})
+    assert small._table is not None and huge._table is None
+    expected = ["a", "b", "c", "", "", "", "", "b"]
+    for texts in (small, huge):
+        assert [texts.texts[c] for c in texts.column(piece, 0)] == expected
