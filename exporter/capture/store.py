@@ -64,6 +64,7 @@ from exporter.regular_files import (
     read_regular,
     replace_file_at,
 )
+from exporter.schema import TORCH_TRACE_SUFFIXES
 
 __all__ = [
     "MAX_ERROR_BYTES",
@@ -792,6 +793,10 @@ def _copied_bound(name: str) -> int | None:
         return None
     if is_capture_name(name):
         return 1 << 62  # streamed to disk; the analysis children bound what they decode
+    if name.endswith(TORCH_TRACE_SUFFIXES):  # a torch.profiler trace (torch_watcher.py)
+        from exporter.profiles.torch_trace import MAX_TRACE_BYTES  # numpy: only when asked
+
+        return MAX_TRACE_BYTES  # its reader's bound: a larger one is refused unread
     if name.endswith(_SIDE_CACHE_SUFFIX) and is_capture_name(name[: -len(_SIDE_CACHE_SUFFIX)]):
         return _SIDE_CACHE_MAX_BYTES
     if name.endswith(_PPROF_SUFFIXES):

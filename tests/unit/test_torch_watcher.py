@@ -14,10 +14,12 @@ import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from exporter import schema
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
+from exporter.cli import main
 from exporter.pipeline.processing import SessionProcessor
 from exporter.pipeline.torch_watcher import TorchTraceWatcher
 from exporter.profiles.torch_trace import trace_flamegraphs
@@ -215,3 +217,25 @@ def test_an_identity_that_is_a_fifo_is_no_identity(shared: Path, store: SessionS
     (result,) = feeding_fifo(watcher.poll, fifo, json.dumps(IDENTITY).encode())
     record = store.read_record(str(result.session_id))
     assert record is not None and record.run_id is None  # the FIFO's identity was not read
+
+
+def test_a_trace_session_in_a_remote_store_is_analysed_from_its_copy(shared: Path) -> None:
+    # Before: the CLI's copy of a remote session left the trace behind (not a file any
+    # command read), and the analysis found "no XProf captures".
+    import fsspec
+
+    url = f"memory://torch-watcher-{os.getpid()}"
+    store = SessionStore(url)
+    try:
+        _trace(shared, "r-1.pt.trace.json", IDENTITY)
+        (result,) = _watcher(shared, store, []).poll()
+        assert result.session_id is not None
+        done = CliRunner().invoke(
+            main,
+            ["analyze", result.session_id, "--store", url, "--no-xprof", "--format", "json"],
+        )
+        assert done.exit_code == 0, done.output
+        facts = json.loads(done.output)["facts"]
+        assert facts["capture_format"] == "torch_trace" and facts["steps"]["count"] == 2
+    finally:
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
