@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from exporter.analysis.facts.capture import CaptureFacts
@@ -220,19 +220,14 @@ TORCH_GPU_WORDS: Final = Vocabulary(
     fuse="(torch.cuda.graphs, torch.compile mode='reduce-overhead'), fuse elementwise "
     "ops with torch.compile,",
 )
-TORCH_CPU_WORDS: Final = Vocabulary(
+# A CPU-only trace: the work is the ops themselves, and no GPU software differs.
+TORCH_CPU_WORDS: Final = replace(
+    TORCH_GPU_WORDS,
     work="torch ops",
     worked="torch ops ran",
     no_work="no torch op runs",
-    annotate=_TORCH_ANNOTATE,
-    viewer="the trace in Perfetto (ui.perfetto.dev) or TensorBoard",
-    input_advice=_TORCH_INPUT,
-    host_advice=_TORCH_HOST,
-    communication_advice=_TORCH_COMMUNICATION,
-    memory_advice=_TORCH_MEMORY,
     toolchain="the PyTorch version, its thread settings (torch.get_num_threads()) and the "
     "library versions",
-    fuse=TORCH_GPU_WORDS.fuse,
 )
 
 
