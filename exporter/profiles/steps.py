@@ -20,13 +20,16 @@ the names it codes against:
       ``_r=1``); the same step on several threads is one window.
     - ``"none"`` with ``[]`` when the capture has no step markers.
 
-``windowed_flamegraphs(capture, kind, windows) -> list[FlameGraph]``
+``windowed_flamegraphs(capture, kind, windows, total=False) -> list[FlameGraph]``
     One graph per window, built by the same reader as ``device_flamegraph`` /
     ``host_flamegraph`` (same frames, labels, identity and nesting). Each event's self
     time is split across the windows by how much of it lies inside each, so summing the
     windows' graphs gives the capture's graph restricted to the windows (exactly, in
-    whole nanoseconds per frame). Cost O(events + windows + output). Windows must be
-    disjoint; empty graphs come back for a kind the capture has no planes of.
+    whole nanoseconds per frame). With ``total`` that sum comes last, built in the same
+    pass (windows that cover the capture give its whole graph, identical to
+    ``device_flamegraph`` / ``host_flamegraph``'s). Cost O(events + windows + output).
+    Windows must be disjoint; empty graphs come back for a kind the capture has no
+    planes of.
 """
 
 from __future__ import annotations
@@ -197,22 +200,29 @@ def _checked(capture: Capture, windows: list[StepWindow]) -> list[StepWindow]:
 
 
 def windowed_flamegraphs(
-    capture: Capture, kind: Literal["device", "host"], windows: Sequence[StepWindow]
+    capture: Capture,
+    kind: Literal["device", "host"],
+    windows: Sequence[StepWindow],
+    total: bool = False,
 ) -> list[FlameGraph]:
-    """One flame graph per window: each event's self time split by time overlap."""
+    """One flame graph per window: each event's self time split by time overlap.
+
+    ``total``: one more graph last, the windows' sum, stamped with the capture's time
+    range (its whole graph when the windows cover it), read in the same pass.
+    """
     if kind not in ("device", "host"):
         raise ValueError(f"kind {kind!r}: expected 'device' or 'host'")
     if not windows:
-        return []
+        return [graph_template(capture, kind)] if total else []
     spans = np.array([(w.start_ns, w.end_ns) for w in windows], np.int64)
     if (spans[:, 1] < spans[:, 0]).any() or (spans[1:, 0] < spans[:-1, 1]).any():
         raise ValueError("windows must be ordered by start and must not overlap")
     build = device_graphs if kind == "device" else host_graphs
-    graphs = build(capture, spans)
+    graphs = build(capture, spans, total)
     if graphs is None:
         template = graph_template(capture, kind)
-        return [template.copy() for _ in windows]
-    for graph, window in zip(graphs, windows, strict=True):
+        graphs = [template.copy() for _ in range(len(windows) + total)]
+    for graph, window in zip(graphs, windows, strict=False):  # the sum keeps the capture's
         graph.time_nanos = window.start_ns
         graph.duration_nanos = window.end_ns - window.start_ns
     return graphs

@@ -32,9 +32,26 @@ import numpy as np
 from exporter.profiles.flamegraph import FlameGraph, Frame, FrameKey
 from exporter.profiles.frames import FrameLabel
 
-__all__ = ["graphs_by_frame", "graphs_by_node"]
+__all__ = ["graphs_by_frame", "graphs_by_node", "with_total"]
 
 Labels = tuple[FrameLabel, ...]
+
+
+def with_total(
+    values: tuple[np.ndarray, np.ndarray, np.ndarray], count: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``values`` = (node, window, ns) and, as window ``count``, every node's sum.
+
+    A node's windows sum to its rounded total (``FrameTree.self_ns``), so when the
+    windows cover a capture this last graph is its whole graph, built in the same pass
+    at the cost of its own frames instead of merging every window's graph.
+    """
+    nodes, wins, ns = values
+    return (
+        np.concatenate([nodes, nodes]),
+        np.concatenate([wins, np.full(len(nodes), count, np.int64)]),
+        np.concatenate([ns, ns]),
+    )
 
 
 def graphs_by_node(

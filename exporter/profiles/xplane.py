@@ -44,7 +44,7 @@ from exporter.profiles.event_stats import StatEvents, StatTexts, first_seen, rea
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
 from exporter.profiles.nesting import FAR, Nested, aggregate, dense_index, nest, window_self
-from exporter.profiles.tree_graphs import graphs_by_frame
+from exporter.profiles.tree_graphs import graphs_by_frame, with_total
 from exporter.profiles.xspace import (
     DEVICE_PLANE_RE,
     HOST_PLANE,
@@ -275,14 +275,16 @@ class FrameTree:
         ns = np.maximum(rounded - previous, 0)  # < 0 only where XProf's rule double counts
         return nodes, wins, ns
 
-    def graphs(self, template: FlameGraph) -> list[FlameGraph]:
-        """One graph per window (one in all without windows), shaped like ``template``."""
+    def graphs(self, template: FlameGraph, total: bool = False) -> list[FlameGraph]:
+        """One graph per window (one in all without windows), shaped like ``template``;
+        with ``total``, one more of all the windows' time together (their sum)."""
         count = 1 if self.windows_ns is None else len(self.windows_ns)
+        values = self.self_ns()
+        if total:
+            values, count = with_total(values, count), count + 1
         # Built frame by frame for all windows at once (tree_graphs; its reference,
         # graphs_by_node, walks the nodes of each window and gives the same graphs).
-        return graphs_by_frame(
-            self.parent, self.tuple_of, self.tuples, template, self.self_ns(), count
-        )
+        return graphs_by_frame(self.parent, self.tuple_of, self.tuples, template, values, count)
 
 
 def graph_template(capture: Capture, kind: str) -> FlameGraph:
@@ -592,15 +594,18 @@ def device_flamegraph(capture: Capture) -> FlameGraph | None:
     return graphs[0] if graphs is not None else None
 
 
-def device_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGraph] | None:
-    """Device-time graphs, one per window (``None``: one graph of all the time)."""
+def device_graphs(
+    capture: Capture, windows_ns: np.ndarray | None, total: bool = False
+) -> list[FlameGraph] | None:
+    """Device-time graphs, one per window (``None``: one graph of all the time), and with
+    ``total`` their sum last."""
     planes = capture.device_planes
     if not planes:
         return None
     frames = FrameTree(windows_ns)
     for ref in planes:
         _device_plane(capture, ref, frames)
-    return frames.graphs(graph_template(capture, "device"))
+    return frames.graphs(graph_template(capture, "device"), total)
 
 
 # -- host time -----------------------------------------------------------------------
@@ -716,8 +721,11 @@ def host_flamegraph(capture: Capture) -> FlameGraph | None:
     return graphs[0]
 
 
-def host_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGraph] | None:
-    """Host-time graphs, one per window (``None``: one graph of all the time)."""
+def host_graphs(
+    capture: Capture, windows_ns: np.ndarray | None, total: bool = False
+) -> list[FlameGraph] | None:
+    """Host-time graphs, one per window (``None``: one graph of all the time), and with
+    ``total`` their sum last."""
     planes = capture.host_planes
     if not planes:
         return None
@@ -725,7 +733,7 @@ def host_graphs(capture: Capture, windows_ns: np.ndarray | None) -> list[FlameGr
     template = graph_template(capture, "host")
     for ref in planes:
         template.comments.extend(_host_plane(capture, ref, frames))
-    return frames.graphs(template)
+    return frames.graphs(template, total)
 
 
 def xplane_flamegraphs(path: Path) -> dict[str, FlameGraph]:

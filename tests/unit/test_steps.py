@@ -132,3 +132,26 @@ def test_overlapping_windows_are_refused() -> None:
     capture, _ = _two_window_plane()
     with pytest.raises(ValueError, match="must not overlap"):
         windowed_flamegraphs(capture, "host", [StepWindow(0, 10, 1), StepWindow(5, 20, 2)])
+
+
+def test_the_windows_total_is_the_whole_graph_read_in_the_same_pass() -> None:
+    from tests.unit.test_tree_graphs import shape
+
+    synthetic = tpu_capture(devices=2, steps=5, ops_per_step=60, distinct_ops=15, while_every=6)
+    capture = Capture.from_space(synthetic.space)
+    start, duration = capture.time_range()
+    windows, _ = step_windows(capture)
+    # Step to step, and what lies before the first and after the last (as a compare reads).
+    starts = [-(1 << 62)] + [w.start_ns for w in windows] + [1 << 62]
+    edges = [StepWindow(a, b, None) for a, b in itertools.pairwise(starts)]
+    for kind, whole in (("device", device_flamegraph(capture)), ("host", host_flamegraph(capture))):
+        assert whole is not None
+        *parts, total = windowed_flamegraphs(capture, kind, edges, total=True)  # type: ignore[arg-type]
+        assert len(parts) == len(edges)
+        # The same graph as the whole-capture reader's, frames in the same order too.
+        assert shape(total) == shape(whole)
+        assert (total.time_nanos, total.duration_nanos) == (start, duration)
+        assert _summed(parts) == _frames(whole)
+    # No windows: the total is an empty graph of the capture.
+    [empty] = windowed_flamegraphs(capture, "device", [], total=True)
+    assert empty.root.total == 0 and empty.time_nanos == start

@@ -253,13 +253,9 @@ def capture_side(
 
         edges = [StepWindow(-_FAR_FUTURE_NS, cycles[0].start_ns, None), *cycles,
                  StepWindow(cycles[-1].end_ns, _FAR_FUTURE_NS, None)]  # fmt: skip
-        graphs = list(windowed_flamegraphs(capture, chosen, edges))
-        if not graphs or graphs[0].root.total + sum(g.root.total for g in graphs) == 0:
+        *graphs, whole = windowed_flamegraphs(capture, chosen, edges, total=True)
+        if whole.root.total == 0:
             flamegraph_from_capture(capture, chosen)  # raises the reader's own error
-        whole = graphs[0].copy()
-        for graph in graphs[1:]:
-            whole.merge(graph)
-        whole.time_nanos, whole.duration_nanos = capture.time_range()
         return chosen, whole, graphs[1:-1], lengths, source, chosen
     whole = flamegraph_from_capture(capture, chosen)
     graphs = windowed_flamegraphs(capture, chosen, cycles)
