@@ -20,7 +20,7 @@ from exporter import schema
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
 from exporter.cli import main
-from exporter.pipeline.processing import SessionProcessor
+from exporter.pipeline.processing import SessionProcessor, bounded_flamegraphs
 from exporter.pipeline.torch_watcher import TorchTraceWatcher
 from exporter.profiles.torch_trace import trace_flamegraphs
 from tests import kineto_traces as kt
@@ -239,3 +239,27 @@ def test_a_trace_session_in_a_remote_store_is_analysed_from_its_copy(shared: Pat
         assert facts["capture_format"] == "torch_trace" and facts["steps"]["count"] == 2
     finally:
         fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm"', "not valid JSON"),
+        (b'{"traceEvents": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}", "nests deeper"),
+    ],
+)
+def test_a_hostile_trace_is_a_one_line_artifact_not_a_crash(
+    shared: Path, store: SessionStore, data: bytes, said: str
+) -> None:
+    """Half a trace, or one nested past every bound, converted in the real bounded child."""
+    path = shared / schema.TORCH_TRACES_DIR / "bad.pt.trace.json"
+    path.write_bytes(data)
+    (shared / schema.TORCH_TRACES_DIR / "bad.json").write_text(json.dumps(IDENTITY))
+    (result,) = _watcher(shared, store, []).poll()
+    assert result.session_id is not None
+    processor = SessionProcessor(store, bounded_flamegraphs(120, 1024), push=None)
+    record = processor.process(result.session_id)
+    assert record is not None and record.processed is not None
+    (artifact,) = record.artifacts
+    error = artifact["error"]
+    assert said in error and "\n" not in error and "Traceback" not in error
