@@ -1,4 +1,6 @@
-"""One end-to-end environment for the whole e2e folder (session-scoped: started once).
+"""One end-to-end environment for the whole e2e folder (package-scoped: started once, and
+stopped when the folder's last test is done, so its workload, sidecars and Prometheus
+do not keep loading the machine under the rest of the suite).
 
 Debian's Prometheus (the shipped alert rules shortened by ``alerts/overrides/e2e.yaml``,
 and the shipped recording rules) and Alertmanager on loopback; three sidecars of one run:
@@ -104,7 +106,7 @@ def prometheus_config(sidecars: list[str], alertmanager: str, rules: list[Path])
     }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("e2e")
     prometheus, alertmanager = binary(PROMETHEUS), binary(ALERTMANAGER)
@@ -266,7 +268,7 @@ def prom_get(stack: Stack, path: str, **params: Any) -> Any:
     return response.json()["data"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def alert_loop(stack: Stack) -> dict[str, Any]:
     """The alert → capture → flame graph scenario, run once; returns what it produced."""
     from tests.e2e.test_alert_to_capture import run_loop

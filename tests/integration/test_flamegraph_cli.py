@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -155,17 +156,40 @@ def test_missing_input(tmp_path: Path) -> None:
     assert done.returncode == 1 and "no such file" in done.stderr
 
 
-def _chromium_dom(page: Path, fragment: str = "") -> str:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert browser, "Debian 'chromium' is required for the HTML test (apt-get install chromium)"
-    url = page.as_uri() + (f"#{fragment}" if fragment else "")
-    done = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-         "--dump-dom", url],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+Dom = Callable[..., str]
+
+
+@pytest.fixture(scope="module")
+def chromium_dom() -> Iterator[Dom]:
+    """``dom(page, fragment="")``: the page's DOM once loaded, as ``chromium --dump-dom``
+    prints it, from one headless Chromium for the module (a launch per page cost ~3 s on
+    a busy 2-core machine). Each page is a fresh tab, so a fragment is a first load, not
+    a hashchange; the viewport is ``--dump-dom``'s 800x600. The page's script draws
+    synchronously (flamegraph.js), so the DOM at ``load`` is the drawn one."""
+    from playwright.sync_api import sync_playwright
+
+    browser_path = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser_path, (
+        "Debian 'chromium' is required for the HTML test (apt-get install chromium)"
+    )
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"]
+        )
+
+        def dom(page: Path, fragment: str = "") -> str:
+            url = page.as_uri() + (f"#{fragment}" if fragment else "")
+            tab = browser.new_page(viewport={"width": 800, "height": 600})
+            try:
+                tab.goto(url, wait_until="load", timeout=120_000)
+                return tab.content()
+            finally:
+                tab.close()
+
+        try:
+            yield dom
+        finally:
+            browser.close()
 
 
 def _frames(dom: str) -> list[dict[str, str]]:
@@ -179,14 +203,14 @@ def _frames(dom: str) -> list[dict[str, str]]:
     return frames
 
 
-def test_html_renders_zooms_and_searches(capture: Path, tmp_path: Path) -> None:
+def test_html_renders_zooms_and_searches(capture: Path, tmp_path: Path, chromium_dom: Dom) -> None:
     page = tmp_path / "device.html"
     done = mlprof("flamegraph", str(capture), "--format", "html", "-o", str(page))
     assert done.returncode == 0, done.stderr
     text = page.read_text()
     assert "<script src" not in text and "<link" not in text  # self-contained
 
-    dom = _chromium_dom(page)
+    dom = chromium_dom(page)
     assert 'data-ready="1"' in dom
     frames = _frames(dom)
     top = next(f for f in frames if f["path"] == "jit_train_step")
@@ -200,13 +224,13 @@ def test_html_renders_zooms_and_searches(capture: Path, tmp_path: Path) -> None:
     # Click-to-zoom sets the fragment; the zoomed view starts at the clicked frame.
     leaf = max((f for f in frames if f["path"].count(";") == 8), key=lambda f: int(f["total"]))
     zoom_to = ";".join(leaf["path"].split(";")[:4])
-    zoomed = _frames(_chromium_dom(page, "zoom=" + quote(zoom_to)))
+    zoomed = _frames(chromium_dom(page, "zoom=" + quote(zoom_to)))
     assert zoomed[0]["path"] == zoom_to
     assert all(f["path"].startswith(zoom_to) for f in zoomed)
     assert len(zoomed) < len(frames)
 
     # Search highlights the matching frames and sums them.
-    searched_dom = _chromium_dom(page, "search=all-reduce")
+    searched_dom = chromium_dom(page, "search=all-reduce")
     searched = _frames(searched_dom)
     matches = [f for f in searched if "match" in f["class"].split()]
     assert matches and all("all-reduce" in f["text"] for f in matches)
@@ -251,6 +275,7 @@ def _deep_pprof(path: Path, depth: int) -> None:
 
 def test_html_of_a_1200_deep_stack_renders_and_counts_frames_as_the_cli(
     tmp_path: Path,
+    chromium_dom: Dom,
 ) -> None:
     source = tmp_path / "deep.pprof.gz"
     _deep_pprof(source, 1200)  # rendering used to fail past ~500 (RecursionError)
@@ -259,7 +284,7 @@ def test_html_of_a_1200_deep_stack_renders_and_counts_frames_as_the_cli(
     assert done.returncode == 0, done.stderr  # was a RecursionError past ~500 frames
     said = re.search(r"\((\d+) frames, total", done.stderr)
     assert said is not None and said.group(1) == "1200"
-    dom = _chromium_dom(page)
+    dom = chromium_dom(page)
     assert 'data-ready="1"' in dom
     status = re.search(r'id="status"[^>]*data-frames="(\d+)"[^>]*data-drawn="(\d+)"', dom)
     assert status is not None and status.group(1) == "1200"
@@ -270,7 +295,7 @@ def test_html_of_a_1200_deep_stack_renders_and_counts_frames_as_the_cli(
     assert deepest["text"] == "f1199" and deepest["path"].count(";") == 1199
 
 
-def test_html_keeps_same_named_frames_of_two_files_apart(tmp_path: Path) -> None:
+def test_html_keeps_same_named_frames_of_two_files_apart(tmp_path: Path, chromium_dom: Dom) -> None:
     graph = FlameGraph(sample_type="inuse_space", unit="bytes", profile_name="memory")
     graph.add(["main", FrameLabel("foo", "a.py", 10)], 100)
     graph.add(["main", FrameLabel("foo", "b.py", 3)], 50)
@@ -278,10 +303,10 @@ def test_html_keeps_same_named_frames_of_two_files_apart(tmp_path: Path) -> None
     source.write_bytes(encode_pprof(graph))
     page = tmp_path / "two.html"
     assert mlprof("flamegraph", str(source), "--format", "html", "-o", str(page)).returncode == 0
-    frames = _frames(_chromium_dom(page))
+    frames = _frames(chromium_dom(page))
     foos = sorted((f["path"], f["total"]) for f in frames if f["text"] == "foo")
     assert foos == [("main;foo@a.py:10", "100"), ("main;foo@b.py:3", "50")]
-    zoomed = _frames(_chromium_dom(page, "zoom=" + quote("main;foo@b.py:3")))
+    zoomed = _frames(chromium_dom(page, "zoom=" + quote("main;foo@b.py:3")))
     assert [(f["path"], f["total"]) for f in zoomed] == [("main;foo@b.py:3", "50")]
 
 
@@ -309,7 +334,7 @@ def test_flamegraph_of_a_capture_imports_only_what_it_needs(capture: Path, tmp_p
     assert "capture" in listed.stdout and "sessions" in listed.stdout
 
 
-def test_an_embedded_flame_graph_is_as_tall_as_its_depth(tmp_path: Path) -> None:
+def test_an_embedded_flame_graph_is_as_tall_as_its_depth(tmp_path: Path, chromium_dom: Dom) -> None:
     from exporter.profiles.html import render_html
 
     def page(depth: int) -> str:
@@ -323,7 +348,7 @@ def test_an_embedded_flame_graph_is_as_tall_as_its_depth(tmp_path: Path) -> None
     for depth in (3, 40):
         report = tmp_path / f"report-{depth}.html"
         report.write_text(f"<!DOCTYPE html><html><body>{page(depth)}</body></html>")
-        style = re.search(r'<iframe style="([^"]*)"', _chromium_dom(report))
+        style = re.search(r'<iframe style="([^"]*)"', chromium_dom(report))
         assert style is not None
         found = re.search(r"height: (\d+)px", style.group(1))
         assert found is not None, style.group(1)
@@ -333,7 +358,9 @@ def test_an_embedded_flame_graph_is_as_tall_as_its_depth(tmp_path: Path) -> None
     assert heights[40] > 40 * 18
 
 
-def test_the_host_page_says_its_total_sums_concurrent_threads(tmp_path: Path) -> None:
+def test_the_host_page_says_its_total_sums_concurrent_threads(
+    tmp_path: Path, chromium_dom: Dom
+) -> None:
     from exporter.profiles.html import render_html
 
     graph = FlameGraph(sample_type="wall", unit="nanoseconds")
@@ -341,6 +368,6 @@ def test_the_host_page_says_its_total_sums_concurrent_threads(tmp_path: Path) ->
     graph.add(["tf_XLAEigen", "dot"], 1_443_000_000)  # 3.443 s in a 2 s capture
     page = tmp_path / "host.html"
     page.write_text(render_html(graph))
-    status = re.search(r'<span id="status"[^>]*>([^<]*)</span>', _chromium_dom(page))
+    status = re.search(r'<span id="status"[^>]*>([^<]*)</span>', chromium_dom(page))
     assert status is not None
     assert status.group(1).startswith("total 3.443 s (summed over 2 concurrent threads) · ")
