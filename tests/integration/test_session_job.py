@@ -220,3 +220,24 @@ def test_without_reports_a_session_is_decoded_once(tmp_path: Path, counted: Path
 
 def _lines(graph: FlameGraph) -> list[str]:
     return sorted(graph.to_folded().splitlines())
+
+
+def test_a_remote_session_is_read_once_from_its_copy(tmp_path: Path, counted: Path) -> None:
+    # A bucket's session is copied in the store's layout, so the child writes its side
+    # cache beside the copy and the report loads the head from it; the baseline's copy
+    # has no cache (a bucket's caches are not copied), so it is decoded.
+    local, _ = _store(tmp_path)
+    store = SessionStore(f"memory://session-job-{tmp_path.name}")
+    for session_id in ("base", "alert"):
+        record = local.read_record(session_id)
+        assert record is not None
+        store.write_file(
+            session_id, NAME, local.fs.cat_file(f"{local.session_dir(session_id)}/{NAME}")
+        )
+        store.write_record(record)
+    BaselineStore(store).set("trainer", "base")
+    pushes = Pushes()
+    processor, worker = _joined(store, pushes)
+    processor.process("alert")
+    assert worker.written == 1 and len(pushes.graphs) == 2
+    assert opens(counted) == {"alert": 2, "base": 1}, opens(counted)
