@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import stat
 import time
 from collections.abc import Callable
@@ -79,10 +80,11 @@ class TorchTraceResult(BaseModel):
 
 
 def _session_id(stem: str, moment: float) -> str:
-    """A safe, unique-enough session id from a trace's name (``torch-<stem>-<time>``)."""
+    """A safe session id from a trace's name, ``torch-<stem>-<time>-<random>`` (the random
+    part as ``run.profile()``'s: a stem seen again in the same second is another session)."""
     safe = _UNSAFE.sub("_", stem).replace("..", "_").strip("._-")[:80] or "trace"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(moment))
-    return check_session_id(f"{SESSION_PREFIX}{safe}-{stamp}-{int(moment * 1000) % 1000:03d}")
+    return check_session_id(f"{SESSION_PREFIX}{safe}-{stamp}-{secrets.token_hex(3)}")
 
 
 def _identity_name(name: str) -> str:
@@ -310,7 +312,9 @@ class TorchTraceWatcher:
             self.failed[name] = error[:500]
             self._save()
             return TorchTraceResult(name=name, error=error)
-        self.failed.pop(name, None)  # import_file removed it: the next poll forgets the name
+        # import_file removed it: a trace written under this name again is a new one.
+        self.failed.pop(name, None)
+        self.processed.discard(name)
         self._save()
         with contextlib.suppress(OSError):  # the identity goes with its trace
             os.unlink(_identity_name(name), dir_fd=dir_fd)

@@ -263,3 +263,17 @@ def test_a_hostile_trace_is_a_one_line_artifact_not_a_crash(
     (artifact,) = record.artifacts
     error = artifact["error"]
     assert said in error and "\n" not in error and "Traceback" not in error
+
+
+def test_a_name_written_again_after_it_was_taken_is_a_new_session(
+    shared: Path, store: SessionStore
+) -> None:
+    """export_chrome_trace to one fixed name each epoch: each trace is its own session,
+    even within one second (the clock here never moves)."""
+    watcher = _watcher(shared, store, [])
+    ids = []
+    for _ in range(2):
+        _trace(shared, "epoch.pt.trace.json", IDENTITY)
+        (result,) = watcher.poll()
+        ids.append(result.session_id)
+    assert len(set(ids)) == 2 and sorted(store.session_ids()) == sorted(ids)
