@@ -158,8 +158,9 @@ typedef struct {
  * (column) its value goes to, and per event and slot a kind and a value. */
 typedef struct {
     const int64_t *ids, *slots;
-    Py_ssize_t n_ids, width;
-    int8_t *kind;   /* per event and slot: 0 none; 1 the stat without a value; else the
+    Py_ssize_t n_ids, width, events; /* events: a column's length (columns follow each
+                                       * other, so numpy reads one contiguously) */
+    int8_t *kind;   /* per slot and event: 0 none; 1 the stat without a value; else the
                      * number of its value's field (2 double ... 7 ref_value) */
     int64_t *value; /* the value's bits; for a str_value its index in strings */
     Strings strings;
@@ -271,8 +272,8 @@ static int read_stat(const uint8_t *p, const uint8_t *end, StatColumns *st, Py_s
     } else if (kind == STAT_BYTES_VALUE) {
         value = 0;  /* not read: no conversion uses a stat's bytes */
     }
-    st->kind[row * st->width + slot] = (int8_t)kind;
-    st->value[row * st->width + slot] = (int64_t)value;
+    st->kind[slot * st->events + row] = (int8_t)kind;
+    st->value[slot * st->events + row] = (int64_t)value;
     return 1;
 }
 
@@ -410,9 +411,10 @@ PyDoc_STRVAR(scan_line_doc,
 "durations ps) as the bytes of three int64 arrays in event order, else None.\n\n"
 "With ``stat_ids`` (the bytes of an int64 array of stat metadata ids, ascending) and\n"
 "``stat_slots`` (each id's column, below ``width``), the columns also hold each event's\n"
-"wanted stats: kinds (int8, ``width`` a row: 0 no such stat, 1 the stat without a value,\n"
-"else the field number of its value, 2 double ... 7 ref_value), values (int64, ``width``\n"
-"a row: the value's bits; a str_value's index in the strings; 0 for bytes) and the\n"
+"wanted stats, column after column (``width`` columns of the event count each): kinds\n"
+"(int8: 0 no such stat, 1 the stat without a value, else the field number of its value,\n"
+"2 double ... 7 ref_value), values (int64: the value's bits; a str_value's index in the\n"
+"strings; 0 for bytes) and the\n"
 "distinct str_values (a list of str). Of an event's stats of one column the last wins;\n"
 "a stat's known field of another wire type is not canonical (None).");
 
@@ -481,6 +483,7 @@ static PyObject *scan_line(PyObject *self, PyObject *args) {
             values = PyBytes_FromStringAndSize(NULL, n * st.width * 8);
             if (kinds == NULL || values == NULL) goto done;
             st.kind = (int8_t *)PyBytes_AS_STRING(kinds);
+            st.events = n;
             st.value = (int64_t *)PyBytes_AS_STRING(values);
             memset(st.kind, 0, (size_t)(n * st.width));
             memset(st.value, 0, (size_t)(n * st.width) * 8);

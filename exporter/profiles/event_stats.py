@@ -59,8 +59,8 @@ class StatEvents:
     ids: np.ndarray
     offsets: np.ndarray
     durations: np.ndarray
-    kinds: np.ndarray  # (events, columns) int8
-    values: np.ndarray  # (events, columns) int64
+    kinds: np.ndarray  # (columns, events) int8
+    values: np.ndarray  # (columns, events) int64
     strings: list[str]  # the str_values that values index
 
 
@@ -120,8 +120,8 @@ def _compiled(
             np.frombuffer(raw_ids, np.int64),
             np.frombuffer(raw_offs, np.int64),
             np.frombuffer(raw_durs, np.int64),
-            np.frombuffer(kinds, np.int8).reshape(n, width),
-            np.frombuffer(values, np.int64).reshape(n, width),
+            np.frombuffer(kinds, np.int8).reshape(width, n),
+            np.frombuffer(values, np.int64).reshape(width, n),
             strings,
         )
         if final:
@@ -147,8 +147,8 @@ def _parsed(
     n = len(events)
     flat = np.fromiter(chain.from_iterable(map(_GET_ID_OFF_DUR, events)), np.int64, 3 * n)
     rows = flat.reshape(-1, 3)
-    kinds = np.zeros((n, width), np.int8)
-    values = np.zeros((n, width), np.int64)
+    kinds = np.zeros((width, n), np.int8)
+    values = np.zeros((width, n), np.int64)
     strings: dict[str, int] = {}
     for i, event in enumerate(events):
         for stat in event.stats:
@@ -157,15 +157,15 @@ def _parsed(
                 continue
             kind = stat.WhichOneof("value")
             if kind is None:
-                kinds[i, column], values[i, column] = KIND_EMPTY, 0
+                kinds[column, i], values[column, i] = KIND_EMPTY, 0
             elif kind == "str_value":
-                kinds[i, column] = KIND_STR
-                values[i, column] = strings.setdefault(stat.str_value, len(strings))
+                kinds[column, i] = KIND_STR
+                values[column, i] = strings.setdefault(stat.str_value, len(strings))
             elif kind == "bytes_value":
-                kinds[i, column], values[i, column] = KIND_BYTES, 0
+                kinds[column, i], values[column, i] = KIND_BYTES, 0
             else:
-                kinds[i, column] = _KIND_OF[kind]
-                values[i, column] = _bits(kind, getattr(stat, kind))
+                kinds[column, i] = _KIND_OF[kind]
+                values[column, i] = _bits(kind, getattr(stat, kind))
     return StatEvents(rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy(), kinds, values,
                       list(strings))  # fmt: skip
 
@@ -198,7 +198,7 @@ class StatTexts:
 
     def column(self, piece: StatEvents, column: int) -> np.ndarray:
         """Per event, the code of the column's text; -1 where the event has no such stat."""
-        kinds, values = piece.kinds[:, column], piece.values[:, column]
+        kinds, values = piece.kinds[column], piece.values[column]
         out = np.where(kinds == KIND_NONE, -1, 0).astype(np.int64)
         if self._table is not None:
             refs = np.flatnonzero((kinds == KIND_REF) & (values > 0) & (values < len(self._table)))
@@ -219,7 +219,7 @@ def int_column(piece: StatEvents, column: int) -> np.ndarray:
     """Per event, the column's stat as an integer, as ``correlation_id`` is read: an
     int64 or uint64 value, a str_value of ASCII digits; -1 for anything else, no stat,
     or a value past int64 (no id that large matches a real one)."""
-    kinds, values = piece.kinds[:, column], piece.values[:, column]
+    kinds, values = piece.kinds[column], piece.values[column]
     out = np.full(len(kinds), -1, np.int64)
     ints = (kinds == KIND_INT64) | ((kinds == KIND_UINT64) & (values >= 0))
     out[ints] = values[ints]

@@ -61,7 +61,7 @@ def _events(pieces: Iterator[StatEvents]) -> list[Any]:
         for i in range(len(piece.ids)):
             stats = tuple(
                 (int(k), piece.strings[int(v)] if k == 5 else int(v))
-                for k, v in zip(piece.kinds[i], piece.values[i], strict=True)
+                for k, v in zip(piece.kinds[:, i], piece.values[:, i], strict=True)
             )
             out.append((int(piece.ids[i]), int(piece.offsets[i]), int(piece.durations[i]), stats))
     return out
@@ -313,7 +313,7 @@ def test_ref_texts_read_alike_by_table_and_by_search() -> None:
     """Small stat ids resolve through a table, others (hostile: huge or negative ids)
     through a search; a ref to an id that names nothing is the empty text either way."""
     refs = np.array([1, 2, 3, 0, 7, -5, 1 << 40, 2], np.int64)
-    piece = StatEvents(refs, refs, refs, np.full((8, 1), 7, np.int8), refs.reshape(8, 1), [])
+    piece = StatEvents(refs, refs, refs, np.full((1, 8), 7, np.int8), refs.reshape(1, 8), [])
     small = StatTexts({1: "a", 2: "b", 3: "c"})
     huge = StatTexts({1: "a", 2: "b", 3: "c", 1 << 41: "far", -9: "neg"})
     assert small._table is not None and huge._table is None

@@ -464,7 +464,7 @@ class _StreamLine:
                              np.int64).reshape(-1, 4)[of_meta]  # fmt: skip
             d, m, o = (np.where(codes >= 0, codes, known[:, i]) for i, codes in enumerate(
                 self.texts.column(piece, c)[sel] for c in (_DETAILS, _MODULE, _OP)))  # fmt: skip
-            copy = (piece.kinds[sel, _COPY] != 0) | (known[:, 3] != 0)
+            copy = (piece.kinds[_COPY][sel] != 0) | (known[:, 3] != 0)
             kernel = d != 0 if self.by_details else ~copy
             corr = int_column(piece, _CORRELATION)[sel]
             parts.append((meta[kernel], d[kernel], m[kernel], o[kernel], off[sel][kernel],
