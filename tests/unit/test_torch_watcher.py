@@ -277,3 +277,24 @@ def test_a_name_written_again_after_it_was_taken_is_a_new_session(
         (result,) = watcher.poll()
         ids.append(result.session_id)
     assert len(set(ids)) == 2 and sorted(store.session_ids()) == sorted(ids)
+
+
+def test_a_runs_trace_sessions_are_read_by_run_specs(shared: Path, store: SessionStore) -> None:
+    # Before: run:<id> read only XProf captures ("no captures of run ...").
+    watcher = _watcher(shared, store, [])
+    for n in range(3):
+        _trace(shared, f"t-{n}.pt.trace.json", IDENTITY)
+        assert watcher.poll()[0].session_id is not None
+    root = str(store.root)
+    analyzed = CliRunner().invoke(
+        main, ["analyze", "run:run-3", "--store", root, "--no-xprof", "--format", "json"]
+    )
+    assert analyzed.exit_code == 0, analyzed.output
+    facts = json.loads(analyzed.output)["facts"]
+    assert facts["capture_format"] == "torch_trace" and len(facts["hosts"]) == 3
+    compared = CliRunner().invoke(
+        main, ["compare", "run:run-3", "run:run-3~2", "--store", root, "--format", "json"]
+    )
+    assert compared.exit_code == 0, compared.output
+    comparison = json.loads(compared.output)
+    assert comparison["base"]["steps"] == 6 and comparison["head"]["replicates"] == 2

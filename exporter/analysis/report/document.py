@@ -30,7 +30,7 @@ from exporter.analysis.sides.load import (
 )
 from exporter.errors import InputError
 from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
-from exporter.profiles.torch_trace import find_traces, is_torch_trace
+from exporter.profiles.torch_trace import find_traces, is_torch_trace, is_trace_name
 
 __all__ = [
     "REPORT_VERSION",
@@ -182,7 +182,9 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
         paths: list[Path] = []
         sessions = store.run_sessions(run_id)
         for r in sessions[-newest:] if newest else sessions:  # run:<id>~N: the N newest
-            names = [n for t in r.targets for n in t.files if is_capture_name(n)]
+            names = [
+                n for t in r.targets for n in t.files if is_capture_name(n) or is_trace_name(n)
+            ]
             for name in names:
                 try:
                     # A remote store's session is read from a local copy, as a local one.

@@ -46,7 +46,7 @@ from exporter.profiles.capture_files import (
 )
 from exporter.profiles.convert import KINDS, Kind, is_pprof
 from exporter.profiles.flamegraph import FlameGraph
-from exporter.profiles.torch_trace import find_traces, is_torch_trace
+from exporter.profiles.torch_trace import find_traces, is_torch_trace, is_trace_name
 
 if TYPE_CHECKING:
     from exporter.analysis.sides import cache as side_cache
@@ -555,14 +555,18 @@ def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -
     for record in records:
         for target in record.targets:
             for name in target.files:
-                if not is_capture_name(name):
+                if not is_capture_name(name) and not is_trace_name(name):
                     continue
                 try:
                     # A remote session is copied once (the side's files stay readable).
                     path = store.local_copy_file(record.id, name)
                     if path is None:
                         raise InputError(f"{record.id}: no longer in the store")
-                    side = _read_capture(path, kind, side)
+                    if is_trace_name(name):  # a torch.profiler trace the sidecar took
+                        one = _read_torch_trace(path, kind, spec)
+                        side = one if side is None else _merge_sides(side, one)
+                    else:
+                        side = _read_capture(path, kind, side)
                 except (InputError, ValueError, OSError) as exc:
                     # One unreadable capture must not hide the rest of the run.
                     skipped.append(f"{record.id}/{name} ({str(exc)[:120]})")
@@ -670,7 +674,7 @@ def expand_replicates(spec: str, context: SideContext) -> list[str]:
     records = [
         r
         for r in store.run_sessions(run_id)
-        if any(is_capture_name(name) for t in r.targets for name in t.files)
+        if any(is_capture_name(n) or is_trace_name(n) for t in r.targets for n in t.files)
     ]
     if len(records) < wanted:
         raise InputError(
