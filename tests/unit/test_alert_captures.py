@@ -180,19 +180,27 @@ def _engine(tmp_path: Path, client: _Client) -> CaptureEngine:
     return CaptureEngine(store, tmp_path / "logdir", CaptureLimits(timeout_s=30), client)
 
 
+def _capture(
+    tmp_path: Path, client: _Client, target: ProfilerTarget, request: CaptureRequest
+) -> SessionRecord:
+    """One session of ``request`` on ``target``, run to its end: its final record."""
+    engine = _engine(tmp_path, client)
+    try:
+        record = engine.wait(engine.submit(request, [target]).id, timeout=60)
+    finally:
+        engine.close()
+    assert record is not None
+    return record
+
+
 def test_a_session_of_three_captures_takes_them_in_turn_and_names_each(
     tmp_path: Path, listener: _Listener
 ) -> None:
     client = _Client()
-    engine = _engine(tmp_path, client)
     target = ProfilerTarget(listener.address, "worker-0", "run-a", "static")
-    try:
-        request = CaptureRequest(duration_ms=3000, delay_ms=500, captures=3, trigger="alert")
-        submitted = engine.submit(request, [target])
-        record = engine.wait(submitted.id, timeout=60)
-    finally:
-        engine.close()
-    assert record is not None and record.status == "done", record
+    request = CaptureRequest(duration_ms=3000, delay_ms=500, captures=3, trigger="alert")
+    record = _capture(tmp_path, client, target, request)
+    assert record.status == "done", record
     # The duration is split; the delay comes before the first capture only.
     assert client.calls == [(1000, 500), (1000, 0), (1000, 0)]
     assert record.options["captures"] == 3 and record.options["duration_ms"] == 3000
@@ -200,20 +208,16 @@ def test_a_session_of_three_captures_takes_them_in_turn_and_names_each(
     names = [f"{stem}.r{i}.xplane.pb" for i in (1, 2, 3)]
     assert record.targets[0].files == names
     assert capture_rounds(record) == [[n] for n in names]
-    stored = Path(engine.store.session_dir(record.id))
+    stored = Path(SessionStore(str(tmp_path / "store")).session_dir(record.id))
     assert [(stored / n).read_bytes() for n in names] == [b"capture 1", b"capture 2", b"capture 3"]
 
 
 def test_one_capture_keeps_the_name_and_options_it_always_had(
     tmp_path: Path, listener: _Listener
 ) -> None:
-    engine = _engine(tmp_path, _Client())
     target = ProfilerTarget(listener.address, "worker-0", "run-a", "static")
-    try:
-        record = engine.wait(engine.submit(CaptureRequest(duration_ms=100), [target]).id, 60)
-    finally:
-        engine.close()
-    assert record is not None and record.status == "done"
+    record = _capture(tmp_path, _Client(), target, CaptureRequest(duration_ms=100))
+    assert record.status == "done"
     assert "captures" not in record.options
     assert record.targets[0].files == [f"{target.file_stem()}.xplane.pb"]
     assert capture_rounds(record) == []
@@ -222,14 +226,11 @@ def test_one_capture_keeps_the_name_and_options_it_always_had(
 def test_a_failed_later_capture_keeps_the_earlier_ones_and_says_so(
     tmp_path: Path, listener: _Listener
 ) -> None:
-    engine = _engine(tmp_path, _Client(fail={2}))
     target = ProfilerTarget(listener.address, "worker-0", "run-a", "static")
-    try:
-        submitted = engine.submit(CaptureRequest(duration_ms=900, captures=3), [target])
-        record = engine.wait(submitted.id, timeout=60)
-    finally:
-        engine.close()
-    assert record is not None and record.status == "done"
+    record = _capture(
+        tmp_path, _Client(fail={2}), target, CaptureRequest(duration_ms=900, captures=3)
+    )
+    assert record.status == "done"
     [result] = record.targets
     assert result.files == [f"{target.file_stem()}.r1.xplane.pb"]
     assert "1 of 3 captures taken; capture 2:" in result.note
@@ -237,14 +238,11 @@ def test_a_failed_later_capture_keeps_the_earlier_ones_and_says_so(
 
 
 def test_a_failed_first_capture_is_the_target_failure(tmp_path: Path, listener: _Listener) -> None:
-    engine = _engine(tmp_path, _Client(fail={1}))
     target = ProfilerTarget(listener.address, "worker-0", "run-a", "static")
-    try:
-        submitted = engine.submit(CaptureRequest(duration_ms=900, captures=3), [target])
-        record = engine.wait(submitted.id, timeout=60)
-    finally:
-        engine.close()
-    assert record is not None and record.status == "failed"
+    record = _capture(
+        tmp_path, _Client(fail={1}), target, CaptureRequest(duration_ms=900, captures=3)
+    )
+    assert record.status == "failed"
     assert record.targets[0].status in ("busy", "failed") and not record.targets[0].files
 
 
