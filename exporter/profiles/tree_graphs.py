@@ -16,7 +16,10 @@ time per (node, window). Two builders turn that into :class:`FlameGraph` objects
     (a frame being a path of labels from the root, as ``Frame.child`` keys them); then,
     in numpy and for all windows together, each frame that carries time in a window is
     found with its ancestors, its self time and its total (added up level by level from
-    the deepest frame). Only the frames' objects are made in Python, each set once.
+    the deepest frame). Then each frame's object is made once, its values set, by a
+    compiled loop (``_treegraphs.c``; its Python twin ``_make`` where it is not built),
+    the garbage collector paused meanwhile: the frames hold no cycle, and collections
+    started by their allocations, each walking the growing heap, cost most of the time.
 
 Both give identical graphs, children in the same order too (a frame is made when the
 first node, in node order, that lies below it is reached; then its ancestors first):
@@ -25,16 +28,39 @@ first node, in node order, that lies below it is reached; then its ancestors fir
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from exporter.profiles.flamegraph import FlameGraph, Frame, FrameKey
 from exporter.profiles.frames import FrameLabel
+from exporter.profiles.xspace import compiled_core
 
-__all__ = ["graphs_by_frame", "graphs_by_node", "with_total"]
+__all__ = ["frame_maker", "graphs_by_frame", "graphs_by_node", "with_total"]
+
+try:  # the frame maker compiled (exporter/profiles/_treegraphs.c), where it was built
+    from exporter.profiles import _treegraphs  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - an install without a compiler
+    _treegraphs = None
 
 Labels = tuple[FrameLabel, ...]
+# The compiled maker sets a Frame's slots through these descriptors, in this order.
+_SLOT_NAMES = ("name", "file", "line", "self_value", "total", "children")
+_SLOTS = tuple(getattr(Frame, name) for name in _SLOT_NAMES)
+
+
+def frame_maker() -> Any | None:
+    """The compiled frame maker while the compiled core is in use, else None (the twin).
+
+    It follows ``MLPROF_DECODER`` / ``use_decoder`` as the decoding core does
+    (:func:`exporter.profiles.xspace.compiled_core`), and stands aside if ``Frame``
+    ever has other slots than those it sets.
+    """
+    if _treegraphs is None or set(Frame.__slots__) != set(_SLOT_NAMES):
+        return None
+    return _treegraphs if compiled_core() is not None else None
 
 
 def with_total(
@@ -189,25 +215,57 @@ def graphs_by_frame(
     by_key = np.argsort(made_keys)  # the position in ``made`` of each key, by key
     parent_keys = window_all[made] * width + np.maximum(f_parent[frame_all[made]], 0)
     parent_rank = by_key[np.searchsorted(made_keys[by_key], parent_keys)]
+    rows = (window_all[made], frame_all[made], own_all[made], total_all[made], parent_rank)
+    maker = frame_maker()
+    if maker is not None:
+        maker.make(Frame, _SLOTS, [g.root for g in out], f_keys, *rows)
+    else:
+        _make(out, f_keys, *rows)
+    for window_index in set(range(count)) - set(window_all.tolist()):
+        out[window_index].recompute_totals()  # no time in it: as the reference leaves it
+    return out
+
+
+def _make(
+    out: list[FlameGraph],
+    keys: list[FrameKey],
+    windows: np.ndarray,
+    frames: np.ndarray,
+    own: np.ndarray,
+    totals: np.ndarray,
+    parents: np.ndarray,
+) -> None:
+    """Make each row's Frame below its parent's (the compiled ``make``'s twin)."""
+    collecting = gc.isenabled()
+    gc.disable()  # a tree holds no cycle; see _treegraphs.c
+    try:
+        _make_rows(out, keys, windows, frames, own, totals, parents)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _make_rows(
+    out: list[FlameGraph],
+    keys: list[FrameKey],
+    windows: np.ndarray,
+    frames: np.ndarray,
+    own: np.ndarray,
+    totals: np.ndarray,
+    parents: np.ndarray,
+) -> None:
     built: list[Frame] = []
     rows = zip(
-        window_all[made].tolist(),
-        frame_all[made].tolist(),
-        own_all[made].tolist(),
-        total_all[made].tolist(),
-        parent_rank.tolist(),
+        windows.tolist(), frames.tolist(), own.tolist(), totals.tolist(), parents.tolist(),
         strict=True,
-    )
+    )  # fmt: skip
     for window_index, frame_id, self_value, total, above in rows:
         if frame_id == 0:
             frame = out[window_index].root
         else:
-            key = f_keys[frame_id]
+            key = keys[frame_id]
             frame = Frame(*key)
             built[above].children[key] = frame
         frame.self_value = self_value
         frame.total = total
         built.append(frame)
-    for window_index in set(range(count)) - set(window_all.tolist()):
-        out[window_index].recompute_totals()  # no time in it: as the reference leaves it
-    return out

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from exporter.profiles import tree_graphs, xplane
-from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.flamegraph import FlameGraph, Frame
 from exporter.profiles.steps import StepWindow, windowed_flamegraphs
 from exporter.profiles.xplane import MAX_EVENT_DEPTH, Capture, device_flamegraph, host_flamegraph
+from exporter.profiles.xspace import use_decoder
 from exporter.proto import xplane_pb2
 from exporter.testing.synthetic import tpu_capture
 from tests.xspace_builder import PlaneBuilder
@@ -67,7 +68,7 @@ def _gapped(start: int, end: int, count: int, seed: int) -> list[StepWindow]:
     return [StepWindow(a, b, None) for a, b in zip(edges[::2], edges[1::2], strict=True) if b > a]
 
 
-def test_tpu_capture_whole_and_windowed(both: Both) -> None:
+def test_tpu_capture_whole_and_windowed(both: Both, maker: str) -> None:
     synthetic = tpu_capture(devices=2, steps=6, ops_per_step=120, distinct_ops=40,
                             while_every=7, while_body=3)  # fmt: skip
     capture = Capture.from_space(synthetic.space)
@@ -96,7 +97,7 @@ def _host_capture(lines: dict[str, list[tuple[str, int, int]]]) -> Capture:
     return Capture.from_space(space)
 
 
-def test_host_shapes_overlaps_folds_recursion_and_the_depth_cut(both: Both) -> None:
+def test_host_shapes_overlaps_folds_recursion_and_the_depth_cut(both: Both, maker: str) -> None:
     rng = random.Random(7)
     py = [f"$/src/m{i}.py:{10 * i} f{i}" for i in range(6)]  # Python frames (file, line)
     overlapping = [(rng.choice(["a", "b", "c", *py]), rng.randrange(0, 5000),
@@ -118,7 +119,17 @@ def test_host_shapes_overlaps_folds_recursion_and_the_depth_cut(both: Both) -> N
     assert both.calls == 3 and both.frames > 3 * MAX_EVENT_DEPTH
 
 
-def test_random_trees_and_values() -> None:
+@pytest.fixture(params=["compiled", "python"])
+def maker(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The frame maker in use: the compiled one, then its Python twin."""
+    if request.param == "compiled" and tree_graphs.frame_maker() is None:
+        pytest.skip("the compiled core is not built in this install")
+    with use_decoder(request.param):
+        assert (tree_graphs.frame_maker() is not None) == (request.param == "compiled")
+        yield request.param
+
+
+def test_random_trees_and_values(maker: str) -> None:
     # Straight at the builders: random trees with empty and repeated label tuples, values
     # on the root, on inner nodes and on several nodes of one frame, empty windows.
     rng = random.Random(11)
@@ -142,3 +153,27 @@ def test_random_trees_and_values() -> None:
         assert [shape(g) for g in new] == [shape(g) for g in tree_graphs.graphs_by_node(*args)]
         for graph in new:
             graph.check()
+
+
+def test_the_compiled_maker_refuses_rows_out_of_range() -> None:
+    core = tree_graphs.frame_maker()
+    if core is None:
+        pytest.skip("the compiled core is not built in this install")
+    root = FlameGraph().root
+    keys = [("root", "", 0), ("a", "", 0)]
+
+    def make(window: int, frame: int, parent: int, keys: list[Any] = keys) -> None:
+        rows = [np.array([0, window], np.int64), np.array([0, frame], np.int64),
+                np.array([1, 2], np.int64), np.array([3, 2], np.int64),
+                np.array([0, parent], np.int64)]  # fmt: skip
+        core.make(Frame, tree_graphs._SLOTS, [root], keys, *rows)
+
+    make(0, 1, 0)
+    assert root.children[("a", "", 0)].total == 2
+    for window, frame, parent in ((1, 1, 0), (0, 2, 0), (0, 1, 1), (0, 1, -1), (-1, 1, 0)):
+        with pytest.raises(ValueError, match="out of range"):
+            make(window, frame, parent)
+    with pytest.raises(ValueError, match="not \\(name, file, line\\)"):
+        make(0, 1, 0, [("root", "", 0), "a"])
+    with pytest.raises(ValueError, match="int64"):
+        core.make(Frame, tree_graphs._SLOTS, [root], keys, *[np.zeros(2, np.int32)] * 5)
