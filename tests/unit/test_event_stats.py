@@ -320,3 +320,14 @@ def test_ref_texts_read_alike_by_table_and_by_search() -> None:
     expected = ["a", "b", "c", "", "", "", "", "b"]
     for texts in (small, huge):
         assert [texts.texts[c] for c in texts.column(piece, 0)] == expected
+
+
+def test_launch_calls_out_of_correlation_order_link_alike() -> None:
+    space = gpu_capture(steps=2, kernels_per_step=30, devices=2, gemm_every=0).space
+    expected = _gpu_outputs(space.SerializeToString())[0]
+    cupti = next(p for p in space.planes if p.name == "/host:CUPTI")
+    lines = list(cupti.lines)[::-1]  # the second GPU's calls (higher ids) first
+    del cupti.lines[:]
+    cupti.lines.extend(lines)
+    assert _gpu_outputs(space.SerializeToString())[0] == expected
+    assert expected["launch_overhead"]["correlated_kernels"] == 120
