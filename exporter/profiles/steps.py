@@ -30,6 +30,10 @@ the names it codes against:
     ``device_flamegraph`` / ``host_flamegraph``'s). Cost O(events + windows + output).
     Windows must be disjoint; empty graphs come back for a kind the capture has no
     planes of.
+
+``whole_and_windowed_flamegraphs(capture, kind, windows) -> (whole, list[FlameGraph])``
+    The capture's whole graph and each window's, from one pass (what a comparison reads
+    of each capture): the gaps between the windows are windows too, left out of the list.
 """
 
 from __future__ import annotations
@@ -53,11 +57,19 @@ from exporter.profiles.xplane import (
     read_line,
 )
 
-__all__ = ["StepSource", "StepWindow", "host_step_names", "step_windows", "windowed_flamegraphs"]
+__all__ = [
+    "StepSource",
+    "StepWindow",
+    "host_step_names",
+    "step_windows",
+    "whole_and_windowed_flamegraphs",
+    "windowed_flamegraphs",
+]
 
 StepSource = Literal["device_steps", "host_step_annotations", "none"]
 _PS_PER_NS = 1000
 _INT64 = 1 << 63  # windows are int64 ns
+_FAR_NS = 1 << 62  # before and after any capture: the edges of the tiles around windows
 _STEP_STATS = ("group_id", "step_num")  # device Steps events: XProf reads group_id
 
 
@@ -226,3 +238,29 @@ def windowed_flamegraphs(
         graph.time_nanos = window.start_ns
         graph.duration_nanos = window.end_ns - window.start_ns
     return graphs
+
+
+def whole_and_windowed_flamegraphs(
+    capture: Capture, kind: Literal["device", "host"], windows: Sequence[StepWindow]
+) -> tuple[FlameGraph, list[FlameGraph]]:
+    """The capture's whole graph and one graph per window, from one pass over it.
+
+    The windows and the time before, between and after them tile the capture; the
+    tiles' sum is the whole graph (:func:`windowed_flamegraphs` with ``total``), and the
+    tiles between the windows are left out of the list. A window's graph is the one
+    :func:`windowed_flamegraphs` gives for the windows alone, but for rounding: each
+    frame's picoseconds become nanoseconds as running sums over all the tiles, so a
+    frame's value in a window may differ from that by 1 ns.
+    """
+    tiles: list[StepWindow] = []
+    kept: list[int] = []
+    edge = -_FAR_NS
+    for window in windows:
+        if window.start_ns > edge:
+            tiles.append(StepWindow(edge, window.start_ns, None))
+        kept.append(len(tiles))
+        tiles.append(window)
+        edge = window.end_ns
+    tiles.append(StepWindow(edge, _FAR_NS, None))
+    *graphs, whole = windowed_flamegraphs(capture, kind, tiles, total=True)
+    return whole, [graphs[i] for i in kept]

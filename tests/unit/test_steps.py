@@ -155,3 +155,26 @@ def test_the_windows_total_is_the_whole_graph_read_in_the_same_pass() -> None:
     # No windows: the total is an empty graph of the capture.
     [empty] = windowed_flamegraphs(capture, "device", [], total=True)
     assert empty.root.total == 0 and empty.time_nanos == start
+
+
+def test_whole_and_sampled_windows_in_one_pass_match_two_passes() -> None:
+    from exporter.profiles.steps import whole_and_windowed_flamegraphs
+    from tests.unit.test_tree_graphs import shape
+
+    synthetic = tpu_capture(devices=2, steps=9, ops_per_step=60, distinct_ops=15, while_every=6)
+    capture = Capture.from_space(synthetic.space)
+    windows, _ = step_windows(capture)
+    sampled = windows[::3]  # gaps between them, as sample_cycles leaves on long captures
+    for kind, reader in (("device", device_flamegraph), ("host", host_flamegraph)):
+        whole, parts = whole_and_windowed_flamegraphs(capture, kind, sampled)  # type: ignore[arg-type]
+        assert shape(whole) == shape(reader(capture))  # type: ignore[arg-type]
+        alone = windowed_flamegraphs(capture, kind, sampled)  # type: ignore[arg-type]
+        assert len(parts) == len(alone) == len(sampled)
+        for part, single, window in zip(parts, alone, sampled, strict=True):
+            assert (part.time_nanos, part.duration_nanos) == (single.time_nanos,
+                                                              single.duration_nanos)  # fmt: skip
+            ours, theirs = _frames(part), _frames(single)
+            assert ours.keys() == theirs.keys()
+            # Rounded as running sums over more windows: 1 ns apart at most.
+            assert all(abs(ours[k] - theirs[k]) <= 1 for k in ours)
+            assert part.duration_nanos == window.end_ns - window.start_ns

@@ -80,7 +80,6 @@ PYROSCOPE_PREFIX = "pyroscope:"
 MAX_STEP_SAMPLES = 200
 # Sessions one run:<run_id>~N side may name: each is a capture to read.
 MAX_REPLICATES = 32
-_FAR_FUTURE_NS = 1 << 62
 # What a run id may be (the SDK's, or $MLPROF_RUN_ID): one path component, bounded.
 RUN_ID_RE = _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
 # The step view's frame holding the host threads' own time.
@@ -214,7 +213,7 @@ def capture_side(
     ``cache`` keeps the step windows and XLA events between calls for several kinds.
     """
     from exporter.profiles.convert import flamegraph_from_capture
-    from exporter.profiles.steps import step_windows, windowed_flamegraphs
+    from exporter.profiles.steps import step_windows, whole_and_windowed_flamegraphs
 
     if kind == "memory":
         raise InputError(
@@ -246,20 +245,12 @@ def capture_side(
     chosen: Literal["device", "host"] = kind or ("device" if capture.device_planes else "host")
     if not cycles:
         return chosen, flamegraph_from_capture(capture, chosen), [], [], "none", chosen
-    if len(cycles) == len(step_cycles(windows)):
-        # One pass over the capture: the cycles plus what lies before the first and after
-        # the last; their sum is the whole graph.
-        from exporter.profiles.steps import StepWindow
-
-        edges = [StepWindow(-_FAR_FUTURE_NS, cycles[0].start_ns, None), *cycles,
-                 StepWindow(cycles[-1].end_ns, _FAR_FUTURE_NS, None)]  # fmt: skip
-        *graphs, whole = windowed_flamegraphs(capture, chosen, edges, total=True)
-        if whole.root.total == 0:
-            flamegraph_from_capture(capture, chosen)  # raises the reader's own error
-        return chosen, whole, graphs[1:-1], lengths, source, chosen
-    whole = flamegraph_from_capture(capture, chosen)
-    graphs = windowed_flamegraphs(capture, chosen, cycles)
-    return chosen, whole, list(graphs), lengths, source, chosen
+    # One pass over the capture: the (sampled) cycles, and the time around them for the
+    # whole graph.
+    whole, graphs = whole_and_windowed_flamegraphs(capture, chosen, cycles)
+    if whole.root.total == 0:
+        flamegraph_from_capture(capture, chosen)  # raises the reader's own error
+    return chosen, whole, graphs, lengths, source, chosen
 
 
 def step_view(device: FlameGraph, host: FlameGraph) -> FlameGraph:
