@@ -35,7 +35,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -400,64 +400,152 @@ def _write_graphs(
     return listing
 
 
-def _capture_graphs(path: Path, ns: argparse.Namespace) -> dict[str, Any]:
-    """The conversion's graphs of one of a session's files, for the ``session`` command.
+class _SessionReads:
+    """The ``session`` command: a session's files converted, each capture from one read.
 
-    An XProf capture is read as a comparison reads it, device and host in one pass
-    (:func:`exporter.analysis.sides.load.decode_capture_kinds`), through its side cache:
-    the read is written beside the capture (a session of the store layout), so the
-    report that follows in this child, and every later comparison against the session,
-    loads it instead of decoding the capture again. The whole graph of each read is the
-    conversion's (``xprof_device``, ``xprof_host``: the same frames and values). A read
-    that failed leaves the conversion to the plain reader (its own answer and error).
-    Any other file (a torch.profiler trace) is converted as ``flamegraphs`` converts it.
+    With a report, the report's facts read each capture's whole device and host graphs
+    through :meth:`__call__` (``exporter.analysis.facts.capture.graph_reader``), which
+    reads them as the capture's sides in the same pass (the device op lines still reach
+    the facts, once): those reads are the capture's side cache, written beside it before
+    the report compares the session, and their whole graphs are the conversion's
+    (``xprof_device``, ``xprof_host``: the same frames and values). What the facts did
+    not read so (a CPU capture's device view, a capture of more steps than a side
+    samples, one the report failed before) is read after the report through the side
+    cache (:meth:`finish`). Any other file (a torch.profiler trace) is converted first,
+    as ``flamegraphs`` converts it. SESSION_GRAPHS_JSON lists each file's graphs or its
+    one-line error; it is rewritten as each file is done, so a report that fails later
+    keeps them.
     """
-    from exporter.profiles.capture_files import is_capture_name
 
-    if not is_capture_name(path.name):
-        return _convert(path, "capture", ns)
-    from exporter.analysis.sides import cache as side_cache
-    from exporter.analysis.sides.load import decode_capture_kinds
+    def __init__(self, directory: Path, names: Sequence[str], out: Path, ns: Any) -> None:
+        self.directory, self.out, self.ns = directory, out, ns
+        self.names = list(names)
+        self.listing: dict[str, dict[str, Any]] = {}
+        self.seconds = 0.0
+        # Per capture file (resolved path): its fingerprint, step windows and reads.
+        self._reads: dict[Path, dict[str, Any]] = {}
+        for name in self.names:
+            if Path(name).name != name:  # a record's file names are the store's, not paths
+                self.listing[name] = {"capture": name, "error": f"{name!r}: not a file name"}
 
-    reads, _ = side_cache.read_capture(path, ["device", "host"], decode_capture_kinds)
-    device, host = reads["device"], reads["host"]
-    if device.error is not None or host.error is not None:
-        # No device planes and no XLA work, no host events, or a plane that does not
-        # convert: the reader decides (rare, and cheap on such captures).
-        return _convert(path, "capture", ns)
-    graphs: dict[str, Any] = {}
-    if device.view == "device" and device.whole is not None:  # not a CPU capture's XLA view
-        graphs["xprof_device"] = device.whole
-    if host.whole is not None and host.whole.root.total > 0:
-        graphs["xprof_host"] = host.whole
-    return graphs
+    def convert_others(self) -> None:
+        """Every file that is not an XProf capture (the facts read no graphs of it)."""
+        from exporter.profiles.capture_files import is_capture_name
 
+        for name in self.names:
+            if name not in self.listing and not is_capture_name(name):
+                self._convert(name, lambda path: _convert(path, "capture", self.ns))
 
-def _write_session_graphs(directory: Path, names: Sequence[str], out: Path, ns: Any) -> None:
-    """``session``: every capture of the session converted (SESSION_GRAPHS_JSON lists
-    each one's graphs, or its one-line error), before the report is begun."""
-    from exporter.errors import MlprofError
+    def finish(self) -> None:
+        """Every file not converted yet, each capture through its side cache."""
+        for name in self.names:
+            if name not in self.listing:
+                self._convert(name, self._graphs_of)
 
-    started = time.perf_counter()
-    listing: list[dict[str, Any]] = []
-    for index, name in enumerate(names):
-        if Path(name).name != name:  # a record's file names are the store's, never paths
-            listing.append({"capture": name, "error": f"{name!r}: not a file name"})
-            continue
-        path = directory / name
+    def __call__(self, path: Path, capture: Any, kind: str) -> Any:
+        """A whole graph for the facts, read as the capture's side (GraphReader)."""
+        from exporter.analysis.sides import cache as side_cache
+        from exporter.analysis.sides.load import MAX_STEP_SAMPLES, capture_side, step_cycles
+        from exporter.errors import InputError
+        from exporter.profiles.steps import step_windows
+        from exporter.profiles.xplane import device_flamegraph, host_flamegraph
+
+        plain = device_flamegraph if kind == "device" else host_flamegraph
+        key = path.resolve()
+        name = path.name
+        if path.parent.resolve() != self.directory.resolve() or name not in self.names:
+            return plain(capture)
+        state = self._reads.setdefault(key, {"cache": {}, "reads": {}})
+        if "print" not in state:
+            state["print"] = side_cache.fingerprint(path)
+        cache = state["cache"]
+        if "windows" not in cache:
+            cache["step_names"] = set()
+            cache["windows"] = step_windows(capture, cache["step_names"])
+        if len(step_cycles(cache["windows"][0])) > MAX_STEP_SAMPLES:
+            return plain(capture)  # a side samples its steps: another pass (finish)
+        started = time.perf_counter()
         try:
-            graphs = _capture_graphs(path, ns)
+            chosen, whole, steps, step_ns, source, view = capture_side(
+                capture,
+                kind,  # type: ignore[arg-type]
+                cache,
+            )
+        except InputError as exc:
+            state["reads"][kind] = side_cache.CaptureRead(error=str(exc))
+            hook, capture.on_op_line = capture.on_op_line, None  # its lines were read once
+            try:
+                return plain(capture)  # the plain reader's own answer (or error)
+            finally:
+                capture.on_op_line = hook
+                self._done_kind(path, state, time.perf_counter() - started)
+        read = side_cache.CaptureRead(chosen, whole, steps, step_ns, source, view)
+        state["reads"][kind] = read
+        self._done_kind(path, state, time.perf_counter() - started)
+        if kind == "host" and whole.root.total <= 0:
+            return None  # as host_flamegraph answers
+        return whole.copy()  # the facts merge hosts into it; the read stays the capture's
+
+    def _done_kind(self, path: Path, state: dict[str, Any], seconds: float) -> None:
+        """After the host read (the facts' last of a capture): the side cache written
+        with what was read, and the capture converted when both kinds were."""
+        from exporter.analysis.sides import cache as side_cache
+
+        self.seconds += seconds
+        reads = state["reads"]
+        if "host" not in reads:
+            return
+        print_ = state["print"]
+        if print_ is not None and side_cache.fingerprint_unchanged(path, print_):
+            side_cache.save(path, print_, reads, state["cache"].get("step_names") or set())
+        if "device" in reads:
+            self._convert(path.name, lambda _path: self._graphs_from(reads, path))
+        state["reads"] = {}  # the cache holds them now; the report loads what it needs
+
+    def _graphs_of(self, path: Path) -> dict[str, Any]:
+        """A capture's conversion through its side cache (decoding only what it lacks)."""
+        from exporter.analysis.sides import cache as side_cache
+        from exporter.analysis.sides.load import decode_capture_kinds
+        from exporter.profiles.capture_files import is_capture_name
+
+        if not is_capture_name(path.name):
+            return _convert(path, "capture", self.ns)
+        reads, _ = side_cache.read_capture(path, ["device", "host"], decode_capture_kinds)
+        return self._graphs_from(reads, path)
+
+    def _graphs_from(self, reads: dict[str, Any], path: Path) -> dict[str, Any]:
+        device, host = reads["device"], reads["host"]
+        if device.error is not None or host.error is not None:
+            # No device planes and no XLA work, no host events, or a plane that does not
+            # convert: the plain reader decides (rare, and cheap on such captures).
+            return _convert(path, "capture", self.ns)
+        graphs: dict[str, Any] = {}
+        if device.view == "device" and device.whole is not None:  # not a CPU's XLA view
+            graphs["xprof_device"] = device.whole
+        if host.whole is not None and host.whole.root.total > 0:
+            graphs["xprof_host"] = host.whole
+        return graphs
+
+    def _convert(self, name: str, graphs_of: Callable[[Path], dict[str, Any]]) -> None:
+        from exporter.errors import MlprofError
+
+        path = self.directory / name
+        started = time.perf_counter()
+        try:
+            graphs = graphs_of(path)
         except (MlprofError, ValueError) as exc:
             message = str(exc)
-            listing.append({"capture": name, "error": message if str(path) in message
-                            else f"{path}: {message}"})  # fmt: skip
-            continue
-        # The store's pprof, at its compression level: the sidecar stores these bytes.
-        found = _write_graphs(out, graphs, prefix=f"{index}.", level=STORED_PPROF_LEVEL)
-        listing.append({"capture": name, "graphs": found})
-        del graphs  # the report below reads the side cache: free what it need not hold
-    seconds = round(time.perf_counter() - started, 3)
-    _write(out, SESSION_GRAPHS_JSON, json.dumps({"captures": listing, "seconds": seconds}))
+            error = message if str(path) in message else f"{path}: {message}"
+            self.listing[name] = {"capture": name, "error": error}
+        else:
+            # The store's pprof, at its compression level: the sidecar stores these bytes.
+            prefix = f"{self.names.index(name)}."
+            found = _write_graphs(self.out, graphs, prefix=prefix, level=STORED_PPROF_LEVEL)
+            self.listing[name] = {"capture": name, "graphs": found}
+        self.seconds += time.perf_counter() - started
+        listing = [self.listing[n] for n in self.names if n in self.listing]
+        done = {"captures": listing, "seconds": round(self.seconds, 3)}
+        _write(self.out, SESSION_GRAPHS_JSON, json.dumps(done))
 
 
 def _context(ns: argparse.Namespace) -> Any:
@@ -526,6 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # reuse pages already faulted in (exporter.heap). The sidecar that starts it does not.
     keep_freed_memory()
 
+    session: _SessionReads | None = None
     try:
         *specs, out_text = ns.inputs
         out = Path(out_text)
@@ -536,12 +625,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             _write(out, GRAPHS_JSON, json.dumps(listing))
             return 0
         if ns.command == "session":
-            # One child per finished session: its captures converted (and read into
-            # their side caches) first, then, with --report, the session's report as
-            # ``analyze`` makes it, which loads those reads instead of decoding again.
-            _write_session_graphs(Path(specs[0]), ns.capture, out, ns)
+            # One child per finished session: its files converted and, with --report,
+            # its report as ``analyze`` makes it, from one read of each capture.
+            session = _SessionReads(Path(specs[0]), ns.capture, out, ns)
             if not ns.report:
+                session.finish()
                 return 0
+            session.convert_others()
+            from exporter.analysis.facts.capture import graph_reader
+
+            graph_reader.set(session)
             ns.command = "analyze"
         context = _context(ns)
         if ns.command == "sides":
@@ -589,6 +682,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (MlprofError, ValueError) as exc:
         print(f"mlprof: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if session is not None:  # what the report's facts did not convert, failed or not
+            session.finish()
     return 0
 
 

@@ -29,6 +29,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -54,16 +55,26 @@ from exporter.profiles.capture_files import capture_bytes
 from exporter.profiles.flamegraph import FlameGraph
 
 if TYPE_CHECKING:
-    from exporter.profiles.xplane import OpLine, PlaneRef
+    from exporter.profiles.xplane import Capture, OpLine, PlaneRef
 
 __all__ = [
     "COMPILE_EVENT_RE",
     "DATA_PHASE_WORDS",
     "CaptureFacts",
+    "GraphReader",
     "add_host_facts",
     "gather_facts",
+    "graph_reader",
     "is_data_phase",
 ]
+
+# How the facts read a capture's whole device (op lines handed to ``on_op_line``) and
+# host graphs: (capture file, capture, kind) -> the graph, or None as the plain readers
+# answer. Unset: ``device_flamegraph``/``host_flamegraph``. The sidecar's session child
+# sets one that reads each as the capture's side (exporter.pipeline.job), so one pass
+# serves the facts, the flame graphs it stores and the side cache.
+GraphReader = Callable[[Path, "Capture", str], FlameGraph | None]
+graph_reader: ContextVar[GraphReader | None] = ContextVar("graph_reader", default=None)
 
 # Host events that are a data phase: the annotation users put around their input
 # pipeline, and the names loaders trace under (PyTorch's DataLoader, tf.data's
@@ -359,8 +370,9 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
             )
             recorder = CommunicationRecorder(capture)
             capture.on_op_line = device_busy = _DeviceBusy(cycles, recorder)
+            reader = graph_reader.get() or (lambda _path, read, _kind: device_flamegraph(read))
             try:
-                device = device_flamegraph(capture)
+                device = reader(path, capture, "device")
             finally:
                 capture.on_op_line = None
             busy = device_busy.per_cycle()
@@ -399,7 +411,9 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
                 c_starts, c_ends = subtract(c_starts, c_ends, starts, ends)
         compile_phase = covered(c_starts, c_ends, cycles)
         gpu = read_kernels(capture, cycles) if capture.device_planes else None
-        graphs = {"device": device, "host": host_flamegraph(capture)}
+        given = graph_reader.get()
+        host = host_flamegraph(capture) if given is None else given(path, capture, "host")
+        graphs = {"device": device, "host": host}
         for kind, whole in graphs.items():
             if whole is None:
                 continue
