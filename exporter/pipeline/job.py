@@ -227,6 +227,8 @@ def run_session(
     (two children had each). A capture that did not convert, or that the child did not
     reach (it ran out of time or memory), maps to the one-line reason.
     """
+    from exporter.errors import InputError
+
     with tempfile.TemporaryDirectory(prefix="mlprof-session-job-") as tmp:
         out = Path(tmp)
         args = ["session", str(session_dir), str(out), *[f"--capture={n}" for n in names]]
@@ -245,14 +247,34 @@ def run_session(
                     graphs[entry["capture"]] = str(entry["error"])
                 else:
                     graphs[entry["capture"]] = read_graphs(out, entry["graphs"])
-        reason = result.error.replace("analysis", "conversion") or "not converted"
         for name in names:
-            graphs.setdefault(name, f"{session_dir / name}: {reason}")
+            if name in graphs:
+                continue
+            if result.unavailable:  # its deadline, or no budget: another child would wait too
+                reason = result.error.replace("analysis", "conversion")
+                graphs[name] = f"{session_dir / name}: {reason}"
+                continue
+            # The child died before it converted this file (its report ran out of memory,
+            # say): converted alone, as before the session child, so the graphs survive.
+            try:
+                alone = flamegraphs_in_child(
+                    session_dir / name, "capture", timeout_s, max_memory_mb
+                )
+            except InputError as exc:
+                graphs[name] = str(exc)
+            else:
+                graphs[name] = {s: Converted(g, _encode_stored(g)) for s, g in alone.items()}
         report = None
         if report_args is not None and result.ok:
             text = (out / REPORT_JSON).read_text(encoding="utf-8")
             report = (json.loads(text), (out / REPORT_HTML).read_bytes())
         return SessionRun(result, graphs, conversion_s, report)
+
+
+def _encode_stored(graph: FlameGraph) -> bytes:
+    from exporter.profiles.pprof import encode_pprof
+
+    return encode_pprof(graph, level=STORED_PPROF_LEVEL)
 
 
 @dataclass(frozen=True)

@@ -271,3 +271,21 @@ def test_the_session_childs_report_is_the_analyze_childs(
     for session_id in ("base", "alert"):
         assert reference.process(session_id) is not None
         assert _report(joined, session_id) == _report(apart, session_id), session_id
+
+
+def test_captures_a_dead_session_child_never_reached_are_converted_alone(
+    tmp_path: Path,
+) -> None:
+    from exporter.pipeline.job import run_session
+
+    _, paths = _store(tmp_path)
+    directory = paths["base"].parent
+    # The child refuses its arguments before it reads anything (as one killed early).
+    run = run_session(directory, [NAME], 300, 4096, report_args=["--no-such-flag"])
+    assert not run.result.ok and run.report is None
+    made = run.graphs[NAME]
+    assert not isinstance(made, str), made
+    expected = {
+        s: sorted(g.to_folded().splitlines()) for s, g in xplane_flamegraphs(paths["base"]).items()
+    }
+    assert {s: _lines(c.graph) for s, c in made.items()} == expected
