@@ -10,13 +10,15 @@ and its report is written:
 * ``two queues`` (before): ``SessionProcessor`` converting each capture in a
   ``flamegraphs`` child and ``ReportWorker`` analysing the session in an ``analyze``
   child, side by side (then a ``sides`` child keeping the baseline's side cache);
-* ``one child`` (after): the processor's ``session`` child converts, writes the side
-  cache and makes the report from those reads, as ``exporter/sidecar.py`` wires it.
+* ``one child`` (after): the processor's ``session`` child reads each capture once
+  (the report's facts read its graphs as its sides), stores and pushes those graphs,
+  writes the side cache and the report, as ``exporter/sidecar.py`` wires it.
 
 Both paths run in fresh copies of the store, alternately, ``--repeat`` times; medians
-and ratios (before / after) are printed, with each path's capture opens for decoding
-(a ``sitecustomize`` audit hook in every child). XProf's converters are off unless
-``--xprof`` (they read the capture themselves, the same in both paths).
+and ratios (before / after) are printed, wall time and the children's CPU seconds, with
+each path's capture opens for decoding (a ``sitecustomize`` audit hook in every
+child). XProf's converters are off unless ``--xprof`` (they read the capture
+themselves, the same in both paths).
 
     .venv/bin/python bench/session_products.py              # ~32 MB captures, minutes
     .venv/bin/python bench/session_products.py --quick      # 100k events, a smoke run
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -156,20 +159,29 @@ def _run(path_name: str, master: Path, tmp: Path, xprof: bool) -> dict[str, floa
     for session_id in ("base", "alert"):
         record = store.read_record(session_id)
         assert record is not None
+        cpu = _children_cpu_s()
         started = time.perf_counter()
         processor(record)  # the hooks in the sidecar's order
         worker(record)
         seconds[session_id] = done.wait(session_id) - started
         # Both queues idle before the next session: the processor done, and the side
-        # cache written (the old path's report worker writes it after the report).
+        # cache written (the old path's report worker writes it after the report, and
+        # reaps that child just after: a moment later).
         cache = side_cache.cache_path(Path(store.session_dir(session_id)) / NAME)
         while processor.pending(session_id) or not cache.is_file():
             time.sleep(0.05)
+        time.sleep(0.5)
+        seconds[f"{session_id} cpu"] = _children_cpu_s() - cpu
     processor.close()
     worker.close()
     report = store.read_record("alert")
     assert report is not None and report.report is not None, report
     return seconds
+
+
+def _children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def main() -> None:
@@ -202,12 +214,15 @@ def main() -> None:
     print(f"per-session product time (hooks called -> pprof pushed + report written), "
           f"median of {args.repeat}, XProf {'on' if args.xprof else 'off'}:")  # fmt: skip
     for session_id, what in (("base", "baseline session"), ("alert", "alert session")):
-        before = statistics.median(r[session_id] for r in results["two queues"])
-        after = statistics.median(r[session_id] for r in results["one child"])
-        print(
-            f"  {what:17s} two queues {before:6.2f} s   one child {after:6.2f} s   "
-            f"ratio {before / after:4.2f}x"
-        )
+        for key, unit in ((session_id, "s wall"), (f"{session_id} cpu", "s CPU ")):
+            before = statistics.median(r[key] for r in results["two queues"])
+            after = statistics.median(r[key] for r in results["one child"])
+            print(
+                f"  {what:17s} two queues {before:6.2f} {unit}  one child {after:6.2f} "
+                f"{unit}  ratio {before / after:4.2f}x"
+            )
+    print("  (CPU: the children's, the sidecar's own aside; wall on a shared machine "
+          f"at load {os.getloadavg()[0]:.1f})")  # fmt: skip
     for path_name, counted in opens.items():
         shown = ", ".join(f"{k} {v}" for k, v in sorted(counted.items()))
         print(f"  capture opens for decoding ({path_name}): {shown}")
