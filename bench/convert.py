@@ -12,9 +12,10 @@ that XProf's own tools read. For each size, in fresh child processes:
 - XProf on the same file (a copy: it writes caches beside it): ``op_profile`` (the tool
   whose numbers the device graph must equal) and ``trace_viewer``.
 
-Then a real JAX CPU capture (``tests/integration/analysis_workload.py compute``, tens of
-thousands of host events): ``mlprof flamegraph --kind host`` as a whole process against
-XProf's ``trace_viewer`` as a whole process, wall and CPU.
+Then two real JAX CPU captures (``tests/integration/analysis_workload.py compute``, a few
+thousand host events, and ``bench/python_traced_workload.py``, ~47k with the Python
+tracer on): ``mlprof flamegraph --kind host`` as a whole process against XProf's
+``trace_viewer`` as a whole process, taken in turn, wall and CPU.
 
 Every figure prints with its ratio to XProf measured in the same run. Targets: at least
 3M events/s in process on the large capture, faster than XProf's ``op_profile``; issue
@@ -23,6 +24,7 @@ processes), the real capture's host graph CLI faster than ``trace_viewer``.
 
     .venv/bin/python bench/convert.py            # both sizes and the real capture, minutes
     .venv/bin/python bench/convert.py --quick    # the small size only, seconds
+    .venv/bin/python bench/convert.py --real     # the real captures only (issue 33)
 """
 
 from __future__ import annotations
@@ -218,32 +220,35 @@ def bench_size(name: str, events: int, repeat: int, tmp: Path) -> bool:
     return ok
 
 
-def bench_real_cpu_capture(repeat: int, tmp: Path) -> bool:
-    """The host graph CLI on a real JAX CPU capture against XProf's ``trace_viewer``."""
-    workload = ROOT / "tests" / "integration" / "analysis_workload.py"
+def _real_capture(script: str, args: list[str]) -> Path:
     done = subprocess.run(
-        [sys.executable, str(workload), str(tmp / "real"), "compute"],
+        [sys.executable, str(ROOT / script), *args],
         capture_output=True, text=True, check=False,
         env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"the JAX workload failed: {done.stderr[-600:]}")
     line = next(x for x in done.stdout.splitlines() if x.startswith("DONE"))
-    path = Path(line.split()[2])
+    return Path(line.split()[-1])
+
+
+def bench_real_cpu_capture(name: str, path: Path, repeat: int, tmp: Path) -> bool:
+    """The host graph CLI on a real JAX CPU capture against XProf's ``trace_viewer``,
+    both whole processes, taken in turn (a shared machine's load drifts over both)."""
     ours = _child(["mlprof", str(path)])
     print(
-        f"\n[real JAX CPU capture] {ours['events']:,.0f} events, "
+        f"\n[real JAX CPU capture: {name}] {ours['events']:,.0f} events, "
         f"{path.stat().st_size / 2**10:.0f} KiB"
     )
-    runs = [_cli(path, tmp / "real.folded", "--kind", "host") for _ in range(repeat)]
-    cli_cpu = statistics.median(r[0] for r in runs)
-    cli_wall = statistics.median(r[1] for r in runs)
-    refs = []
+    runs, refs = [], []
     for i in range(repeat):
-        copy = tmp / f"real-xprof-{i}" / path.name  # a fresh dir: XProf caches beside it
+        runs.append(_cli(path, tmp / "real.folded", "--kind", "host"))
+        copy = tmp / f"real-xprof-{name}-{i}" / path.name  # a fresh dir: XProf caches beside it
         copy.parent.mkdir(parents=True)
         shutil.copy(path, copy)
         refs.append(_child(["xprof", str(copy), "trace_viewer"]))
+    cli_cpu = statistics.median(r[0] for r in runs)
+    cli_wall = statistics.median(r[1] for r in runs)
     ref_wall = statistics.median(r["process_seconds"] for r in refs)
     ref_cpu = statistics.median(r["process_cpu_seconds"] for r in refs)
     print(
@@ -257,9 +262,21 @@ def bench_real_cpu_capture(repeat: int, tmp: Path) -> bool:
     return cli_wall < ref_wall
 
 
+def bench_real_cpu_captures(repeat: int, tmp: Path) -> list[bool]:
+    """Two real captures: the analysis tests' ``compute`` workload (a few thousand host
+    events: start-up is most of the process) and one with the Python tracer on (~47k)."""
+    small = _real_capture("tests/integration/analysis_workload.py", [str(tmp / "real"), "compute"])
+    traced = _real_capture("bench/python_traced_workload.py", [str(tmp / "traced")])
+    return [
+        bench_real_cpu_capture("compute workload", small, repeat, tmp),
+        bench_real_cpu_capture("Python tracer on", traced, repeat, tmp),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the small capture only")
+    parser.add_argument("--real", action="store_true", help="the real JAX CPU captures only")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median shown)")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -270,11 +287,11 @@ def main() -> None:
         print(json.dumps(result))
         return
     sys.path.insert(0, str(ROOT))
-    sizes = {"small": SIZES["small"]} if args.quick else SIZES
+    sizes = {"small": SIZES["small"]} if args.quick else {} if args.real else SIZES
     with tempfile.TemporaryDirectory(prefix="mlprof-bench-") as tmp:
         verdicts = [bench_size(n, e, args.repeat, Path(tmp)) for n, e in sizes.items()]
         if not args.quick:
-            verdicts.append(bench_real_cpu_capture(args.repeat, Path(tmp)))
+            verdicts += bench_real_cpu_captures(args.repeat, Path(tmp))
     print(
         f"\ntargets: device total equal to op_profile, faster than op_profile, >= "
         f"{TARGET_EVENTS_PER_S / 1e6:.0f}M events/s on the large capture, the real capture's "

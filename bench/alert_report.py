@@ -1,0 +1,133 @@
+"""Benchmark: alert firing -> report written, the product's part, on a large TPU capture.
+
+After an alert's capture window closes, the sidecar runs two bounded children on the
+session (``exporter.pipeline.job``, each under the analysis bound of 4096 MiB address
+space and one BLAS thread, as ``run_job`` starts them):
+
+- ``flamegraphs CAPTURE OUT --kind capture``: the device and host flame graphs pushed to
+  Pyroscope and kept beside the capture (``SessionProcessor``);
+- ``analyze SESSION OUT --baseline BASE ...``: the report, compared against the
+  workload's baseline session (``ReportWorker.process``), whose sides were cached beside
+  its capture when its own report was written (the ``sides`` child, not timed here: it
+  ran long before the alert).
+
+The capture is TPU-shaped (``bench/huge_capture.py``'s writer: a
+``synthetic.tpu_capture`` template tiled in time on 4 device planes) of ``--mb`` MB
+(default 373); the baseline is a copy of it. Each child is timed as a whole process
+(wall, CPU, peak RSS), the children in turn (the sidecar may overlap them on a larger
+machine), with ``mlprof flamegraph`` of the same file in the same run as the reference
+(one decode of the capture, the least any report can cost). Target (issue 33): the two
+children together at most 10 s.
+
+    .venv/bin/python bench/alert_report.py               # 373 MB, a few minutes
+    .venv/bin/python bench/alert_report.py --mb 40       # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_S = 10.0  # issue 33: alert firing -> report written, the product's part
+MEMORY_MB = 4096  # Settings.report_max_memory_mb: each child's address space
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _bounded() -> None:  # in the child before exec, as exporter.sandbox does
+    limit = MEMORY_MB * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _run(name: str, args: list[str], cwd: Path) -> dict[str, float]:
+    """One whole child: wall, CPU (user + sys) and peak RSS (its own, from wait4)."""
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
+    wall = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=_bounded,  # noqa: PLW1509 (no thread here)
+    )  # fmt: skip
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - wall
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{name} failed ({status}):\n{err[-2000:]}")
+    cpu = usage.ru_utime + usage.ru_stime
+    rss = usage.ru_maxrss / 1024
+    print(f"  {name:<34} {wall:7.2f} s wall {cpu:7.2f} s CPU  peak RSS {rss:6.0f} MiB")
+    return {"wall_s": wall, "cpu_s": cpu, "rss_mib": rss}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=373.0, help="capture size (MB)")
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from huge_capture import write_huge
+
+    work = args.keep or Path(tempfile.mkdtemp(prefix="mlprof-alert-"))
+    try:
+        session = work / "session" / "plugins" / "profile" / "alert"
+        base = work / "base" / "plugins" / "profile" / "baseline"
+        capture = session / "tpu-vm-0.xplane.pb"
+        if not capture.exists():
+            session.mkdir(parents=True, exist_ok=True)
+            facts = write_huge(capture, int(args.mb * 1e6))
+            print(
+                f"capture: {facts['bytes'] / 1e6:.0f} MB, {facts['events']:,} events, "
+                f"{facts['expected_steps']} steps (written in {facts['write_s']:.1f} s)"
+            )
+        if not (base / capture.name).exists():
+            base.mkdir(parents=True, exist_ok=True)
+            shutil.copy(capture, base / capture.name)
+        for directory in (session, base):  # a store's sessions: their side caches are kept
+            (directory / "session.json").write_text(json.dumps({"id": directory.name}))
+        job = ["-m", "exporter.pipeline.job"]
+        cached = list(base.glob("*.sides.json.gz"))
+        if not cached:  # the baseline's own report cached its sides long ago
+            (work / "sides").mkdir(exist_ok=True)
+            _run("(baseline's sides, not timed)", [*job, "sides", str(base), str(work / "sides")],
+                 work)  # fmt: skip
+        print(f"\n{capture.stat().st_size / 1e6:.0f} MB TPU-shaped capture, children in turn:")
+        out = work / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        (out / "convert").mkdir(parents=True)
+        (out / "report").mkdir()
+        convert = _run("conversion child (flamegraphs)",
+                       [*job, "flamegraphs", str(capture), str(out / "convert"), "--kind",
+                        "capture"], work)  # fmt: skip
+        report = _run("report child (analyze --baseline)",
+                      [*job, "analyze", str(session.parent.parent.parent), str(out / "report"),
+                       "--baseline", str(base.parent.parent.parent), "--baseline-session",
+                       "baseline", "--baseline-reason", "bench"], work)  # fmt: skip
+        reference = _run("reference: mlprof flamegraph",
+                         ["-m", "exporter.cli", "flamegraph", str(capture), "-o",
+                          str(out / "device.folded")], work)  # fmt: skip
+        document = json.loads((out / "report" / "analysis.json").read_text())
+        timings = document.get("timings") or {}
+        shown = [f"{k} {v:.2f}" for k, v in timings.items() if isinstance(v, float)]
+        print("  the report's own timings (s): " + ", ".join(shown))
+        total = convert["wall_s"] + report["wall_s"]
+        cpu = convert["cpu_s"] + report["cpu_s"]
+        print(
+            f"product part: {total:.2f} s wall ({cpu:.2f} s CPU), "
+            f"{total / reference['wall_s']:.2f}x one `mlprof flamegraph` of the capture "
+            f"({reference['wall_s']:.2f} s); target <= {TARGET_S:g} s -> "
+            f"{'met' if total <= TARGET_S else 'NOT met'}"
+        )
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
