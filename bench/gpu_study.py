@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tarfile
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_study_part import BENCH, ROOT, has_gpu
+from gpu_study_part import BENCH, ROOT, has_gpu, stop_group
 
 # name: (least seconds worth starting it with, most it may take)
 # detection comes last: it takes captures while its time lasts, so it gets what is left.
@@ -49,6 +48,8 @@ PARTS: dict[str, tuple[float, float]] = {
 BUDGET_S = 290.0
 # A part's own budget is its allotment less this: the time to write its JSON.
 GRACE_S = 8.0
+# A part past its allotment has this long to end after SIGTERM (its children, its JSON).
+STOP_S = 4.0
 SAMPLES_MAX_BYTES = 15 * 2**20  # the device tool returns files up to 16 MiB
 
 
@@ -69,6 +70,8 @@ def main() -> int:
     mode = "gpu" if gpu else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
+    # A larger budget (a dry run on a loaded machine) gives every part its share of it.
+    scale = max(1.0, args.budget / BUDGET_S)
     work = Path(tempfile.mkdtemp(prefix="mlprof-gpu-study-"))
     env = {
         **os.environ,
@@ -88,8 +91,8 @@ def main() -> int:
             f"budget {args.budget:.0f} s, parts {', '.join(names)}, work {work}",
         )
         for i, name in enumerate(names):
-            later = sum(PARTS[p][0] for p in names[i + 1 :])
-            least, most = PARTS[name]
+            later = scale * sum(PARTS[p][0] for p in names[i + 1 :])
+            least, most = (scale * s for s in PARTS[name])
             allot = min(most, deadline - time.monotonic() - later)
             if allot < least:
                 results[name] = {
@@ -169,8 +172,7 @@ def run(
         proc.wait(timeout=allot)
     except subprocess.TimeoutExpired:
         status = "timeout"
-        os.killpg(proc.pid, signal.SIGKILL)  # the part and every child it started
-        proc.wait()
+    stop_group(proc, STOP_S)  # the part, past its time, and any child it left behind
     reader.join(timeout=5)
     seconds = round(time.monotonic() - started, 1)
     result: dict[str, Any] = {"status": status, "seconds": seconds, "rc": proc.returncode}

@@ -8,6 +8,8 @@
 #   device tool: run(command="bash bench/gpu_study.sh", carry=[".gpu-wheels"], timeout_s=420)
 #   bench/gpu_study.sh --dry-run               # here: every part on the CPU, reduced sizes
 #   bench/gpu_study.sh --parts mfu,torch       # some parts (names: bench/gpu_study.py)
+#   MLPROF_GPU_STUDY_BUDGET_S=900 bench/gpu_study.sh --dry-run   # a loaded machine: more time,
+#                                              # shared out in proportion (default 290 s)
 #
 # Results go to $OUT (the device tool returns what is written there; without $OUT,
 # bench/out/gpu-study): summary.json, mfu.json, torch.json, nvml.json, detection.json,
@@ -30,6 +32,9 @@
 # in use by others), then runs every part on the CPU.
 set -uo pipefail
 
+# All in one function, read whole before it runs: an edit of this file during a run
+# cannot change what the run does.
+main() {
 cd "$(dirname "$0")/.."
 START=$SECONDS
 BUDGET=${MLPROF_GPU_STUDY_BUDGET_S:-290}
@@ -38,7 +43,7 @@ SITE=${MLPROF_GPU_SITE:-/tmp/mlprof-site}
 DRY_RUN=0
 for arg in "$@"; do
   [[ $arg == --dry-run ]] && DRY_RUN=1
-  [[ $arg == -h || $arg == --help ]] && { sed -n '2,32s/^# \{0,1\}//p' "$0"; exit 0; }
+  [[ $arg == -h || $arg == --help ]] && { sed -n '2,34s/^# \{0,1\}//p' "$0"; exit 0; }
 done
 if [[ $DRY_RUN -eq 0 ]] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
   echo "gpu_study: no NVIDIA GPU here: a dry run (CPU, reduced sizes)"
@@ -101,10 +106,12 @@ for name in ("exporter.profiles._xwire", "exporter.profiles._highwayhash"):
 for name in ("jax", "torch", "pynvml", "pydantic", "fastapi", "google.protobuf", "xprof"):
     try:
         module = importlib.import_module(name)
-        print(f"setup: {name} {getattr(module, '__version__', '')}")
+        print(f"setup: {name} {getattr(module, '__version__', 'importable')}")
     except ImportError as exc:
         print(f"setup: {name}: not importable ({exc})")
 EOF
 echo "setup: $((SECONDS - START)) s"
 
 exec "$PY" bench/gpu_study.py --budget $((BUDGET - (SECONDS - START))) "$@"
+}
+main "$@"

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_study_part import ROOT, Part, run_part
+from gpu_study_part import ROOT, Part, run_part, stop_group
 
 LINE = re.compile(r"^(PASS|FAIL|SKIP|INFO)\s+(.+?)(?::\s(.*))?$")
 # Its steps that need XProf's profiler client (remote capture).
@@ -71,26 +71,23 @@ def body(part: Part) -> None:
         *([] if part.gpu else ["--dry-run"]),
     ]
     log = part.work / "device-check.log"
-    try:
-        done = subprocess.run(
-            command,
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=max(10.0, part.left_s() - 5),
-            check=False,
-        )
-        output, rc = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        output = (
-            (exc.stdout or b"").decode(errors="replace")
-            if isinstance(exc.stdout, bytes)
-            else (exc.stdout or "")
-        )
-        rc = None
-        part.add("FAIL", "device-check.sh finished", f"still running after {exc.timeout:.0f} s")
-    log.write_text(output)
+    rc: int | None = None
+    # Its own process group: the sidecar and workload it starts in the background go
+    # with it when it is stopped (a killed bash runs no EXIT trap to end them).
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            rc = proc.wait(timeout=max(10.0, part.left_s() - 5))
+        except subprocess.TimeoutExpired:
+            part.add(
+                "FAIL",
+                "device-check.sh finished",
+                f"still running after {part.budget_s - part.left_s():.0f} s",
+            )
+        finally:
+            stop_group(proc)
+    output = log.read_text(errors="replace")
     try:
         import xprof  # noqa: F401
     except ImportError:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +34,7 @@ class Part:
     mode: str  # "gpu" on the lent machine; "cpu" for the dry run
     budget_s: float
     work: Path
+    json_path: Path | None = None  # rewritten at each check: a killed part leaves its own
     started: float = field(default_factory=time.monotonic)
     checks: list[dict[str, str]] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
@@ -46,6 +49,11 @@ class Part:
     def add(self, status: str, name: str, detail: str = "") -> None:
         self.checks.append({"status": status, "name": name, "detail": detail})
         print(f"[{self.name}] {status:<4}  {name}" + (f": {detail}" if detail else ""), flush=True)
+        self.save()
+
+    def save(self) -> None:
+        if self.json_path is not None:
+            self.json_path.write_text(json.dumps(self.to_json(), indent=1, default=str))
 
     def check(self, ok: bool, name: str, detail: str = "") -> bool:
         self.add("PASS" if ok else "FAIL", name, detail)
@@ -93,6 +101,20 @@ def wait_line(proc: subprocess.Popen[bytes], token: bytes, timeout_s: float) -> 
     return b""
 
 
+def stop_group(proc: subprocess.Popen[Any], term_wait_s: float = 5.0) -> None:
+    """End ``proc``'s process group (started with ``start_new_session``): SIGTERM, which
+    lets it end its children and write what it has, then SIGKILL for what is left."""
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_part(name: str, body: Callable[[Part], None]) -> None:
     """Parse the driver's arguments, run ``body`` and write its JSON, whatever happens."""
     parser = argparse.ArgumentParser(description=f"GPU study part {name!r}")
@@ -102,12 +124,20 @@ def run_part(name: str, body: Callable[[Part], None]) -> None:
     parser.add_argument("--work", type=Path, required=True)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    part = Part(name, args.mode, args.budget, args.work)
+    part = Part(name, args.mode, args.budget, args.work, args.json)
+
+    def stopped(signum: int, _frame: Any) -> None:
+        # The driver's timeout: unwind, so that the part's finally blocks end its children.
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stopped)
     try:
         body(part)
     except Exception as exc:  # a part's crash is its result, not the study's end
         part.add("FAIL", "part crashed", f"{type(exc).__name__}: {exc}")
         traceback.print_exc()
+    except SystemExit as exc:
+        part.add("FAIL", "part stopped", f"{exc} after {time.monotonic() - part.started:.0f} s")
     finally:
-        args.json.write_text(json.dumps(part.to_json(), indent=1, default=str))
+        part.save()
     sys.exit(0)
