@@ -45,7 +45,7 @@ PARTS: dict[str, tuple[float, float]] = {
     "device_check": (45.0, 100.0),
     "detection": (60.0, 160.0),
 }
-BUDGET_S = 290.0
+BUDGET_S = 280.0
 # A part's own budget is its allotment less this: the time to write its JSON.
 GRACE_S = 8.0
 # A part past its allotment has this long to end after SIGTERM (its children, its JSON).

@@ -9,7 +9,7 @@
 #   bench/gpu_study.sh --dry-run               # here: every part on the CPU, reduced sizes
 #   bench/gpu_study.sh --parts mfu,torch       # some parts (names: bench/gpu_study.py)
 #   MLPROF_GPU_STUDY_BUDGET_S=900 bench/gpu_study.sh --dry-run   # a loaded machine: more time,
-#                                              # shared out in proportion (default 290 s)
+#                                              # shared out in proportion (default 280 s)
 #
 # Results go to $OUT (the device tool returns what is written there; without $OUT,
 # bench/out/gpu-study): summary.json, mfu.json, torch.json, nvml.json, detection.json,
@@ -37,7 +37,7 @@ set -uo pipefail
 main() {
 cd "$(dirname "$0")/.."
 START=$SECONDS
-BUDGET=${MLPROF_GPU_STUDY_BUDGET_S:-290}
+BUDGET=${MLPROF_GPU_STUDY_BUDGET_S:-280}
 WHEELS=${MLPROF_GPU_WHEELS:-.gpu-wheels}
 SITE=${MLPROF_GPU_SITE:-/tmp/mlprof-site}
 DRY_RUN=0
