@@ -158,6 +158,7 @@ class Sidecar:
         telemetry: Telemetry | None = None,
         events: EventSink | None = None,
         profiler_client: ProfilerClient | None = None,
+        alert_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.telemetry = telemetry or build_telemetry(
@@ -270,8 +271,14 @@ class Sidecar:
         # A marked baseline's session is never retention's to delete.
         self.captures.retention_keep = BaselineStore(self.captures.store).pinned
         # Alertmanager webhook policy: dedup, per-run cooldown, global limit, targets.
+        # ``alert_clock`` times the dedup window and the cooldown (a test advances it
+        # rather than sleeping through a real cooldown).
         self.alerts = AlertPolicy(
-            self.targets, self.captures, AlertPolicyConfig.from_settings(settings), meter=meter
+            self.targets,
+            self.captures,
+            AlertPolicyConfig.from_settings(settings),
+            meter=meter,
+            clock=alert_clock,
         )
         optional = ComponentStatus  # captures never hold readiness back
         self.tasks += [

@@ -1,9 +1,14 @@
 """The Alertmanager webhook against a real sidecar, capture engine and JAX profiler server.
 
-One demo workload (with its profiler server) and one ``mlprof serve`` process, both on
-loopback, shared by the tests of this module; alerts are posted the way Alertmanager
-posts them. A listener on 127.0.0.2 stands for a foreign address named in payloads: it
-must never see a connection.
+One demo workload (with its profiler server, a process) and one sidecar (the real app
+under uvicorn, in this process, as in test_capture.py), both on loopback, shared by the
+tests of this module; alerts are posted the way Alertmanager posts them. A listener on
+127.0.0.2 stands for a foreign address named in payloads: it must never see a
+connection.
+
+The sidecar's alert policy runs on a clock the tests move past the cooldown (a test
+that needs a capture to start skips it) instead of sleeping through a real one: the
+cooldown is long (``COOLDOWN_S``), so a burst can never outlast it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,7 +38,8 @@ from tests.harness import Proc, free_port, wait_http, wait_until
 pytestmark = pytest.mark.integration
 
 TOKEN = "webhook-test-token"
-COOLDOWN_S = 4.0
+# Never waited for: the policy's clock is moved past it (AlertClock).
+COOLDOWN_S = 600.0
 MAX_BODY = 1024 * 1024
 WEBHOOK = "/api/v1/alertmanager"
 
@@ -68,6 +75,19 @@ class ForeignListener:
         self.sock.close()
 
 
+class AlertClock:
+    """The alert policy's clock: monotonic time plus whatever the tests skipped."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped
+
+    def skip(self, seconds: float) -> None:
+        self.skipped += seconds
+
+
 @dataclass
 class Loop:
     url: str
@@ -76,8 +96,9 @@ class Loop:
     run_id: str
     host: str
     foreign: ForeignListener
-    sidecar: Proc
+    server: threading.Thread
     profiler_port: int
+    clock: AlertClock
     last_capture: float = 0.0
     fingerprints: list[str] = field(default_factory=list)
 
@@ -100,10 +121,11 @@ class Loop:
         return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
 
     def wait_cooldown(self) -> None:
-        """Let the run's cooldown pass before a test that needs a capture to start."""
-        remaining = self.last_capture + COOLDOWN_S + 0.5 - time.monotonic()
+        """Let the run's cooldown pass before a test that needs a capture to start: the
+        policy's clock moves on past it (no sleep)."""
+        remaining = self.last_capture + COOLDOWN_S + 0.5 - self.clock()
         if remaining > 0:
-            time.sleep(remaining)
+            self.clock.skip(remaining)
 
     def wait_counted(self, outcome: str, at_least: float) -> None:
         wait_until(
@@ -162,20 +184,20 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
     tmp = tmp_path_factory.mktemp("webhook")
     shared, store = tmp / "shared", tmp / "store"
     port, profiler_port = free_port(), free_port()
-    env = {
-        "MLPROF_LISTEN": f"127.0.0.1:{port}",
-        "MLPROF_SHARED_DIR": str(shared),
-        "MLPROF_STORE": str(store),
-        "MLPROF_AUTH_TOKEN": TOKEN,
-        "MLPROF_COLLECT_INTERVAL_S": "0.5",
-        "MLPROF_ALERT_COOLDOWN_S": str(COOLDOWN_S),
-        "MLPROF_ALERT_MAX_CONCURRENT": "1",
-        "MLPROF_ALERT_MAX_BODY_BYTES": str(MAX_BODY),
-        "MLPROF_DISCOVERY_INTERVAL_S": "1",
+    settings = load_settings(
+        listen=f"127.0.0.1:{port}",
+        shared_dir=str(shared),
+        store=str(store),
+        auth_token=TOKEN,
+        collect_interval_s=0.5,
+        alert_cooldown_s=COOLDOWN_S,
+        alert_max_concurrent=1,
+        alert_max_body_bytes=MAX_BODY,
+        discovery_interval_s=1,
         # A second known target (the same server under another name, of no known run):
         # lets one alert wait on the global limit while another capture runs.
-        "MLPROF_TARGETS": f"localhost:{profiler_port}",
-    }
+        targets=[f"localhost:{profiler_port}"],
+    )
     # The demo's input-pipeline knob slows each step (as in test_capture.py): a capture
     # then holds a few hundred steps, not thousands, and the workload leaves the cores
     # to the sidecar and the rest of the suite. No test here reads the workload's speed.
@@ -186,9 +208,14 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
          "--profiler-port", str(profiler_port),
          "--batch", "64", "--features", "64", "--hidden", "128"],
         tmp / "workload.log",
-        env=env,
     )  # fmt: skip
-    sidecar = Proc.python(["-m", "exporter.cli", "serve"], tmp / "sidecar.log", env=env)
+    clock = AlertClock()
+    sidecar = Sidecar(settings, alert_clock=clock)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(sidecar), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     foreign = ForeignListener()
     url = f"http://127.0.0.1:{port}"
     try:
@@ -198,12 +225,14 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
             timeout=120,
             what=f"the workload's run.json (log: {workload.log})",
         )
-        yield Loop(url, store, shared, run["run_id"], run["host"], foreign, sidecar, profiler_port)
+        yield Loop(
+            url, store, shared, run["run_id"], run["host"], foreign, thread, profiler_port, clock
+        )
     finally:
         foreign.close()
+        server.should_exit = True
+        thread.join(30)
         workload.stop()
-        code = sidecar.stop()
-        print(f"sidecar exit {code}; log tail:\n{sidecar.log.read_text()[-3000:]}")
 
 
 def test_token_is_required_and_compared(loop: Loop) -> None:
@@ -319,7 +348,7 @@ def test_firing_alert_captures_the_known_target_and_records_the_alert(loop: Loop
         return answer if answer["sessions"] else None
 
     answer = wait_until(started, timeout=60, interval=0.5, what="a capture started by an alert")
-    loop.last_capture = time.monotonic()
+    loop.last_capture = loop.clock()
     [session_id] = answer["sessions"]
     [outcome] = answer["alerts"]
     assert outcome["outcome"] == "started"
@@ -345,6 +374,11 @@ def test_firing_alert_captures_the_known_target_and_records_the_alert(loop: Loop
     xplanes = list((loop.store / "plugins" / "profile" / session_id).glob("*.xplane.pb"))
     assert xplanes and xplanes[0].stat().st_size > 0
     assert loop.foreign.connections == 0
+    # The run is in its cooldown now: another alert of it starts nothing until the
+    # policy's clock has passed it (Loop.wait_cooldown, in the tests below).
+    cooled = loop.post(payload(alert("fire2", **labels))).json()["alerts"][0]
+    assert cooled["outcome"] == "cooldown", cooled
+    assert cooled["reason"].endswith(f"(cooldown {COOLDOWN_S:g}s)"), cooled
 
 
 def test_same_alert_a_hundred_times_starts_one_capture(loop: Loop) -> None:
@@ -353,7 +387,7 @@ def test_same_alert_a_hundred_times_starts_one_capture(loop: Loop) -> None:
     body = payload(alert("same1", run_id=loop.run_id, host=loop.host, mlprof_action="capture"))
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda _: loop.post(body), range(100)))
-    loop.last_capture = time.monotonic()
+    loop.last_capture = loop.clock()
     assert {a.status_code for a in answers} == {202}
     outcomes = [a.json()["alerts"][0]["outcome"] for a in answers]
     assert outcomes.count("started") == 1
@@ -366,7 +400,7 @@ def test_global_limit_holds_alerts_while_a_capture_runs(loop: Loop) -> None:
     first = alert("lim1", run_id=loop.run_id, mlprof_action="capture", mlprof_duration_ms="3000")
     second = alert("lim2", host="localhost", mlprof_action="snapshot")
     answer = loop.post(payload(first, second)).json()
-    loop.last_capture = time.monotonic()
+    loop.last_capture = loop.clock()
     started, waiting = answer["alerts"]
     assert started["outcome"] == "started"
     assert waiting["outcome"] == "limit"
@@ -405,7 +439,7 @@ def test_burst_of_a_thousand_alerts_is_answered_with_bounded_captures(loop: Loop
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(loop.post, bodies))
     took = time.monotonic() - began
-    loop.last_capture = time.monotonic()
+    loop.last_capture = loop.clock()
     assert [a.status_code for a in answers] == [202] * len(bodies)
     outcomes = [o["outcome"] for a in answers for o in a.json()["alerts"]]
     assert len(outcomes) == 1000
@@ -417,7 +451,7 @@ def test_burst_of_a_thousand_alerts_is_answered_with_bounded_captures(loop: Loop
     assert set(outcomes) <= {"started", "cooldown", "limit", "no_target"}
     assert len(set(loop.sessions()) - before) <= 1 + int(took // COOLDOWN_S)
     assert httpx.get(f"{loop.url}/healthz", timeout=10).json() == {"status": "ok"}
-    assert loop.sidecar.alive()
+    assert loop.server.is_alive()
     # /metrics is rendered ahead of scrapes (up to a collect interval old): wait for it.
     wait_until(
         lambda: sum(loop.alerts_received().values()) - sum(counts_before.values()) == 1000,
