@@ -43,6 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from detection_workload import timed  # the median of repeated wall-clock runs
+
 SIZES = {
     # tokens, width, hidden, loop rows, loop width, loop iterations, data rounds, steps
     "gpu": (8192, 2048, 8192, 2048, 1024, 60, 12, 40),
@@ -108,15 +111,6 @@ def load_batch(step: int, tokens: int, rounds: int) -> jax.Array:
             x = np.tanh(x @ _MIX) + x
         ids[0] = int(x[0, 0] > 0)  # the mixing's result is used: nothing skips it
         return jnp.asarray(ids, jnp.int32)
-
-
-def timed(fn, repeats: int = 7) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return float(np.median(times))
 
 
 def capture(out: Path, variant: str, k_pct: float, size: str) -> None:
