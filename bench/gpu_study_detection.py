@@ -174,6 +174,8 @@ def body(part: Part) -> None:
     keep.mkdir(exist_ok=True)
     for record in (same[0], *[r for r in records if r["variant"] == "added"][:1]):
         shutil.copy(record["path"], keep / f"jax-{record['variant']}-{record['k_pct']:g}.xplane.pb")
+    if not part.gpu:
+        gpu_shaped(part)
     for view, kind in VIEWS.items():
         if part.left_s() < 5:
             part.add("INFO", f"{view} view", "not evaluated: budget spent")
@@ -268,6 +270,28 @@ def evaluate(part: Part, view: str, kind: str | None, records: list[dict[str, An
         f"{view} view: compare time",
         f"median {1e3 * statistics.median(compare_s):.0f} ms a comparison; reading a "
         f"capture {1e3 * read_s:.0f} ms (reference, same run)",
+    )
+
+
+def gpu_shaped(part: Part) -> None:
+    """Dry run: the GPU path of the device view (kernels found, the ``device`` noise view
+    and its floors) on synthetic GPU-shaped captures (``exporter/testing/synthetic_gpu.py``)."""
+    from exporter.analysis.compare.comparison import compare_sides
+    from exporter.analysis.sides.load import load_side
+    from exporter.testing.synthetic_gpu import write_gpu_capture
+
+    sides = []
+    for seed in (1, 2):
+        path = part.work / f"gpu-shaped-{seed}.xplane.pb"
+        write_gpu_capture(path, steps=8, seed=seed)
+        sides.append(load_side(str(path), "device"))
+    check_kernels(part, sides[0])
+    result = compare_sides(sides[0], sides[1])
+    row = reading(result, 1, "same", 0.0, "forward")
+    part.check(
+        result.noise_view == "device",
+        "GPU-shaped captures compared in the device noise view",
+        f"noise view {result.noise_view}, step {row['step_verdict']}, any verdict {row['any']}",
     )
 
 
