@@ -97,6 +97,8 @@ def main() -> None:
             (work / "sides").mkdir(exist_ok=True)
             _run("(baseline's sides, not timed)", [*job, "sides", str(base), str(work / "sides")],
                  work)  # fmt: skip
+        # The alert's session is new: no side cache of its own (a kept run left one).
+        capture.with_name(capture.name + ".sides.json.gz").unlink(missing_ok=True)
         print(f"\n{capture.stat().st_size / 1e6:.0f} MB TPU-shaped capture, children in turn:")
         out = work / "out"
         shutil.rmtree(out, ignore_errors=True)
