@@ -164,19 +164,31 @@ def _run(path_name: str, master: Path, tmp: Path, xprof: bool) -> dict[str, floa
         processor(record)  # the hooks in the sidecar's order
         worker(record)
         seconds[session_id] = done.wait(session_id) - started
-        # Both queues idle before the next session: the processor done, and the side
-        # cache written (the old path's report worker writes it after the report, and
-        # reaps that child just after: a moment later).
+        # Both queues idle before the next session: the processor done, the side cache
+        # written (the old path's report worker writes it after the report) and every
+        # child reaped, so its CPU time is this session's.
         cache = side_cache.cache_path(Path(store.session_dir(session_id)) / NAME)
-        while processor.pending(session_id) or not cache.is_file():
+        while processor.pending(session_id) or not cache.is_file() or _has_children():
             time.sleep(0.05)
-        time.sleep(0.5)
         seconds[f"{session_id} cpu"] = _children_cpu_s() - cpu
     processor.close()
     worker.close()
     report = store.read_record("alert")
     assert report is not None and report.report is not None, report
     return seconds
+
+
+def _has_children() -> bool:
+    """Whether a child of this process still runs (a report's, a side cache's)."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        if len(fields) > 1 and fields[1] == me:
+            return True
+    return False
 
 
 def _children_cpu_s() -> float:
