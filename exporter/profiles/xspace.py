@@ -84,6 +84,7 @@ _XSPACE_PLANES, _XSPACE_HOSTNAMES, _PLANE_LINES = 1, 4, 3
 # follows the window, not the line: a 2.5 GB capture's op lines are 620 MB each. At
 # about 18 bytes per op event, a window is about 0.9 M events.
 LINE_WINDOW = 1 << 24
+_REMEMBERED_HEADER_BYTES = 1 << 16  # shorter lines' headers are read again: cheap
 
 Reader = Callable[[int, int], bytes]  # (offset, length) -> bytes
 
@@ -271,6 +272,12 @@ class Capture:
     # event a second time.
     on_op_line: Callable[[OpLine], None] | None = None
     _start_ns: int | None = None  # profile_start_time, read when first needed
+    # Headers of long lines by their bytes' span: a line's header fields follow its
+    # events, so reading one scans the whole line (20 MB for a GPU stream of 500 k
+    # kernels), and the conversions of one analysis ask for it several times.
+    _headers: dict[tuple[int, int], LineHeader] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def close(self) -> None:
         """Close the file (a capture from bytes has none)."""
@@ -478,7 +485,21 @@ def _scanned_header(plane: Plane, index: int) -> LineHeader:
 
 
 def line_header(capture: Capture, plane: Plane, index: int) -> LineHeader:
-    """Line ``index``'s ids, names and times; its events are skipped, not decoded."""
+    """Line ``index``'s ids, names and times; its events are skipped, not decoded.
+
+    A long line's header is read once per capture (lines of at least
+    :data:`_REMEMBERED_HEADER_BYTES`: as many as the file holds such spans).
+    """
+    span = plane.lines.span(index)
+    found = capture._headers.get(span)
+    if found is None:
+        found = _line_header(capture, plane, index)
+        if span[1] - span[0] >= _REMEMBERED_HEADER_BYTES:
+            capture._headers[span] = found
+    return found
+
+
+def _line_header(capture: Capture, plane: Plane, index: int) -> LineHeader:
     if DECODER == "compiled":
         try:
             return _scanned_header(plane, index)
