@@ -150,8 +150,8 @@ class SessionProcessor:
         # When set, one child per session converts every capture and makes the report
         # (SessionJob); else each capture is converted alone (``convert``).
         self.session_job: SessionJob | None = None
-        # Called with each session's record once it is processed (the report worker,
-        # for a report the session job did not make).
+        # Called with each session's record once it is processed or given up on (the
+        # report worker, for a report the session job did not make).
         self.on_processed: list[Callable[[SessionRecord], object]] = []
 
     def __call__(self, record: SessionRecord) -> Future[None] | None:
@@ -175,9 +175,16 @@ class SessionProcessor:
         except Exception:  # retried later (bounded), never in a tight loop
             log.exception("processing session %s failed", session_id)
             self._failed(session_id)
-            return
-        with self._lock:
-            self._pending.pop(session_id, None)
+            if self.pending(session_id) or self._closed:
+                return
+            # Given up: its report is no longer this processor's to wait for.
+            try:
+                record = self.store.read_record(session_id)
+            except Exception:  # the store that failed the processing: nothing to hand on
+                return
+        else:
+            with self._lock:
+                self._pending.pop(session_id, None)
         if record is None:
             return
         for hook in self.on_processed:
