@@ -5,6 +5,10 @@ queues the session; one background thread runs each analysis in a child process
 (:func:`exporter.pipeline.job.run_job`, bounded in time and memory), so neither a
 request nor the capture engine ever waits for it, and a report that fails is recorded
 (``analysis-error.json`` and ``mlprof_reports_total{status="error"}``), never fatal.
+In the sidecar a finished session's report is made by the session processor's one
+child for it (:meth:`ReportWorker.session_job`, with the conversion, from one read of
+each capture); the hook queues the others (a report asked for later, one that child
+did not make).
 
 Alert-started and snapshot sessions are compared against their baseline
 (:mod:`exporter.analysis.sides.baselines`) automatically. When a report is finished, every
