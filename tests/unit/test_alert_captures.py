@@ -371,5 +371,15 @@ def test_a_session_of_one_capture_is_compared_as_one_side(tmp_path: Path) -> Non
     base = _session(store, "good", 0)
     alert = _session(store, "alert", 20, trigger="alert")
     assert plan_replicates(alert, base.id, BaselineStore(store)) is None
+
+
+def test_a_lone_baseline_capture_keeps_one_side_each(tmp_path: Path) -> None:
+    # 1 base capture against 3: the t test's 2 degrees of freedom cannot name work that
+    # grew, which the rank test across one side each can.
+    store = SessionStore(str(tmp_path / "store"))
+    base = _session(store, "good", 0)
+    _session(store, "other-run", 5, run_id="run-b")
+    alert = _session(store, "alert", 20, rounds=3, trigger="alert")
+    assert plan_replicates(alert, base.id, BaselineStore(store)) is None
     with replicate_specs(None, tmp_path, Path(store.session_dir("good")), lambda *_: None) as got:
         assert got == ([], [store.session_dir("good")])
