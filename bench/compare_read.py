@@ -11,12 +11,13 @@ processes taken in turn (CPU seconds of the read in process, median of ``--repea
   windows' sum from the same pass (``windowed_flamegraphs(total=True)``);
 - ``before``: the read as issue 33 found it, replayed in the same run: graphs built
   node by node per window (``graphs_by_node``, kept as the reference) and the whole
-  graph merged from every window's graph;
+  graph merged from every window's graph, or past 200 steps (cycles sampled) a
+  whole-capture conversion and a second pass for the sampled cycles;
 - ``whole``: the compiled whole-capture conversion of the same file (device and host
   graphs, no windows): the floor a read with steps is held to.
 
-Captures: a synthetic TPU-shaped one (``write_tpu_capture``, 4 chips, 50 steps, ~200k
-events) and a real JAX CPU capture with the Python tracer on
+Captures: synthetic TPU-shaped ones (``write_tpu_capture``, 4 chips, ~200k events: 50
+steps, and 400 steps, which a side samples) and a real JAX CPU capture with the Python tracer on
 (``bench/python_traced_workload.py``, ~47k host events, 160 steps). Target (issue 33):
 ``now`` at most 0.3x ``before``.
 
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +44,29 @@ TARGET = 0.3  # issue 33: a compare's per-capture read cost, now / before
 
 
 def _before() -> None:
-    """Replay the read as it was: node-by-node graphs and a merged whole graph."""
+    """Replay the read as it was: node-by-node graphs; the whole graph merged from every
+    step's graph, or, past 200 steps (cycles sampled), a whole-capture conversion and a
+    second pass for the sampled cycles."""
     from exporter.profiles import steps, tree_graphs, xplane
+    from exporter.profiles.convert import flamegraph_from_capture
 
     xplane.graphs_by_frame = tree_graphs.graphs_by_node  # type: ignore[assignment]
     windowed = steps.windowed_flamegraphs
 
-    def merged(capture: Any, kind: Any, windows: Any, total: bool = False) -> list[Any]:
-        graphs = windowed(capture, kind, windows)
-        if not total:
-            return graphs
+    def read(capture: Any, kind: Any, cycles: Any) -> tuple[Any, list[Any]]:
+        if any(a.end_ns != b.start_ns for a, b in pairwise(cycles)):
+            return flamegraph_from_capture(capture, kind), windowed(capture, kind, cycles)
+        far = 1 << 62
+        edges = [steps.StepWindow(-far, cycles[0].start_ns, None), *cycles,
+                 steps.StepWindow(cycles[-1].end_ns, far, None)]  # fmt: skip
+        graphs = windowed(capture, kind, edges)
         whole = graphs[0].copy()
         for graph in graphs[1:]:
             whole.merge(graph)
         whole.time_nanos, whole.duration_nanos = capture.time_range()
-        return [*graphs, whole]
+        return whole, graphs[1:-1]
 
-    steps.windowed_flamegraphs = merged  # type: ignore[assignment]
+    steps.whole_and_windowed_flamegraphs = read  # type: ignore[assignment]
 
 
 def worker(mode: str, path: Path) -> dict[str, float]:
@@ -135,6 +143,11 @@ def main() -> None:
         write_tpu_capture(tpu, devices=4, steps=50, ops_per_step=1000, distinct_ops=400,
                           while_every=50, while_body=8)  # fmt: skip
         verdicts.append(bench("synthetic TPU capture", tpu, args.repeat))
+        # Past MAX_STEP_SAMPLES (200) steps a side samples its cycles.
+        long = Path(tmp) / "long" / "tpu-vm-0.xplane.pb"
+        write_tpu_capture(long, devices=4, steps=400, ops_per_step=125, distinct_ops=400,
+                          while_every=50, while_body=8)  # fmt: skip
+        verdicts.append(bench("synthetic TPU capture, 400 steps (sampled)", long, args.repeat))
         done = subprocess.run(
             [sys.executable, str(ROOT / "bench" / "python_traced_workload.py"), tmp + "/real"],
             capture_output=True, text=True, check=False,

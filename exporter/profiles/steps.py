@@ -216,25 +216,30 @@ def windowed_flamegraphs(
     kind: Literal["device", "host"],
     windows: Sequence[StepWindow],
     total: bool = False,
+    keep: Sequence[bool] | None = None,
 ) -> list[FlameGraph]:
     """One flame graph per window: each event's self time split by time overlap.
 
-    ``total``: one more graph last, the windows' sum, stamped with the capture's time
-    range (its whole graph when the windows cover it), read in the same pass.
+    ``keep``: graphs of the windows it marks only. ``total``: one more graph last, the
+    sum of all the windows (kept or not), stamped with the capture's time range (its
+    whole graph when the windows cover it), read in the same pass.
     """
     if kind not in ("device", "host"):
         raise ValueError(f"kind {kind!r}: expected 'device' or 'host'")
+    if keep is not None and len(keep) != len(windows):
+        raise ValueError(f"keep has {len(keep)} marks for {len(windows)} windows")
+    kept = list(windows) if keep is None else [w for w, k in zip(windows, keep, strict=True) if k]
     if not windows:
         return [graph_template(capture, kind)] if total else []
     spans = np.array([(w.start_ns, w.end_ns) for w in windows], np.int64)
     if (spans[:, 1] < spans[:, 0]).any() or (spans[1:, 0] < spans[:-1, 1]).any():
         raise ValueError("windows must be ordered by start and must not overlap")
     build = device_graphs if kind == "device" else host_graphs
-    graphs = build(capture, spans, total)
+    graphs = build(capture, spans, total, None if keep is None else np.asarray(keep, bool))
     if graphs is None:
         template = graph_template(capture, kind)
-        graphs = [template.copy() for _ in range(len(windows) + total)]
-    for graph, window in zip(graphs, windows, strict=False):  # the sum keeps the capture's
+        graphs = [template.copy() for _ in range(len(kept) + total)]
+    for graph, window in zip(graphs, kept, strict=False):  # the sum keeps the capture's
         graph.time_nanos = window.start_ns
         graph.duration_nanos = window.end_ns - window.start_ns
     return graphs
@@ -247,20 +252,22 @@ def whole_and_windowed_flamegraphs(
 
     The windows and the time before, between and after them tile the capture; the
     tiles' sum is the whole graph (:func:`windowed_flamegraphs` with ``total``), and the
-    tiles between the windows are left out of the list. A window's graph is the one
-    :func:`windowed_flamegraphs` gives for the windows alone, but for rounding: each
-    frame's picoseconds become nanoseconds as running sums over all the tiles, so a
-    frame's value in a window may differ from that by 1 ns.
+    tiles between the windows count in it without a graph of their own (``keep``). A
+    window's graph is the one :func:`windowed_flamegraphs` gives for the windows alone,
+    but for rounding: each frame's picoseconds become nanoseconds as running sums over
+    all the tiles, so a frame's value in a window may differ from that by 1 ns.
     """
     tiles: list[StepWindow] = []
-    kept: list[int] = []
+    keep: list[bool] = []
     edge = -_FAR_NS
     for window in windows:
         if window.start_ns > edge:
             tiles.append(StepWindow(edge, window.start_ns, None))
-        kept.append(len(tiles))
+            keep.append(False)
         tiles.append(window)
+        keep.append(True)
         edge = window.end_ns
     tiles.append(StepWindow(edge, _FAR_NS, None))
-    *graphs, whole = windowed_flamegraphs(capture, kind, tiles, total=True)
-    return whole, [graphs[i] for i in kept]
+    keep.append(False)
+    *graphs, whole = windowed_flamegraphs(capture, kind, tiles, total=True, keep=keep)
+    return whole, graphs

@@ -38,7 +38,7 @@ from exporter.profiles.flamegraph import FlameGraph, Frame, FrameKey
 from exporter.profiles.frames import FrameLabel
 from exporter.profiles.xspace import compiled_core
 
-__all__ = ["frame_maker", "graphs_by_frame", "graphs_by_node", "with_total"]
+__all__ = ["frame_maker", "graphs_by_frame", "graphs_by_node", "kept_windows"]
 
 try:  # the frame maker compiled (exporter/profiles/_treegraphs.c), where it was built
     from exporter.profiles import _treegraphs  # type: ignore[attr-defined]
@@ -63,20 +63,44 @@ def frame_maker() -> Any | None:
     return _treegraphs if compiled_core() is not None else None
 
 
-def with_total(
-    values: tuple[np.ndarray, np.ndarray, np.ndarray], count: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``values`` = (node, window, ns) and, as window ``count``, every node's sum.
+def kept_windows(
+    values: tuple[np.ndarray, np.ndarray, np.ndarray],
+    count: int,
+    total: bool = False,
+    keep: np.ndarray | None = None,
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int]:
+    """``values`` = (node, window, ns) of ``count`` windows as the graphs to build: only
+    the windows ``keep`` marks (renumbered in order), and with ``total`` one more last,
+    every node's sum over all the windows. Returns the values and their window count.
 
     A node's windows sum to its rounded total (``FrameTree.self_ns``), so when the
-    windows cover a capture this last graph is its whole graph, built in the same pass
-    at the cost of its own frames instead of merging every window's graph.
+    windows cover a capture the total is its whole graph, built in the same pass at the
+    cost of its own frames instead of merging every window's graph; windows not kept
+    (the gaps between sampled steps) count in it without a graph of their own.
     """
     nodes, wins, ns = values
+    parts = []
+    out_count = count
+    if keep is None:
+        parts.append((nodes, wins, ns))
+    else:
+        kept = np.asarray(keep, bool)
+        renumber = np.cumsum(kept) - 1
+        mask = kept[wins]
+        parts.append((nodes[mask], renumber[wins[mask]], ns[mask]))
+        out_count = int(kept.sum())
+    if total:
+        parts.append((nodes, np.full(len(nodes), out_count, np.int64), ns))
+        out_count += 1
+    if len(parts) == 1:
+        return parts[0], out_count
     return (
-        np.concatenate([nodes, nodes]),
-        np.concatenate([wins, np.full(len(nodes), count, np.int64)]),
-        np.concatenate([ns, ns]),
+        (
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]),
+        ),
+        out_count,
     )
 
 

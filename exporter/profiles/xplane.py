@@ -44,7 +44,7 @@ from exporter.profiles.event_stats import StatEvents, StatTexts, first_seen, rea
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
 from exporter.profiles.nesting import FAR, Nested, aggregate, dense_index, nest, window_self
-from exporter.profiles.tree_graphs import graphs_by_frame, with_total
+from exporter.profiles.tree_graphs import graphs_by_frame, kept_windows
 from exporter.profiles.xspace import (
     DEVICE_PLANE_RE,
     HOST_PLANE,
@@ -275,13 +275,14 @@ class FrameTree:
         ns = np.maximum(rounded - previous, 0)  # < 0 only where XProf's rule double counts
         return nodes, wins, ns
 
-    def graphs(self, template: FlameGraph, total: bool = False) -> list[FlameGraph]:
+    def graphs(
+        self, template: FlameGraph, total: bool = False, keep: np.ndarray | None = None
+    ) -> list[FlameGraph]:
         """One graph per window (one in all without windows), shaped like ``template``;
-        with ``total``, one more of all the windows' time together (their sum)."""
+        only the windows ``keep`` marks when given; with ``total``, one more of all the
+        windows' time together (their sum, kept or not)."""
         count = 1 if self.windows_ns is None else len(self.windows_ns)
-        values = self.self_ns()
-        if total:
-            values, count = with_total(values, count), count + 1
+        values, count = kept_windows(self.self_ns(), count, total, keep)
         # Built frame by frame for all windows at once (tree_graphs; its reference,
         # graphs_by_node, walks the nodes of each window and gives the same graphs).
         return graphs_by_frame(self.parent, self.tuple_of, self.tuples, template, values, count)
@@ -595,17 +596,20 @@ def device_flamegraph(capture: Capture) -> FlameGraph | None:
 
 
 def device_graphs(
-    capture: Capture, windows_ns: np.ndarray | None, total: bool = False
+    capture: Capture,
+    windows_ns: np.ndarray | None,
+    total: bool = False,
+    keep: np.ndarray | None = None,
 ) -> list[FlameGraph] | None:
-    """Device-time graphs, one per window (``None``: one graph of all the time), and with
-    ``total`` their sum last."""
+    """Device-time graphs, one per window (``None``: one graph of all the time), or per
+    window ``keep`` marks, and with ``total`` their sum last (see ``FrameTree.graphs``)."""
     planes = capture.device_planes
     if not planes:
         return None
     frames = FrameTree(windows_ns)
     for ref in planes:
         _device_plane(capture, ref, frames)
-    return frames.graphs(graph_template(capture, "device"), total)
+    return frames.graphs(graph_template(capture, "device"), total, keep)
 
 
 # -- host time -----------------------------------------------------------------------
@@ -722,10 +726,13 @@ def host_flamegraph(capture: Capture) -> FlameGraph | None:
 
 
 def host_graphs(
-    capture: Capture, windows_ns: np.ndarray | None, total: bool = False
+    capture: Capture,
+    windows_ns: np.ndarray | None,
+    total: bool = False,
+    keep: np.ndarray | None = None,
 ) -> list[FlameGraph] | None:
-    """Host-time graphs, one per window (``None``: one graph of all the time), and with
-    ``total`` their sum last."""
+    """Host-time graphs, one per window (``None``: one graph of all the time), or per
+    window ``keep`` marks, and with ``total`` their sum last (see ``FrameTree.graphs``)."""
     planes = capture.host_planes
     if not planes:
         return None
@@ -733,7 +740,7 @@ def host_graphs(
     template = graph_template(capture, "host")
     for ref in planes:
         template.comments.extend(_host_plane(capture, ref, frames))
-    return frames.graphs(template, total)
+    return frames.graphs(template, total, keep)
 
 
 def xplane_flamegraphs(path: Path) -> dict[str, FlameGraph]:

@@ -178,3 +178,11 @@ def test_whole_and_sampled_windows_in_one_pass_match_two_passes() -> None:
             # Rounded as running sums over more windows: 1 ns apart at most.
             assert all(abs(ours[k] - theirs[k]) <= 1 for k in ours)
             assert part.duration_nanos == window.end_ns - window.start_ns
+
+
+def test_keep_marks_one_window_each() -> None:
+    capture, windows = _two_window_plane()
+    [second] = windowed_flamegraphs(capture, "host", windows, keep=[False, True])
+    assert second.time_nanos == windows[1].start_ns
+    with pytest.raises(ValueError, match="1 marks for 2 windows"):
+        windowed_flamegraphs(capture, "host", windows, keep=[True])

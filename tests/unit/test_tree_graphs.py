@@ -177,3 +177,27 @@ def test_the_compiled_maker_refuses_rows_out_of_range() -> None:
         make(0, 1, 0, [("root", "", 0), "a"])
     with pytest.raises(ValueError, match="int64"):
         core.make(Frame, tree_graphs._SLOTS, [root], keys, *[np.zeros(2, np.int32)] * 5)
+
+
+def test_kept_windows_only_and_the_total_of_all(maker: str) -> None:
+    rng = random.Random(5)
+    labels = [xplane.FrameLabel(n) for n in "abcd"]
+    tuples = [(label,) for label in labels] + [(labels[0], labels[1])]
+    parent, tuple_of = [-1], [-1]
+    for node in range(1, 40):
+        parent.append(rng.randrange(0, node))
+        tuple_of.append(rng.randrange(len(tuples)))
+    count, size = 9, 300
+    values = (
+        np.array([rng.randrange(len(parent)) for _ in range(size)], np.int64),
+        np.array([rng.randrange(count) for _ in range(size)], np.int64),
+        np.array([rng.randrange(1, 50) for _ in range(size)], np.int64),
+    )
+    keep = np.array([i % 3 == 1 for i in range(count)])
+    template = FlameGraph(sample_type="wall", unit="nanoseconds")
+    tree = (parent, tuple_of, tuples, template)
+    every = tree_graphs.graphs_by_node(*tree, *tree_graphs.kept_windows(values, count, True))
+    some = tree_graphs.graphs_by_frame(*tree, *tree_graphs.kept_windows(values, count, True, keep))
+    expected = [every[i] for i in np.flatnonzero(keep)] + [every[-1]]
+    assert [shape(g) for g in some] == [shape(g) for g in expected]
+    assert every[-1].root.total == int(values[2].sum())
