@@ -65,6 +65,7 @@ __all__ = [
     "SnapshotSource",
     "TargetOutcome",
     "capture_rounds",
+    "remove_staging",
 ]
 
 log = logging.getLogger(__name__)
@@ -498,7 +499,7 @@ class CaptureEngine:
             record = self.store.read_record(name)
             if record is None or any(t.unimported for t in record.targets):
                 continue
-            _remove_staging(staged, self.logdir)
+            remove_staging(staged, self.logdir)
             removed.append(name)
         if removed:
             log.warning("removed the staged captures of %d sessions a stopped sidecar left "
@@ -714,7 +715,7 @@ class CaptureEngine:
                 staging.is_dir()
                 and staging.resolve() != Path(self.store.session_dir(record.id)).resolve()
             ):
-                _remove_staging(staging, self.logdir)
+                remove_staging(staging, self.logdir)
         finally:  # whatever the store did, the session is over and its targets are free
             with self._lock:
                 self._running.pop(record.id, None)
@@ -768,7 +769,7 @@ class CaptureEngine:
                     ", ".join(n for t in final.targets for n in t.unimported), staging)  # fmt: skip
 
 
-def _remove_staging(staging: Path, logdir: Path) -> None:
+def remove_staging(staging: Path, logdir: Path) -> None:
     """Remove a staging dir, no link under the logdir followed (a ``plugins/`` made a
     link elsewhere must not make the sidecar delete a directory there)."""
     if not staging.is_relative_to(logdir):

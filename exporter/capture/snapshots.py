@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from exporter.capture.engine import RING_HOLDER, CaptureEngine, TargetOutcome, _remove_staging
+from exporter.capture.engine import RING_HOLDER, CaptureEngine, TargetOutcome, remove_staging
 from exporter.capture.session import new_session_id
 from exporter.capture.store import PROFILE_DIR
 from exporter.capture.targets import ProfilerTarget
@@ -93,7 +93,7 @@ class SnapshotService:
         removed = []
         for directory in (self.ring_logdir, self.engine.logdir / SNAPSHOT_DIR):
             if directory.is_dir() and not directory.is_symlink():
-                _remove_staging(directory, self.engine.logdir)
+                remove_staging(directory, self.engine.logdir)
                 removed.append(directory)
         return removed
 

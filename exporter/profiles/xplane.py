@@ -54,9 +54,9 @@ from exporter.profiles.xspace import (
     OpLine,
     Plane,
     PlaneRef,
-    _lasting,
     compiled_core,
     event_columns,
+    lasting_columns,
     line_headers,
     line_pieces,
     load_capture,
@@ -451,7 +451,7 @@ def _gpu_line(
         return [np.concatenate(c) for c in zip(*parts, strict=True)]
 
     ids, offs, durs, *codes = read_stat_events(capture, plane, index, columns, 3, lasting)
-    ids, starts, ends = _lasting(ids, offs, durs, capture.source)
+    ids, starts, ends = lasting_columns(ids, offs, durs, capture.source)
     key, first = first_seen([ids, *codes])
     made = []
     for at in first.tolist():

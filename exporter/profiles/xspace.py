@@ -57,6 +57,7 @@ __all__ = [
     "Plane",
     "PlaneRef",
     "compiled_core",
+    "lasting_columns",
     "line_columns",
     "line_headers",
     "line_pieces",
@@ -638,7 +639,7 @@ def event_columns(events: Sequence[xplane_pb2.XEvent], source: str) -> Columns:
     """metadata ids, starts (ps), ends (ps) of parsed events that last (see below)."""
     flat = np.fromiter(chain.from_iterable(map(_GET_ID_OFF_DUR, events)), np.int64, 3 * len(events))
     rows = flat.reshape(-1, 3)
-    return _lasting(rows[:, 0], rows[:, 1], rows[:, 2], source)
+    return lasting_columns(rows[:, 0], rows[:, 1], rows[:, 2], source)
 
 
 def line_columns(capture: Capture, plane: Plane, index: int) -> Columns:
@@ -660,7 +661,7 @@ def line_columns(capture: Capture, plane: Plane, index: int) -> Columns:
 def _columns(capture: Capture, raw: tuple[bytes, bytes, bytes]) -> Columns:
     ids, offs, durs = (np.frombuffer(column, np.int64) for column in raw)
     capture.events_read += len(ids)
-    return _lasting(ids, offs, durs, capture.source)
+    return lasting_columns(ids, offs, durs, capture.source)
 
 
 def line_pieces(capture: Capture, plane: Plane, index: int) -> Iterator[Columns]:
@@ -683,7 +684,7 @@ def line_pieces(capture: Capture, plane: Plane, index: int) -> Iterator[Columns]
     try:
         for found in _scans(plane, index, events=True):
             ids, offs, durs = (np.frombuffer(c, np.int64) for c in found[6])
-            _, offs, ends = _lasting(ids, offs, durs, capture.source)
+            _, offs, ends = lasting_columns(ids, offs, durs, capture.source)
             bounds.append(bounds[-1] + found[0])
             lows.append(int(offs.min()) if len(offs) else FAR)
             highs.append(int(ends.max()) if len(ends) else -FAR)
@@ -700,7 +701,8 @@ def line_pieces(capture: Capture, plane: Plane, index: int) -> Iterator[Columns]
         yield _columns(capture, found[6])
 
 
-def _lasting(ids: np.ndarray, offs: np.ndarray, durs: np.ndarray, source: str) -> Columns:
+def lasting_columns(ids: np.ndarray, offs: np.ndarray, durs: np.ndarray, source: str) -> Columns:
+    """Events with a positive duration as (ids, starts, ends); one past 2**62 ps is corrupt."""
     keep = durs > 0
     if not keep.all():
         ids, durs, offs = ids[keep], durs[keep], offs[keep]

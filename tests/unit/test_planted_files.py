@@ -600,9 +600,9 @@ def test_a_staging_dir_under_a_linked_plugins_dir_is_not_removed(
     logdir = tmp_path / "logdir"
     logdir.mkdir()
     (logdir / "plugins").symlink_to(outside / "plugins")
-    engine._remove_staging(logdir / "plugins" / "profile" / "s1", logdir)
+    engine.remove_staging(logdir / "plugins" / "profile" / "s1", logdir)
     assert (kept / "theirs").read_bytes() == VICTIM
     real = logdir.parent / "real-logdir"
     (real / "plugins" / "profile" / "s2").mkdir(parents=True)
-    engine._remove_staging(real / "plugins" / "profile" / "s2", real)
+    engine.remove_staging(real / "plugins" / "profile" / "s2", real)
     assert not (real / "plugins" / "profile" / "s2").exists()
