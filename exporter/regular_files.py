@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import shutil
 import stat
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_JSON_BYTES",
     "FileTooLargeError",
     "NotRegularFileError",
+    "WatchedDirectory",
     "is_regular",
     "open_directory",
     "open_regular",
@@ -84,6 +86,36 @@ def open_directory(path: Path, *, below: Path | None = None) -> int:
         os.close(fd)
         raise
     return fd
+
+
+class WatchedDirectory:
+    """A directory a workload fills, opened afresh at each poll with :func:`open_directory`.
+
+    A refusal (a link, not a directory, no permission) is logged once on the caller's
+    logger, not at every poll, until its reason changes or the directory opens again.
+    """
+
+    def __init__(self, path: Path, *, below: Path, what: str, log: logging.Logger) -> None:
+        self.path = path
+        self.below = below
+        self.what = what  # "memory profiles": what a refusal leaves unread
+        self.log = log
+        self.refused: str | None = None  # why the directory is not read now
+
+    def open(self) -> int | None:
+        """A descriptor (close it yourself); None when missing (nothing yet) or refused."""
+        try:
+            dir_fd = open_directory(self.path, below=self.below)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            reason = str(exc) if isinstance(exc, NotRegularFileError) else f"{self.path}: {exc}"
+            if reason != self.refused:
+                self.log.warning("not reading %s: %s", self.what, reason)
+                self.refused = reason
+            return None
+        self.refused = None
+        return dir_fd
 
 
 def _open_dir_at(name: str | Path, shown: str, flags: int, dir_fd: int | None) -> int:

@@ -28,7 +28,7 @@ from exporter.errors import InputError
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.pprof import InflateLimits
 from exporter.regular_files import (
-    NotRegularFileError,
+    WatchedDirectory,
     open_directory,
     read_regular_at,
     replace_file,
@@ -177,7 +177,9 @@ class MemoryProfileWatcher:
         self.processed: set[str] = set()
         self.errors = 0
         self.state_discarded: str | None = None  # why the state file was set aside
-        self.refused: str | None = None  # why memory/ is not read now (said once)
+        self.watched = WatchedDirectory(
+            self.directory, below=shared_dir, what="memory profiles", log=log
+        )
         try:
             state = load_state(self.state_path, _WatcherState)
         except BadStateError as exc:
@@ -236,7 +238,7 @@ class MemoryProfileWatcher:
     def poll(self) -> list[MemoryProfileResult]:
         """Convert and publish every profile not seen before; oldest first."""
         results: list[MemoryProfileResult] = []
-        dir_fd = self._open_directory()
+        dir_fd = self.watched.open()
         if dir_fd is not None:
             try:
                 results = self._poll_in(dir_fd)
@@ -245,22 +247,10 @@ class MemoryProfileWatcher:
         self._expire_requests()
         return results
 
-    def _open_directory(self) -> int | None:
-        """``memory/``, opened without following a link; None (said once) if refused."""
-        try:
-            dir_fd = open_directory(self.directory, below=self.shared_dir)
-        except FileNotFoundError:
-            return None  # no profile yet
-        except OSError as exc:
-            reason = (
-                str(exc) if isinstance(exc, NotRegularFileError) else f"{self.directory}: {exc}"
-            )
-            if reason != self.refused:
-                log.warning("not reading memory profiles: %s", reason)
-                self.refused = reason
-            return None
-        self.refused = None
-        return dir_fd
+    @property
+    def refused(self) -> str | None:
+        """Why ``memory/`` is not read now (said once), None while it is."""
+        return self.watched.refused
 
     def _poll_in(self, dir_fd: int) -> list[MemoryProfileResult]:
         results: list[MemoryProfileResult] = []

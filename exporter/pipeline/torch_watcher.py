@@ -45,8 +45,7 @@ from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
 from exporter.profiles.torch_trace import MAX_TRACE_BYTES, is_trace_name, trace_stem
 from exporter.regular_files import (
-    NotRegularFileError,
-    open_directory,
+    WatchedDirectory,
     read_regular,
     read_regular_at,
 )
@@ -124,7 +123,9 @@ class TorchTraceWatcher:
         self.failed: dict[str, str] = {}
         self.imported = 0
         self.errors = 0
-        self.refused: str | None = None  # why torch_traces/ is not read now (said once)
+        self.watched = WatchedDirectory(
+            self.directory, below=shared_dir, what="torch.profiler traces", log=log
+        )
         self.state_discarded: str | None = None
         # name -> (size, mtime_ns) at the previous poll, for traces without an identity
         self._seen: dict[str, tuple[int, int]] = {}
@@ -142,21 +143,16 @@ class TorchTraceWatcher:
         save_state(self.state_path, json.dumps({"processed": sorted(self.processed),
                                                 "failed": failed}).encode())  # fmt: skip
 
+    @property
+    def refused(self) -> str | None:
+        """Why ``torch_traces/`` is not read now (said once), None while it is."""
+        return self.watched.refused
+
     def poll(self) -> list[TorchTraceResult]:
         """Take every settled trace not taken before; oldest first."""
-        try:
-            dir_fd = open_directory(self.directory, below=self.shared_dir)
-        except FileNotFoundError:
-            return []  # no trace yet
-        except OSError as exc:
-            reason = (
-                str(exc) if isinstance(exc, NotRegularFileError) else f"{self.directory}: {exc}"
-            )
-            if reason != self.refused:
-                log.warning("not reading torch.profiler traces: %s", reason)
-                self.refused = reason
-            return []
-        self.refused = None
+        dir_fd = self.watched.open()
+        if dir_fd is None:
+            return []  # no trace yet, or refused (said once)
         try:
             return self._poll_in(dir_fd)
         finally:
