@@ -30,7 +30,10 @@ enum { NAME, FILE_, LINE, SELF_VALUE, TOTAL, CHILDREN };
 
 static int int64_view(PyObject *obj, Py_buffer *view, Py_ssize_t *n) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (view->itemsize != 8 || view->len % 8 != 0) {
+    const char *format = view->format ? view->format : "B";
+    if (*format == '<' || *format == '=' || *format == '@') format++;
+    if (view->itemsize != 8 || view->len % 8 != 0 || (*format != 'q' && *format != 'l') ||
+        format[1] != '\0') {
         PyErr_SetString(PyExc_ValueError, "make: expected int64 buffers");
         PyBuffer_Release(view);
         return -1;

@@ -175,8 +175,9 @@ def test_the_compiled_maker_refuses_rows_out_of_range() -> None:
             make(window, frame, parent)
     with pytest.raises(ValueError, match="not \\(name, file, line\\)"):
         make(0, 1, 0, [("root", "", 0), "a"])
-    with pytest.raises(ValueError, match="int64"):
-        core.make(Frame, tree_graphs._SLOTS, [root], keys, *[np.zeros(2, np.int32)] * 5)
+    for wrong in (np.zeros(2, np.int32), np.zeros(2, np.float64)):
+        with pytest.raises(ValueError, match="int64"):
+            core.make(Frame, tree_graphs._SLOTS, [root], keys, *[wrong] * 5)
 
 
 def test_kept_windows_only_and_the_total_of_all(maker: str) -> None:
