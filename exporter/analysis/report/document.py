@@ -29,8 +29,8 @@ from exporter.analysis.sides.load import (
     load_sides,
 )
 from exporter.errors import InputError
-from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures, is_capture_name
-from exporter.profiles.torch_trace import find_traces, is_torch_trace, is_trace_name
+from exporter.profiles.capture_files import CAPTURES_NAMED, find_captures
+from exporter.profiles.torch_trace import find_traces, is_torch_trace
 
 __all__ = [
     "REPORT_VERSION",
@@ -169,7 +169,12 @@ def _summary(report: Report) -> str:
 
 def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str, Any]]:
     """The capture files an analysis input names (a file, a session, ``run:<id>``)."""
-    from exporter.analysis.sides.load import RUN_PREFIX, run_spec
+    from exporter.analysis.sides.load import (
+        RUN_PREFIX,
+        one_kind_of_run,
+        run_session_files,
+        run_spec,
+    )
     from exporter.capture.inputs import existing_input
 
     if spec.startswith(RUN_PREFIX):
@@ -180,12 +185,10 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
             raise InputError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
         store = SessionStore(context.store)
         paths: list[Path] = []
-        sessions = store.run_sessions(run_id)
+        # XProf captures or torch.profiler traces: one kind read, the other skipped (said).
+        sessions, other_kind = one_kind_of_run(store.run_sessions(run_id), spec)
         for r in sessions[-newest:] if newest else sessions:  # run:<id>~N: the N newest
-            names = [
-                n for t in r.targets for n in t.files if is_capture_name(n) or is_trace_name(n)
-            ]
-            for name in names:
+            for name in run_session_files(r):
                 try:
                     # A remote store's session is read from a local copy, as a local one.
                     path = store.local_copy_file(r.id, name)
@@ -199,7 +202,10 @@ def capture_paths(spec: str, context: SideContext) -> tuple[list[Path], dict[str
                     paths.append(path)
         if not paths:
             raise InputError(f"{spec}: no captures of run {run_id!r} in {store.url}")
-        return paths, {"spec": spec, "kind": "run", "run_id": run_id}
+        described = {"spec": spec, "kind": "run", "run_id": run_id}
+        if other_kind:
+            described["skipped"] = other_kind
+        return paths, described
     path = existing_input(spec, context.store)
     if path.is_dir():
         paths = find_captures(path) or find_traces(path)  # XProf's, else torch.profiler's

@@ -31,11 +31,13 @@ step) still belongs to a step. Each host's steps are separate samples.
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from exporter.errors import ConfigError, InputError
 from exporter.profiles.capture_files import (
@@ -50,6 +52,7 @@ from exporter.profiles.torch_trace import find_traces, is_torch_trace, is_trace_
 
 if TYPE_CHECKING:
     from exporter.analysis.sides import cache as side_cache
+    from exporter.capture.session import SessionRecord
     from exporter.profiles.steps import StepWindow
     from exporter.profiles.xplane import Capture
 
@@ -66,11 +69,15 @@ __all__ = [
     "join_step_view",
     "load_side",
     "load_sides",
+    "one_kind_of_run",
+    "run_session_files",
     "run_spec",
     "sample_cycles",
     "step_cycles",
     "step_view",
 ]
+
+log = logging.getLogger(__name__)
 
 RUN_PREFIX = "run:"
 PYROSCOPE_PREFIX = "pyroscope:"
@@ -537,38 +544,37 @@ def _read_run(run_id: str, kind: Kind | None, context: SideContext, spec: str) -
     if context.store is None:
         raise ConfigError(f"{spec}: needs the session store (--store or MLPROF_STORE)")
     store = SessionStore(context.store)
-    records = store.run_sessions(run_id)
+    records, other_kind = one_kind_of_run(store.run_sessions(run_id), spec)
     if not records:
         raise InputError(f"{spec}: no finished capture session of run {run_id!r} in {store.url}")
     side: Side | None = None
     merged: list[str] = []
     skipped: list[str] = []
     for record in records:
-        for target in record.targets:
-            for name in target.files:
-                if not is_capture_name(name) and not is_trace_name(name):
-                    continue
-                try:
-                    # A remote session is copied once (the side's files stay readable).
-                    path = store.local_copy_file(record.id, name)
-                    if path is None:
-                        raise InputError(f"{record.id}: no longer in the store")
-                    if is_trace_name(name):  # a torch.profiler trace the sidecar took
-                        one = _read_torch_trace(path, kind, spec)
-                        side = one if side is None else _merge_sides(side, one)
-                    else:
-                        side = _read_capture(path, kind, side)
-                except (InputError, ValueError, OSError) as exc:
-                    # One unreadable capture must not hide the rest of the run.
-                    skipped.append(f"{record.id}/{name} ({str(exc)[:120]})")
-                    continue
-                if record.id not in merged:
-                    merged.append(record.id)
+        for name in run_session_files(record):
+            try:
+                # A remote session is copied once (the side's files stay readable).
+                path = store.local_copy_file(record.id, name)
+                if path is None:
+                    raise InputError(f"{record.id}: no longer in the store")
+                if is_trace_name(name):  # a torch.profiler trace the sidecar took
+                    one = _read_torch_trace(path, kind, spec)
+                    side = one if side is None else _merge_sides(side, one)
+                else:
+                    side = _read_capture(path, kind, side)
+            except (InputError, ValueError, OSError) as exc:
+                # One unreadable capture must not hide the rest of the run.
+                skipped.append(f"{record.id}/{name} ({str(exc)[:120]})")
+                continue
+            if record.id not in merged:
+                merged.append(record.id)
     if side is None:
         detail = f": {'; '.join(skipped)}" if skipped else ""
         raise InputError(f"{spec}: the run's sessions hold no readable XProf capture{detail}")
     side.spec, side.source = spec, "run"
     side.notes.append(f"{len(merged)} sessions merged: {', '.join(merged)}")
+    if other_kind:
+        side.notes.append(other_kind)
     side.notes.extend(f"skipped {s}" for s in skipped)
     return side
 
@@ -636,6 +642,52 @@ def _read_run_memory(run_id: str, context: SideContext, spec: str) -> Side:
     return side
 
 
+# What a run's session holds, as a run side says it.
+_SESSION_KINDS: Final = {"xprof": "XProf captures", "torch_trace": "torch.profiler traces"}
+
+
+def run_session_files(record: SessionRecord) -> list[str]:
+    """The files a run side reads of a session: its XProf captures, else its torch.profiler
+    traces (one side merges one kind; see :func:`one_kind_of_run`)."""
+    names = [n for t in record.targets for n in t.files]
+    return [n for n in names if is_capture_name(n)] or [n for n in names if is_trace_name(n)]
+
+
+def _session_kind(record: SessionRecord) -> str | None:
+    """The kind of files a session holds, as they are read: "xprof", "torch_trace" or None."""
+    names = run_session_files(record)
+    return None if not names else "xprof" if is_capture_name(names[0]) else "torch_trace"
+
+
+def one_kind_of_run(
+    records: Sequence[SessionRecord], spec: str
+) -> tuple[list[SessionRecord], str | None]:
+    """The capture sessions of a run that one side reads, oldest first, and a note naming
+    those it skipped (None when the run holds one kind).
+
+    XProf captures and torch.profiler traces name different frames (XLA's ops, PyTorch's
+    operators and kernels), so a side merging both compares nothing with anything: a run
+    of both kinds (a torch_xla workload both captured and traced) is read as the kind most
+    of its sessions hold, the newest session's kind on a tie. One stray capture of the
+    other kind (an alert's, say) then never turns what the run reads.
+    """
+    kinds = {r.id: kind for r in records if (kind := _session_kind(r)) is not None}
+    sessions = [r for r in records if r.id in kinds]
+    counts = Counter(kinds.values())
+    if len(counts) < 2:
+        return sessions, None
+    newest = kinds[sessions[-1].id]
+    chosen = max(counts, key=lambda kind: (counts[kind], kind == newest))
+    skipped = [r.id for r in sessions if kinds[r.id] != chosen]
+    other = next(kind for kind in counts if kind != chosen)
+    shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+    note = (
+        f"{spec}: read its {counts[chosen]} sessions of {_SESSION_KINDS[chosen]}; skipped its "
+        f"{len(skipped)} of {_SESSION_KINDS[other]}, which one side cannot merge ({shown})"
+    )
+    return [r for r in sessions if kinds[r.id] == chosen], note
+
+
 def run_spec(spec: str) -> tuple[str, int | None]:
     """``run:<run_id>`` or ``run:<run_id>~N`` as (run id, N or None); ConfigError else."""
     run_id, tilde, count = spec.removeprefix(RUN_PREFIX).partition("~")
@@ -662,16 +714,15 @@ def expand_replicates(spec: str, context: SideContext) -> list[str]:
     from exporter.capture.store import SessionStore
 
     store = SessionStore(context.store)
-    records = [
-        r
-        for r in store.run_sessions(run_id)
-        if any(is_capture_name(n) or is_trace_name(n) for t in r.targets for n in t.files)
-    ]
+    records, skipped = one_kind_of_run(store.run_sessions(run_id), spec)
     if len(records) < wanted:
+        besides = f" ({skipped})" if skipped else ""
         raise InputError(
             f"{spec}: run {run_id!r} has {len(records)} finished capture sessions in "
-            f"{store.url}, not {wanted}"
+            f"{store.url}, not {wanted}{besides}"
         )
+    if skipped:  # the replicates are session ids: no side of a run:<id> to note it in
+        log.warning("%s", skipped)
     return [r.id for r in records[-wanted:]]
 
 
