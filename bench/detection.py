@@ -10,7 +10,10 @@ Every capture is one process of a workload, as two real runs a user compares are
 
 Captures are taken round-robin (one of every variant per round, two of the unchanged
 workload), so that the machine's load drifts over all variants alike. Changes, each of
-K % of the step calibrated in the capture's own process:
+K % of the step: for the transformer, K is turned into the change's own units (loop
+iterations, data rounds) once per set, from the median of 3 calibration processes, and
+every capture of the variant runs that same work (see ``fixed_units``); the MLP
+calibrates K in each capture's own process:
 
 * ``added K``: a new jitted function (``extra_work``);
 * ``grown K``: an existing op (the step's ``while`` loop) K % of the step longer;
@@ -65,28 +68,80 @@ KS = (5.0, 10.0, 20.0)
 SIDES = (1, 2, 4, 8)
 # Comparisons drawn per (n, change) for n > 1 (n = 1 takes every pair, up to this many).
 DRAWS = 24
+# Calibration processes whose median fixes each change's size (see fixed_units).
+CALIBRATIONS = 3
 _SEED = 20261204
 
 
-def capture(out: Path, shape: str, variant: str, k_pct: float) -> dict[str, Any]:
-    manifest = out / "capture.json"
-    if manifest.exists():
-        return dict(json.loads(manifest.read_text()))
+def _workload(args: list[str], shape: str) -> str:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    arg = VARIANT_ARG.get(variant, variant)
     done = subprocess.run(
-        [sys.executable, str(WORKLOADS[shape]), str(out), arg, str(k_pct)],
+        [sys.executable, str(WORKLOADS[shape]), *args],
         capture_output=True, text=True, env=env, timeout=900, check=False,
     )  # fmt: skip
     if done.returncode:
         raise SystemExit(f"workload failed:\n{done.stderr[-2000:]}")
-    line = next(x for x in done.stdout.splitlines() if x.startswith("DONE"))
+    return done.stdout
+
+
+def fixed_units(root: Path, shape: str, changes: list[tuple[str, float]]) -> dict[str, int]:
+    """Each change's size in its own units, fixed for every process of the set.
+
+    K % of each process's own step made a "grown 10 %" capture's extra loop 40 to 205
+    iterations (x5, the old captures' manifests): head captures that are no replicates of
+    one workload, whose spread the between-capture test took for noise. A user's changed
+    code runs the same work in every run, so the set does too: K is turned into units
+    once, from the median over CALIBRATIONS processes of step / unit (both timed in the
+    same process, so the machine's load mostly cancels), and every capture repeats it.
+    Only the transformer shape takes units (the MLP's calibrates per process).
+    """
+    if shape != "transformer":
+        return {}
+    saved = root / f"{shape}-units.json"
+    if saved.exists():
+        return dict(json.loads(saved.read_text()))
+    per_loop, per_round = [], []
+    for _ in range(CALIBRATIONS):
+        line = next(
+            x
+            for x in _workload([str(root / "calibrating"), "calibrate", "0"], shape).splitlines()
+            if x.startswith("CALIBRATED")
+        )
+        step_ms, loop_ms, data_ms = (float(v) for v in line.split()[1:])
+        if loop_ms > 0:  # timer noise can still swamp a unit: that process is left out
+            per_loop.append(step_ms / loop_ms)
+        if data_ms > 0:
+            per_round.append(step_ms / data_ms)
+    if not per_loop or not per_round:
+        raise SystemExit("calibration failed: no positive unit time in any process")
+    loops, rounds = statistics.median(per_loop), statistics.median(per_round)
+    units = {
+        f"{variant} {k:g}": max(1, round(k / 100 * (rounds if variant == "input" else loops)))
+        for variant, k in changes
+        if variant in ("added", "grown", "input")
+    }
+    saved.write_text(json.dumps(units))
+    print(f"  {shape}: units per step {loops:.0f} loop iterations, {rounds:.1f} data rounds "
+          f"(median of {CALIBRATIONS}); fixed sizes {units}", flush=True)  # fmt: skip
+    return units
+
+
+def capture(
+    out: Path, shape: str, variant: str, k_pct: float, units: int | None = None
+) -> dict[str, Any]:
+    manifest = out / "capture.json"
+    if manifest.exists():
+        return dict(json.loads(manifest.read_text()))
+    arg = VARIANT_ARG.get(variant, variant)
+    fixed = [] if units is None else [str(units)]
+    stdout = _workload([str(out), arg, str(k_pct), *fixed], shape)
+    line = next(x for x in stdout.splitlines() if x.startswith("DONE"))
     _, path, step_ms, unit_ms, iterations, traced_ms = line.split()
     record = {
         "path": path, "shape": shape, "variant": variant, "k_pct": k_pct,
         "calibrated_step_ms": float(step_ms), "unit_ms": float(unit_ms),
         "iterations": int(iterations), "traced_step_ms": float(traced_ms),
-        "taken": time.time(),
+        "fixed_units": units is not None, "taken": time.time(),
     }  # fmt: skip
     manifest.write_text(json.dumps(record))
     return record
@@ -98,11 +153,13 @@ def take_captures(
     """Round-robin: every round one capture of each change and two unchanged ones."""
     same: list[dict[str, Any]] = []
     changed: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
+    units = fixed_units(root, shape, changes)
     for r in range(rounds):
         same.append(capture(root / f"{shape}-same-{2 * r}", shape, "same", 0.0))
         for variant, k in changes:
+            size = units.get(f"{variant} {k:g}")
             changed[(variant, k)].append(
-                capture(root / f"{shape}-{variant}-{k:g}-{r}", shape, variant, k)
+                capture(root / f"{shape}-{variant}-{k:g}-{r}", shape, variant, k, size)
             )
         same.append(capture(root / f"{shape}-same-{2 * r + 1}", shape, "same", 0.0))
         print(f"  {shape}: round {r + 1}/{rounds} captured", flush=True)

@@ -1,7 +1,7 @@
 """A small causal-transformer training loop on JAX CPU, captured with XProf, with an
 optional change of known size: ``bench/detection.py``'s second workload shape.
 
-Usage: python transformer_workload.py OUT_DIR VARIANT K_PCT
+Usage: python transformer_workload.py OUT_DIR VARIANT K_PCT [UNITS]
 
 Unlike ``detection_workload.py`` (an MLP whose data phase sleeps), the data phase here
 is real CPU work in numpy (``TraceAnnotation("load_batch")``: token ids drawn, embedded
@@ -16,10 +16,15 @@ does; the step is one pre-norm transformer block's forward and backward pass
   ``K_PCT`` % of the step longer (an existing op grown: the same program and ops);
 * ``input``: the data phase does ``K_PCT`` % of the step more numpy work;
 * ``uniform``: the batch is ``K_PCT`` % larger: every op (and the data phase) does
-  that much more work, as a slower machine or clock would make it.
+  that much more work, as a slower machine or clock would make it;
+* ``calibrate``: no capture; prints ``CALIBRATED <step_ms> <loop_ms> <data_ms>``, the
+  step and one unit of each change, for a caller to fix ``UNITS``.
 
-It calibrates itself before the trace, as ``detection_workload.py`` does, and prints
-``DONE <path> <step_ms> <unit_ms> <iterations> <traced_step_ms>``.
+It calibrates itself before the trace, as ``detection_workload.py`` does (K % of *this*
+process's step), unless ``UNITS`` fixes the change's size in its own units (added or
+loop iterations, data-phase rounds: what another process of the variant chose), and
+prints ``DONE <path> <step_ms> <unit_ms> <units> <traced_step_ms>``, ``units`` being the
+change's (0 for ``same`` and ``uniform``).
 """
 
 from __future__ import annotations
@@ -143,13 +148,17 @@ class Setup:
     extra: int
     step_s: float
     unit_s: float
+    loop_s: float = 0.0  # one loop iteration (added or grown work), as calibrated
+    data_s: float = 0.0  # one data-phase round, as calibrated
 
     def step(self, step: int) -> None:
         self.params = one_step(self.params, step, self.batch, self.rounds, self.loop, self.extra)
 
 
-def setup(variant: str, k_pct: float) -> Setup:
-    """Compile and calibrate in this process (K is a share of *its* step)."""
+def setup(variant: str, k_pct: float, units: int | None = None) -> Setup:
+    """Compile and calibrate in this process (K is a share of *its* step); ``units``: the
+    change's size in its own units instead (added or loop iterations, data rounds), so
+    that every process of a variant runs the same work, as a user's changed code does."""
     params = init()
     share = k_pct / 100
     batch = round(BATCH * (1 + share)) if variant == "uniform" else BATCH
@@ -162,20 +171,40 @@ def setup(variant: str, k_pct: float) -> Setup:
     loop_s = per_unit(lambda n: jax.block_until_ready(extra_work(params, jnp.int32(n))))
     data_s = per_unit(lambda n: load_batch(0, batch, n))
     rounds, loop, extra, unit_s = DATA_BASE, LOOP_BASE, 0, loop_s
+
+    def size(unit: float) -> int:
+        return units if units is not None else max(1, round(share * step_s / unit))
+
     if variant == "added":
-        extra = max(1, round(share * step_s / loop_s))
+        extra = size(loop_s)
     elif variant == "slower_op":
-        loop = LOOP_BASE + max(1, round(share * step_s / loop_s))
+        loop = LOOP_BASE + size(loop_s)
     elif variant == "input":
-        rounds, unit_s = DATA_BASE + max(1, round(share * step_s / data_s)), data_s
-    elif variant not in ("same", "uniform"):
+        rounds, unit_s = DATA_BASE + size(data_s), data_s
+    elif variant not in ("same", "uniform", "calibrate"):
         raise SystemExit(f"unknown variant {variant!r}")
-    return Setup(params, batch, rounds, loop, extra, step_s, unit_s)
+    return Setup(params, batch, rounds, loop, extra, step_s, unit_s, loop_s, data_s)
+
+
+def calibrate(run: Setup) -> tuple[float, float, float]:
+    """The step and one unit of each change (ms), over spans long enough that a loaded
+    machine's timer noise does not swamp them (setup's 16 units came out negative)."""
+
+    def per_unit(fn, span: int) -> float:  # type: ignore[no-untyped-def]
+        return (timed(lambda: fn(1 + span)) - timed(lambda: fn(1))) / span
+
+    loop_s = per_unit(lambda n: jax.block_until_ready(extra_work(run.params, jnp.int32(n))), 400)
+    data_s = per_unit(lambda n: load_batch(0, run.batch, n), 40)
+    return 1e3 * run.step_s, 1e3 * loop_s, 1e3 * data_s
 
 
 def main() -> None:
     out, variant, k_pct = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-    run = setup(variant, k_pct)
+    run = setup(variant, k_pct, int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    if variant == "calibrate":  # no capture: the units' costs, for a caller to fix sizes
+        step_ms, loop_ms, data_ms = calibrate(run)
+        print(f"CALIBRATED {step_ms:.3f} {loop_ms:.4f} {data_ms:.4f}")
+        return
     options = jax.profiler.ProfileOptions()
     options.host_tracer_level = 2
     options.python_tracer_level = 0
@@ -187,7 +216,12 @@ def main() -> None:
                 run.step(step)
             traced.append(time.perf_counter() - started)
     (path,) = out.glob("plugins/profile/*/*.xplane.pb")
-    iterations = run.extra or run.loop or run.rounds
+    # The change's own units (UNITS above; 0 unchanged): what a later process repeats.
+    iterations = {
+        "added": run.extra,
+        "slower_op": run.loop - LOOP_BASE,
+        "input": run.rounds - DATA_BASE,
+    }.get(variant, 0)
     print(
         f"DONE {path} {1e3 * run.step_s:.3f} {1e3 * run.unit_s:.3f} {iterations} "
         f"{1e3 * float(np.median(traced)):.3f}",

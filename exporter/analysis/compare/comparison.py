@@ -757,11 +757,14 @@ def compare_sides(
         / 100
     )
 
-    def scale_of(reference: np.ndarray, other: np.ndarray) -> float | None:
+    def scale_of(
+        reference: np.ndarray, other: np.ndarray, floor: float | None = None
+    ) -> float | None:
         def changed(k: float) -> int:
             # Fewest frames changed by the floor's time; on a tie the first (all the
             # common work) is kept: measured the steadier on loaded CPU captures.
-            return int((np.abs(other[work] - k * reference[work]) >= floor_ns).sum())
+            limit = floor_ns if floor is None else floor
+            return int((np.abs(other[work] - k * reference[work]) >= limit).sum())
 
         scales = _scales(reference, other, work)
         return min(scales, key=changed) if scales else None
@@ -799,7 +802,17 @@ def compare_sides(
             [i for i in eligible_total.tolist() if tree.frames[i].children], np.int64
         )
         if replicated:
-            between = _ReplicateValues(tree, base_reps, head_reps, bs, scale_of)
+            between = _ReplicateValues(
+                tree,
+                base_reps,
+                head_reps,
+                # "Changed" by the replicates' floor, of the reference's own work: the
+                # same whichever side is the base.
+                lambda ref, other: scale_of(
+                    ref, other, noise.REPLICATE_MIN_STEP_PCT / 100 * float(ref[work].sum())
+                ),
+            )
+            heavy = work[bs[work] >= SCALE_MIN_WEIGHT * bs[work].sum()]
             result = between.tests(eligible_self, eligible_total)
             # New (or removed) work is absent from every capture of one side: no run of
             # that side has it to vary, so its steps are the samples, as with one capture
@@ -827,7 +840,7 @@ def compare_sides(
                 result = noise.RankTests(
                     result.rows, p_values, benjamini_hochberg(p_values), effects
                 )
-            detect_rows = between.spread(work[bs[work] >= SCALE_MIN_WEIGHT * bs[work].sum()])
+            detect_rows = between.spread(heavy)
         else:
             base_m = np.concatenate(
                 [tree.base_self[eligible_self], tree.base_total[eligible_total]]
@@ -1045,12 +1058,11 @@ class _ReplicateValues:
         tree: AlignedTree,
         base_reps: list[Side],
         head_reps: list[Side],
-        pooled_base_self: np.ndarray,
         scale_of: Callable[[np.ndarray, np.ndarray], float | None],
     ) -> None:
         self.tree = tree
-        self.eps = max(LOG_FLOOR_STEP_FRACTION * float(pooled_base_self.sum()), 1e-12)
         self.sides: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        blocks: dict[str, tuple[np.ndarray, np.ndarray, list[slice], np.ndarray, np.ndarray]] = {}
         for name, reps, self_m, total_m in (
             ("base", base_reps, tree.base_self, tree.base_total),
             ("head", head_reps, tree.head_self, tree.head_total),
@@ -1059,8 +1071,17 @@ class _ReplicateValues:
             cols = [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
             means_s = np.stack([self_m[:, c].mean(axis=1) for c in cols], axis=1)
             means_t = np.stack([total_m[:, c].mean(axis=1) for c in cols], axis=1)
+            blocks[name] = (self_m, total_m, cols, means_s, means_t)
+        # Every capture is scaled against the captures of both sides together: the same
+        # reference whichever side is called the base, so that a change read backwards
+        # gets the same test (against each orientation's own base pool one op's p was
+        # 3e-4 one way and 4e-6 the other, tests/unit/test_replicate_mirror.py; with it,
+        # 8 + 8 unchanged captures had 3 of 192 verdicts where they had 10).
+        reference = np.concatenate([blocks["base"][3], blocks["head"][3]], axis=1).mean(axis=1)
+        self.eps = max(LOG_FLOOR_STEP_FRACTION * float(reference.sum()), 1e-12)
+        for name, (self_m, total_m, cols, means_s, means_t) in blocks.items():
             scales = np.asarray(
-                [scale_of(pooled_base_self, means_s[:, j]) or 1.0 for j in range(len(cols))]
+                [scale_of(reference, means_s[:, j]) or 1.0 for j in range(len(cols))]
             )
 
             def logged(
@@ -1084,6 +1105,18 @@ class _ReplicateValues:
             (ls, ws), (lt, wt) = logged(self_m, means_s), logged(total_m, means_t)
             self.sides[name] = (ls, lt, ws, wt)
 
+    def between_variances(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """Per row: the variance between captures of its log self time (both sides'
+        pooled), and its degrees of freedom."""
+        (bm, _, _, _), (hm, _, _, _) = self.sides["base"], self.sides["head"]
+        bm, hm = bm[rows], hm[rows]
+        df = bm.shape[1] + hm.shape[1] - 2
+        between = (
+            ((bm - bm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+            + ((hm - hm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+        ) / max(df, 1)
+        return between, df
+
     def tests(self, rows_self: np.ndarray, rows_total: np.ndarray) -> noise.RankTests:
         def stacked(name: str) -> tuple[np.ndarray, np.ndarray]:
             ms, mt, ws, wt = self.sides[name]
@@ -1097,14 +1130,11 @@ class _ReplicateValues:
 
     def spread(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per row: the between-capture standard deviation of its log time per step, and
-        its time per step (ns, the base captures' geometric mean)."""
-        (bm, _, bw, _), (hm, _, hw, _) = self.sides["base"], self.sides["head"]
-        bm, hm = bm[rows], hm[rows]
-        df = bm.shape[1] + hm.shape[1] - 2
-        between = (
-            ((bm - bm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-            + ((hm - hm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-        ) / df
+        its time per step (ns, the base captures' geometric mean, at the speed of both
+        sides' captures together)."""
+        (bm, _, bw, _), (_, _, hw, _) = self.sides["base"], self.sides["head"]
+        between, _ = self.between_variances(rows)
+        bm = bm[rows]
         within = np.concatenate([bw[rows], hw[rows]], axis=1).mean(axis=1)
         return np.sqrt(np.maximum(between, within)), np.exp(bm.mean(axis=1))
 
