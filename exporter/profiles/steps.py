@@ -38,6 +38,7 @@ the names it codes against:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -46,6 +47,15 @@ import numpy as np
 
 from exporter.ascii_digits import parse_ascii_int
 from exporter.errors import InputError
+from exporter.profiles.event_stats import (
+    KIND_BYTES,
+    KIND_DOUBLE,
+    KIND_NONE,
+    KIND_STR,
+    KIND_UINT64,
+    StatEvents,
+    read_stat_events,
+)
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import (
     STEPS,
@@ -56,6 +66,7 @@ from exporter.profiles.xplane import (
     line_headers,
     read_line,
 )
+from exporter.profiles.xspace import compiled_core
 
 __all__ = [
     "StepSource",
@@ -144,9 +155,10 @@ def _device_steps(capture: Capture) -> dict[object, tuple[int, int, int | None]]
     return spans
 
 
-def _host_step_events(capture: Capture) -> Iterator[tuple[Any, int, int, Any, Any]]:
-    """(plane, line index, line start ns, event, its step_num stat) of every host step
-    annotation."""
+def _host_step_events(capture: Capture) -> Iterator[tuple[Any, int, int, int, int, int, object]]:
+    """(plane, line index, line start ns, metadata id, offset ps, duration ps, step_num
+    value) of every host step annotation: the twin, an event at a time through protobuf
+    (``MLPROF_DECODER=python``); :func:`_host_step_columns` gives the same rows."""
     for ref in capture.host_planes:
         plane = capture.plane(ref)
         step_ids = {m.id for m in plane.stat_metadata.values() if m.name == "step_num"}
@@ -159,7 +171,51 @@ def _host_step_events(capture: Capture) -> Iterator[tuple[Any, int, int, Any, An
                     continue
                 stat = next((st for st in event.stats if st.metadata_id in step_ids), None)
                 if stat is not None:
-                    yield plane, header.index, base, event, stat
+                    value = getattr(stat, stat.WhichOneof("value") or "int64_value")
+                    yield (plane, header.index, base, event.metadata_id, event.offset_ps,
+                           event.duration_ps, value)  # fmt: skip
+
+
+def _step_value(kind: int, bits: int, strings: list[str]) -> object:
+    """A step_num stat's value as protobuf reads it, from its column (event_stats)."""
+    if kind == KIND_DOUBLE:
+        return struct.unpack("<d", struct.pack("<q", bits))[0]
+    if kind == KIND_UINT64:
+        return bits + (1 << 64) if bits < 0 else bits
+    if kind == KIND_STR:
+        return strings[bits]
+    if kind == KIND_BYTES:
+        return b""  # not a number, as any bytes value
+    return bits  # int64, ref, or a stat without a value (0, as protobuf's default)
+
+
+def _step_rows(pieces: Iterator[StatEvents]) -> list[tuple[int, int, int, object]]:
+    """(metadata id, offset ps, duration ps, step_num value) of a line's lasting events
+    that carry a step_num stat (column 0 of ``pieces``)."""
+    out = []
+    for piece in pieces:
+        kinds, bits = piece.kinds[0], piece.values[0]
+        for i in np.flatnonzero((kinds != KIND_NONE) & (piece.durations > 0)).tolist():
+            value = _step_value(int(kinds[i]), int(bits[i]), piece.strings)
+            out.append((int(piece.ids[i]), int(piece.offsets[i]), int(piece.durations[i]), value))
+    return out
+
+
+def _host_step_columns(capture: Capture) -> Iterator[tuple[Any, int, int, int, int, int, object]]:
+    """:func:`_host_step_events`' rows from the compiled core's columns: a line's events
+    are read with their step_num stat in one pass, and only the step annotations (a few
+    in tens of thousands of a Python-traced capture's events) reach Python. An event
+    with two step_num stats gives its last here, its first in the twin."""
+    for ref in capture.host_planes:
+        plane = capture.plane(ref)
+        step_ids = {m.id for m in plane.stat_metadata.values() if m.name == "step_num"}
+        if not step_ids:
+            continue
+        columns = dict.fromkeys(step_ids, 0)
+        for header in line_headers(capture, plane):
+            base = capture.line_start_ns(header.timestamp_ns)
+            for row in read_stat_events(capture, plane, header.index, columns, 1, _step_rows):
+                yield (plane, header.index, base, *row)
 
 
 def _host_steps(
@@ -167,11 +223,12 @@ def _host_steps(
 ) -> dict[object, tuple[int, int, int | None]]:
     """Host step spans; the step events' names go into ``names`` in the same pass."""
     spans: dict[object, tuple[int, int, int | None]] = {}
-    for plane, line, base, event, stat in _host_step_events(capture):
-        if names is not None and (meta := plane.event_metadata.get(event.metadata_id)):
+    rows = _host_step_columns if compiled_core() is not None else _host_step_events
+    for plane, line, base, meta_id, offset_ps, duration_ps, value in rows(capture):
+        if names is not None and (meta := plane.event_metadata.get(meta_id)):
             names.add(meta.name)
-        step = _number(getattr(stat, stat.WhichOneof("value") or "int64_value"))
-        start, end = _span_ns(base, event.offset_ps, event.duration_ps)
+        step = _number(value)
+        start, end = _span_ns(base, offset_ps, duration_ps)
         key: object = step if step is not None else (line, start)
         old = spans.get(key)
         spans[key] = (min(old[0], start), max(old[1], end), step) if old else (start, end, step)

@@ -1,4 +1,5 @@
-"""The frame-by-frame graph builder against its reference on real JAX CPU captures.
+"""The frame-by-frame graph builder and the host steps read from columns against their
+references on real JAX CPU captures.
 
 The unit tests (tests/unit/test_tree_graphs.py) cover synthetic shapes; here each real
 capture's whole graph and per-step graphs, as a comparison reads them, are built both
@@ -30,3 +31,20 @@ def test_real_captures_build_the_same_graphs_both_ways(
         kind, _, steps, _, source, _ = capture_side(capture, "host", {})
     assert (kind, source) == ("host", "host_step_annotations") and len(steps) >= 8
     assert both.calls == 2 and both.frames > 100
+
+
+@pytest.mark.parametrize("variant", ["compute", "demo"])
+def test_real_captures_host_steps_from_columns_are_the_event_by_event_reading(
+    analysis_captures: AnalysisCaptures, variant: str
+) -> None:
+    from exporter.profiles.steps import step_windows
+    from exporter.profiles.xspace import use_decoder
+
+    found = {}
+    for decoder in ("compiled", "python"):
+        with use_decoder(decoder), load_capture(getattr(analysis_captures, variant)) as capture:
+            names: set[str] = set()
+            found[decoder] = (step_windows(capture, names), names)
+    assert found["compiled"] == found["python"]
+    (windows, source), names = found["compiled"]
+    assert source == "host_step_annotations" and len(windows) >= 8 and "train" in names

@@ -186,3 +186,54 @@ def test_keep_marks_one_window_each() -> None:
     assert second.time_nanos == windows[1].start_ns
     with pytest.raises(ValueError, match="1 marks for 2 windows"):
         windowed_flamegraphs(capture, "host", windows, keep=[True])
+
+
+def _encoded_steps_capture() -> Capture:
+    """Host step annotations whose step_num comes in every encoding protobuf allows."""
+    space = xplane_pb2.XSpace()
+    env = PlaneBuilder(space, "Task Environment")
+    env.plane.stats.add(metadata_id=env.stat_id("profile_start_time"), uint64_value=BASE_NS)
+    host = PlaneBuilder(space, "/host:CPU")
+    step_id = host.stat_id("step_num")
+    other_id = host.stat_id("other")
+    encodings: list[dict[str, object]] = [
+        {"int64_value": 3}, {"uint64_value": 4}, {"double_value": 5.0}, {"double_value": 5.5},
+        {"str_value": "6"}, {"str_value": "-7"}, {"str_value": "x8"}, {"bytes_value": b"9"},
+        {"ref_value": 10}, {}, {"uint64_value": (1 << 64) - 1},
+    ]  # fmt: skip
+    for number, thread in enumerate(("python", "worker")):
+        line = host.line(thread, line_id=number + 1, timestamp_ns=1_000 + number)
+        for i, value in enumerate(encodings):
+            meta = host.meta("train" if i % 2 else "step")
+            for _ in range(30):  # other events between the steps, as a traced thread has
+                line.events.add(metadata_id=host.meta("work"), offset_ps=i * 10**6,
+                                duration_ps=10**5)  # fmt: skip
+            event = line.events.add(metadata_id=meta, offset_ps=i * 10**6 + 7, duration_ps=9**5)
+            event.stats.add(metadata_id=other_id, int64_value=1)
+            event.stats.add(metadata_id=step_id, **value)  # type: ignore[arg-type]
+        zero = line.events.add(metadata_id=host.meta("train"), offset_ps=5, duration_ps=0)
+        zero.stats.add(metadata_id=step_id, int64_value=99)  # no duration: not a step
+    return Capture.from_space(space)
+
+
+@pytest.mark.parametrize("which", ["synthetic", "tpu"])
+def test_host_steps_from_columns_are_the_event_by_event_reading(which: str) -> None:
+    from exporter.profiles.xspace import compiled_core, use_decoder
+
+    if compiled_core() is None:
+        pytest.skip("the compiled core is not built in this install")
+    if which == "synthetic":
+        capture = _encoded_steps_capture()
+    else:  # host step annotations beside device steps: read for their names
+        capture = Capture.from_space(tpu_capture(devices=1, steps=3, ops_per_step=20).space)
+    found = {}
+    for decoder in ("compiled", "python"):
+        with use_decoder(decoder):
+            names: set[str] = set()
+            found[decoder] = (step_windows(capture, names), names)
+    assert found["compiled"] == found["python"]
+    if which == "synthetic":
+        (windows, source), names = found["compiled"]
+        assert source == "host_step_annotations" and names == {"step", "train"}
+        numbered = sorted({w.step for w in windows if w.step is not None})
+        assert numbered == [-7, 0, 3, 4, 5, 6, 10, (1 << 64) - 1]
