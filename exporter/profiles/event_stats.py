@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
@@ -35,10 +35,10 @@ from exporter.profiles import xspace
 from exporter.profiles.nesting import dense_index
 
 if TYPE_CHECKING:
-    from exporter.profiles.xspace import Capture, Plane
+    from exporter.profiles.xspace import Capture, LineHeader, Plane, PlaneRef
 
-__all__ = ["KIND_REF", "KIND_STR", "StatEvents", "StatTexts", "first_seen", "int_column",
-           "read_stat_events"]  # fmt: skip
+__all__ = ["KIND_REF", "KIND_STR", "LineTap", "StatEvents", "StatTexts", "TapLine",
+           "first_seen", "int_column", "merge_columns", "read_stat_events"]  # fmt: skip
 
 T = TypeVar("T")
 KIND_NONE, KIND_EMPTY, KIND_DOUBLE, KIND_UINT64, KIND_INT64 = 0, 1, 2, 3, 4
@@ -62,6 +62,62 @@ class StatEvents:
     kinds: np.ndarray  # (columns, events) int8
     values: np.ndarray  # (columns, events) int64
     strings: list[str]  # the str_values that values index
+
+
+class TapLine(Protocol):
+    """One line's reduction by a :class:`LineTap`, fed the pieces another reader reads."""
+
+    def add(self, piece: StatEvents, columns: Sequence[int]) -> None:
+        """Reduce ``piece``; ``columns[c]`` is the piece's column of the tap's column c."""
+
+    def done(self) -> None:
+        """The line was read to its end: keep what was reduced (a read that restarts
+        through protobuf asks :meth:`LineTap.reading` for a fresh reduction)."""
+
+
+class LineTap(Protocol):
+    """A second reader of some lines (``Capture.stream_tap``): the reader that reads a
+    line reads the tap's stats with its own in the same pass and hands it the pieces, so
+    a GPU stream line is read once for the device flame graph and the kernel facts."""
+
+    def wanted(self, ref: PlaneRef, plane: Plane) -> Mapping[int, int]:
+        """Stat ids -> the tap's columns, for this plane's lines ({}: none)."""
+
+    def reading(self, ref: PlaneRef, plane: Plane, header: LineHeader) -> TapLine | None:
+        """A fresh reduction of the line (None: the tap does not want it)."""
+
+
+def merge_columns(
+    own: Mapping[int, int], width: int, other: Mapping[int, int], other_width: int
+) -> tuple[dict[int, int], int, list[int]] | None:
+    """One read's columns for two readers: ``own`` keeps its columns below ``width``;
+    each of ``other``'s columns (below ``other_width``) is one of own's with the same
+    stat ids, or a new one (an empty one where it has no ids). Returns (stat id ->
+    column, width, other's column -> read column); None when a column of ``other``
+    shares some but not all of its ids with one of own's (a read gives each stat id
+    one column)."""
+    merged = dict(own)
+    own_ids: dict[int, set[int]] = {}
+    for sid, column in own.items():
+        own_ids.setdefault(column, set()).add(sid)
+    other_ids: dict[int, set[int]] = {}
+    for sid, column in other.items():
+        other_ids.setdefault(column, set()).add(sid)
+    at = [0] * other_width
+    for column in range(other_width):
+        sids = other_ids.get(column, set())
+        shared = next((c for c, ids in own_ids.items() if ids == sids), None) if sids else None
+        if shared is not None:
+            at[column] = shared
+        elif sids & merged.keys():
+            return None
+        else:
+            at[column] = width
+            merged |= dict.fromkeys(sids, width)
+            width += 1
+    if width > _MAX_COLUMNS:
+        return None
+    return merged, width, at
 
 
 class _NotCanonicalError(Exception):

@@ -40,7 +40,14 @@ from pathlib import Path
 
 import numpy as np
 
-from exporter.profiles.event_stats import StatEvents, StatTexts, first_seen, read_stat_events
+from exporter.profiles.event_stats import (
+    StatEvents,
+    StatTexts,
+    TapLine,
+    first_seen,
+    merge_columns,
+    read_stat_events,
+)
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
 from exporter.profiles.nesting import FAR, Nested, aggregate, dense_index, nest, window_self
@@ -424,8 +431,9 @@ _GPU_MODULE, _GPU_OP, _GPU_SCOPE = range(3)  # a stream line's stat columns (eve
 
 def _gpu_line(
     capture: Capture,
+    ref: PlaneRef,
     plane: Plane,
-    index: int,
+    header: LineHeader,
     stat_ids: dict[str, int],
     texts: StatTexts,
     frames: FrameTree,
@@ -437,20 +445,37 @@ def _gpu_line(
     last of either) are stats of each kernel event, read with the events
     (:mod:`exporter.profiles.event_stats`); labels are made once per distinct
     (kernel, module, op, scope), in the order they first occur.
+
+    The capture's :class:`~exporter.profiles.event_stats.LineTap` (``stream_tap``: the
+    kernel facts), if any, gets the stats it wants from the same read.
     """
     columns = {stat_ids[name]: c for name, c in (("hlo_module", _GPU_MODULE),
                ("hlo_op", _GPU_OP), ("tf_op", _GPU_SCOPE), ("name_scope", _GPU_SCOPE))
                if name in stat_ids}  # fmt: skip
+    width, tap = 3, capture.stream_tap
+    tap_columns: list[int] = []
+    if tap is not None and (wanted := tap.wanted(ref, plane)):
+        merged = merge_columns(columns, width, wanted, max(wanted.values()) + 1)
+        if merged is None:  # the tap reads the line itself
+            tap = None
+        else:
+            columns, width, tap_columns = merged
 
-    def lasting(pieces: Iterable[StatEvents]) -> list[np.ndarray]:
+    def lasting(pieces: Iterable[StatEvents]) -> tuple[list[np.ndarray], TapLine | None]:
         parts = [[np.zeros(0, np.int64)] * 6]
+        tapped = tap.reading(ref, plane, header) if tap is not None else None
         for piece in pieces:
+            if tapped is not None:
+                tapped.add(piece, tap_columns)
             keep = np.flatnonzero(piece.durations > 0)  # instants carry no time
             codes = [np.maximum(texts.column(piece, c)[keep], 0) for c in range(3)]
             parts.append([piece.ids[keep], piece.offsets[keep], piece.durations[keep], *codes])
-        return [np.concatenate(c) for c in zip(*parts, strict=True)]
+        return [np.concatenate(c) for c in zip(*parts, strict=True)], tapped
 
-    ids, offs, durs, *codes = read_stat_events(capture, plane, index, columns, 3, lasting)
+    read, tapped = read_stat_events(capture, plane, header.index, columns, width, lasting)
+    if tapped is not None:
+        tapped.done()
+    ids, offs, durs, *codes = read
     ids, starts, ends = lasting_columns(ids, offs, durs, capture.source)
     key, first = first_seen([ids, *codes])
     made = []
@@ -565,7 +590,7 @@ def _device_plane(capture: Capture, ref: PlaneRef, frames: FrameTree) -> None:
         base_ns = capture.line_start_ns(headers[line_index].timestamp_ns)
         if texts is not None and gpu_stats.keys() & {"hlo_op", "hlo_module"}:
             metas_of, starts, ends, kernel_ids = _gpu_line(
-                capture, plane, line_index, gpu_stats, texts, frames
+                capture, ref, plane, headers[line_index], gpu_stats, texts, frames
             )
             if capture.on_op_line is not None:
                 sole = len(op_lines) == 1

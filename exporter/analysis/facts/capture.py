@@ -344,7 +344,7 @@ def _host_communication(
 
 def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
     from exporter.analysis.facts.collectives import CommunicationRecorder, overlap_facts
-    from exporter.analysis.facts.gpu_kernels import read_kernels
+    from exporter.analysis.facts.gpu_kernels import kernel_tap, read_kernels
     from exporter.analysis.facts.programs import capture_hlo_ops, unreadable_hlo
     from exporter.analysis.sides import xla_host
     from exporter.analysis.sides.load import step_cycles
@@ -364,17 +364,20 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
         annotations = sorted((w.start_ns, w.end_ns) for w in windows if w.end_ns > w.start_ns)
         start, duration = capture.time_range()
         device: FlameGraph | None = None
+        kernels = None
         if capture.device_planes:
             facts.backend = next(
                 (p.name.split(":")[1].lower() for p in capture.device_planes), "unknown"
             )
             recorder = CommunicationRecorder(capture)
             capture.on_op_line = device_busy = _DeviceBusy(cycles, recorder)
+            # The kernel facts take the GPU stream lines' stats from the graph's read.
+            capture.stream_tap = kernels = kernel_tap(capture)
             reader = graph_reader.get() or (lambda _path, read, _kind: device_flamegraph(read))
             try:
                 device = reader(path, capture, "device")
             finally:
-                capture.on_op_line = None
+                capture.on_op_line = capture.stream_tap = None
             busy = device_busy.per_cycle()
             communication = recorder.per_cycle(cycles)
             kinds = recorder.kinds()
@@ -410,7 +413,7 @@ def _host_facts(path: Path, facts: CaptureFacts) -> _Host:
             if len(starts) and len(c_starts):
                 c_starts, c_ends = subtract(c_starts, c_ends, starts, ends)
         compile_phase = covered(c_starts, c_ends, cycles)
-        gpu = read_kernels(capture, cycles) if capture.device_planes else None
+        gpu = read_kernels(capture, cycles, kernels) if capture.device_planes else None
         given = graph_reader.get()
         host = host_flamegraph(capture) if given is None else given(path, capture, "host")
         graphs = {"device": device, "host": host}

@@ -63,7 +63,8 @@ from exporter.profiles.event_stats import (
 from exporter.profiles.nesting import FAR, dense_index
 
 if TYPE_CHECKING:
-    from exporter.profiles.xspace import Capture, Plane
+    from exporter.profiles.event_stats import LineTap
+    from exporter.profiles.xspace import Capture, LineHeader, Plane, PlaneRef
 
 __all__ = [
     "GPU_PLANE_RE",
@@ -72,6 +73,7 @@ __all__ = [
     "CaptureKernels",
     "LaunchConfig",
     "gpu_kernel_facts",
+    "kernel_tap",
     "parse_kernel_details",
     "read_kernels",
 ]
@@ -95,6 +97,7 @@ _NOT_STREAMS: Final = frozenset(
 # The stat columns a stream line is read with (event_stats.read_stat_events).
 _DETAILS, _MODULE, _OP, _CORRELATION, _COPY = range(5)
 _WIDTH: Final = 5
+_OWN_COLUMNS: Final = tuple(range(_WIDTH))  # a line read for the kernels alone
 _MAX_DETAILS: Final = 1024  # a longer kernel_details string is not CUPTI's: not parsed
 _UINT32: Final = 1 << 32
 _PS_PER_NS: Final = 1000
@@ -321,8 +324,25 @@ def _length(starts: np.ndarray, ends: np.ndarray) -> int:
     return int((ends - starts).sum()) if len(starts) else 0
 
 
+@dataclass(frozen=True, slots=True)
+class _PlaneSetup:
+    """How one GPU plane's stream lines are read: the stat columns (stat id -> column
+    below ``_WIDTH``), the texts, and the stats each event metadata gives its events."""
+
+    columns: dict[int, int]
+    texts: StatTexts
+    meta_stats: dict[int, tuple[int, int, int, bool]]
+    by_details: bool
+
+
 class _Reader:
-    """Reads one capture's GPU planes into a :class:`CaptureKernels`."""
+    """Reads one capture's GPU planes into a :class:`CaptureKernels`.
+
+    It is also the capture's ``stream_tap`` (:class:`~exporter.profiles.event_stats.
+    LineTap`) while the device flame graph is made: the stream lines that conversion
+    reads give their kernels here in the same pass, and :meth:`plane` reads only the
+    lines it did not.
+    """
 
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
@@ -332,6 +352,9 @@ class _Reader:
         self._keys: dict[tuple[object, ...], int] = {}
         self._rows: list[_Kernel] = []
         self._configs: dict[str, LaunchConfig | None] = {}
+        self._setups: dict[PlaneRef, _PlaneSetup] = {}
+        self.devices: dict[PlaneRef, _Device] = {}
+        self._done: set[tuple[PlaneRef, int]] = set()  # lines reduced through the tap
 
     def _config(self, details: str) -> LaunchConfig | None:
         if details not in self._configs:
@@ -348,9 +371,16 @@ class _Reader:
             self.out.kernels[key] = self._rows[found]
         return found
 
-    def plane(self, plane: Plane, device: _Device) -> None:
-        from exporter.profiles.xspace import line_headers
+    def device(self, ref: PlaneRef) -> _Device:
+        found = self.devices.get(ref)
+        if found is None:
+            found = self.devices[ref] = _Device(ref.name)
+        return found
 
+    def _setup(self, ref: PlaneRef, plane: Plane) -> _PlaneSetup:
+        found = self._setups.get(ref)
+        if found is not None:
+            return found
         names = {m.id: m.name for m in plane.stat_metadata.values()}
         by_name = {name: sid for sid, name in names.items()}
         details_id = by_name.get("kernel_details", -1)
@@ -377,17 +407,40 @@ class _Reader:
         for meta_id, meta in plane.event_metadata.items():
             d, m, o, copy, _ = ids.read(meta.stats, names, _NO_STATS)
             meta_stats[meta_id] = (texts.code(d), texts.code(m), texts.code(o), copy)
-        line = _StreamLine(self, plane, texts, meta_stats, details_id >= 0)
+        found = self._setups[ref] = _PlaneSetup(columns, texts, meta_stats, details_id >= 0)
+        return found
+
+    def wanted(self, ref: PlaneRef, plane: Plane) -> dict[int, int]:
+        """LineTap: the stat columns of a GPU plane's stream lines."""
+        return self._setup(ref, plane).columns if GPU_PLANE_RE.fullmatch(ref.name) else {}
+
+    def reading(self, ref: PlaneRef, plane: Plane, header: LineHeader) -> _StreamLine | None:
+        """LineTap: a stream line's fresh reduction (None for a line that is no stream)."""
+        if not GPU_PLANE_RE.fullmatch(ref.name) or not _is_stream(header.id, header.name):
+            return None
+        if (ref, header.index) in self._done:
+            return None
+        return _StreamLine(self, ref, plane, header, self._setup(ref, plane))
+
+    def plane(self, ref: PlaneRef, plane: Plane) -> _Device:
+        """Read the plane's stream lines the tap has not had; the plane's device."""
+        from exporter.profiles.xspace import line_headers
+
+        device = self.device(ref)
+        setup = self._setup(ref, plane)
         for header in line_headers(self.capture, plane):
-            if not _is_stream(header.id, header.name):
+            if not _is_stream(header.id, header.name) or (ref, header.index) in self._done:
                 continue
-            base_ns = self.capture.line_start_ns(header.timestamp_ns)
-            read = read_stat_events(self.capture, plane, header.index, columns, _WIDTH, line)
-            rows, offs, durs, corrs, skipped = read
-            self.out.skipped += skipped
-            if len(rows):
-                device.streams += 1
-                self._stream(device, base_ns, rows, offs, durs, corrs)
+
+            def reduce(pieces: Iterable[StatEvents], header: LineHeader = header) -> _StreamLine:
+                line = _StreamLine(self, ref, plane, header, setup)
+                for piece in pieces:
+                    line.add(piece, _OWN_COLUMNS)
+                return line
+
+            read_stat_events(self.capture, plane, header.index, setup.columns, _WIDTH,
+                             reduce).done()  # fmt: skip
+        return device
 
     def _stream(self, device: _Device, base_ns: int, rows: np.ndarray, offs: np.ndarray,
                 durs: np.ndarray, corrs: np.ndarray) -> None:  # fmt: skip
@@ -432,50 +485,57 @@ class _StreamLine:
     """Reduces a stream line's pieces (:class:`StatEvents`) to its kernels: per kernel
     its row, offset and duration (ps) and correlation id, and the events skipped.
 
-    Rows are made only once every piece is read: a line the compiled core hands back to
-    protobuf is reduced again from the start (event_stats.read_stat_events).
+    Nothing is kept before :meth:`done`: a line the compiled core hands back to
+    protobuf is reduced again from the start, by a fresh one
+    (event_stats.read_stat_events).
     """
 
     def __init__(
-        self,
-        reader: _Reader,
-        plane: Plane,
-        texts: StatTexts,
-        meta_stats: dict[int, tuple[int, int, int, bool]],
-        by_details: bool,
+        self, reader: _Reader, ref: PlaneRef, plane: Plane, header: LineHeader, setup: _PlaneSetup
     ) -> None:
-        self.reader, self.plane, self.texts = reader, plane, texts
-        self.meta_stats, self.by_details = meta_stats, by_details
+        self.reader, self.ref, self.plane, self.header = reader, ref, plane, header
+        self.texts, self.meta_stats, self.by_details = (
+            setup.texts, setup.meta_stats, setup.by_details)  # fmt: skip
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.skipped = 0
 
-    def __call__(
-        self, pieces: Iterable[StatEvents]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-        parts: list[tuple[np.ndarray, ...]] = []
-        skipped = 0
-        for piece in pieces:
-            off, dur = piece.offsets, piece.durations
-            lasting = dur > 0  # instants carry no time (XProf: DurationNs() == 0)
-            sane = (off > -FAR) & (off < FAR) & (dur <= FAR)
-            skipped += int(np.count_nonzero(lasting & ~sane))
-            sel = np.flatnonzero(lasting & sane)
-            if not len(sel):
-                continue
-            meta = piece.ids[sel]
-            metas, of_meta = dense_index(meta)
-            known = np.array([self.meta_stats.get(m, (0, 0, 0, False)) for m in metas.tolist()],
-                             np.int64).reshape(-1, 4)[of_meta]  # fmt: skip
-            d, m, o = (np.where(codes >= 0, codes, known[:, i]) for i, codes in enumerate(
-                self.texts.column(piece, c)[sel] for c in (_DETAILS, _MODULE, _OP)))  # fmt: skip
-            copy = (piece.kinds[_COPY][sel] != 0) | (known[:, 3] != 0)
-            kernel = d != 0 if self.by_details else ~copy
-            corr = int_column(piece, _CORRELATION)[sel]
-            parts.append((meta[kernel], d[kernel], m[kernel], o[kernel], off[sel][kernel],
-                          dur[sel][kernel], corr[kernel]))  # fmt: skip
-        if not parts:
-            empty = np.zeros(0, np.int64)
-            return empty, empty, empty, empty, skipped
-        meta, d, m, o, off, dur, corr = (np.concatenate(c) for c in zip(*parts, strict=True))
-        return self._rows(meta, d, m, o), off, dur, corr, skipped
+    def add(self, piece: StatEvents, columns: Sequence[int]) -> None:
+        """One piece; ``columns[c]`` is the piece's column of this reader's column c."""
+        off, dur = piece.offsets, piece.durations
+        lasting = dur > 0  # instants carry no time (XProf: DurationNs() == 0)
+        sane = (off > -FAR) & (off < FAR) & (dur <= FAR)
+        self.skipped += int(np.count_nonzero(lasting & ~sane))
+        sel = np.flatnonzero(lasting & sane)
+        if not len(sel):
+            return
+        meta = piece.ids[sel]
+        metas, of_meta = dense_index(meta)
+        known = np.array([self.meta_stats.get(m, (0, 0, 0, False)) for m in metas.tolist()],
+                         np.int64).reshape(-1, 4)[of_meta]  # fmt: skip
+        d, m, o = (np.where(codes >= 0, codes, known[:, i]) for i, codes in enumerate(
+            self.texts.column(piece, columns[c])[sel]
+            for c in (_DETAILS, _MODULE, _OP)))  # fmt: skip
+        copy = (piece.kinds[columns[_COPY]][sel] != 0) | (known[:, 3] != 0)
+        kernel = d != 0 if self.by_details else ~copy
+        corr = int_column(piece, columns[_CORRELATION])[sel]
+        self.parts.append((meta[kernel], d[kernel], m[kernel], o[kernel], off[sel][kernel],
+                           dur[sel][kernel], corr[kernel]))  # fmt: skip
+
+    def done(self) -> None:
+        """The line was read whole: its kernels go into the reader's rows and device."""
+        reader = self.reader
+        reader._done.add((self.ref, self.header.index))
+        reader.out.skipped += self.skipped
+        if not self.parts:
+            return
+        meta, d, m, o, off, dur, corr = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        self.parts = []
+        if not len(meta):
+            return
+        device = reader.device(self.ref)
+        device.streams += 1
+        base_ns = reader.capture.line_start_ns(self.header.timestamp_ns)
+        reader._stream(device, base_ns, self._rows(meta, d, m, o), off, dur, corr)
 
     def _rows(self, meta: np.ndarray, *codes: np.ndarray) -> np.ndarray:
         """Each kernel's row: one per distinct (kernel, details, module, op), made in the
@@ -508,22 +568,33 @@ def _per_row(rows: np.ndarray, values: np.ndarray) -> Iterable[tuple[int, int, i
                np.maximum.reduceat(values, first).tolist(), strict=True)  # fmt: skip
 
 
-def read_kernels(capture: Capture, cycles: Sequence[tuple[int, int]] = ()) -> CaptureKernels | None:
+def kernel_tap(capture: Capture) -> LineTap | None:
+    """What reads the kernels of the GPU stream lines a conversion of ``capture`` reads
+    (set it as ``capture.stream_tap`` for the conversion, then pass it to
+    :func:`read_kernels`); None when the capture has no GPU plane."""
+    if not any(GPU_PLANE_RE.fullmatch(ref.name) for ref in capture.planes):
+        return None
+    return _Reader(capture)
+
+
+def read_kernels(
+    capture: Capture, cycles: Sequence[tuple[int, int]] = (), tap: LineTap | None = None
+) -> CaptureKernels | None:
     """The GPU kernels of one capture; None when it has no GPU plane.
 
     ``cycles`` (absolute ns) are the step cycles: launch overhead is also counted
-    inside them, for a per-step figure.
+    inside them, for a per-step figure. ``tap``: a :func:`kernel_tap` of this capture
+    that has had some stream lines already; the others are read here.
     """
     from exporter.analysis.facts.intervals import covered, subtract
 
     gpus = [ref for ref in capture.planes if GPU_PLANE_RE.fullmatch(ref.name)]
     if not gpus:
         return None
-    reader = _Reader(capture)
+    reader = tap if isinstance(tap, _Reader) and tap.capture is capture else _Reader(capture)
     out = reader.out
     for ref in gpus:
-        device = _Device(ref.name)
-        reader.plane(capture.plane(ref), device)
+        device = reader.plane(ref, capture.plane(ref))
         if device.first_ns is None or device.last_ns is None:
             continue
         busy = union(*(np.concatenate(parts) for parts in zip(*device.busy, strict=True)))

@@ -38,8 +38,6 @@ import numpy as np
 
 from exporter.analysis.facts.types import HostFacts
 from exporter.ascii_digits import parse_ascii_int
-from exporter.capture.session import SessionRecord
-from exporter.capture.store import MAX_RECORD_BYTES
 from exporter.profiles.capture_files import CAPTURE_SUFFIXES, capture_stem
 from exporter.regular_files import read_regular
 
@@ -95,6 +93,11 @@ def _session_hosts(directory: Path) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=64)  # every host of a session asks, twice
 def _read_session_hosts(record_path: Path, _mtime_ns: int, _size: int) -> dict[str, str]:
+    # Imported here: the session record's model imports pydantic and the store (fsspec),
+    # ~0.25 s of CPU that an analysis of a capture without session.json never needs.
+    from exporter.capture.session import SessionRecord
+    from exporter.capture.store import MAX_RECORD_BYTES
+
     try:
         record = SessionRecord.model_validate_json(read_regular(record_path, MAX_RECORD_BYTES))
     except (OSError, ValueError):  # not a regular file, too big, not a record: no names
