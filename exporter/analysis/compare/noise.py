@@ -131,10 +131,11 @@ STEP_NOISE_SOURCE: Final = {
 MIN_STEP_CHANGE_PCT: Final = 1.0
 # With replicates, the smallest excess (% of the step) of work that grew for a frame's
 # verdict: the between-capture test decides above it. bench/detection.py (transformer,
-# load 6-9, both orientations): same workload 0 of 24 orientations with a verdict at 2,
-# 4 and 8 captures a side; an op grown by 10 % of the step named in 0 / 67 / 100 % at
-# 2 / 4 / 8 a side, by 5 % in 0 / 25-33 / 75-100 %; the data phase +10 % in 0 / 8-17 /
-# 100 %; new work at 5 % in 92 / 83 / 100 %.
+# changes of a fixed size in every capture, load 10-33, both orientations,
+# docs/analysis.md "Detection"): same workload 2 of 240 orientations with a verdict at 2
+# and 4 captures a side (step verdicts), 0 of 120 at 8; an op grown by 10 % of the step
+# named in 0 / 71-79 / 100 % at 2 / 4 / 8 a side, the data phase +10 % in 0 / 67-71 /
+# 100 %.
 REPLICATE_MIN_STEP_PCT: Final = 2.0
 # Earlier runs needed before their own spread replaces STEP_NOISE_PCT.
 MIN_HISTORY: Final = 3
