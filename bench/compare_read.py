@@ -9,8 +9,9 @@ processes taken in turn (CPU seconds of the read in process, median of ``--repea
 - ``now``: the product as it is: per-step graphs built frame by frame for all windows
   at once (``exporter.profiles.tree_graphs.graphs_by_frame``), the whole graph as the
   windows' sum from the same pass (``windowed_flamegraphs(total=True)``);
-- ``before``: the read as issue 33 found it, replayed in the same run: graphs built
-  node by node per window (``graphs_by_node``, kept as the reference) and the whole
+- ``before``: the read as issue 33 found it, replayed in the same run: host step
+  annotations read event by event (the twin), graphs built node by node per window
+  (``graphs_by_node``, kept as the reference) and the whole
   graph merged from every window's graph, or past 200 steps (cycles sampled) a
   whole-capture conversion and a second pass for the sampled cycles;
 - ``whole``: the compiled whole-capture conversion of the same file (device and host
@@ -51,6 +52,7 @@ def _before() -> None:
     from exporter.profiles.convert import flamegraph_from_capture
 
     xplane.graphs_by_frame = tree_graphs.graphs_by_node  # type: ignore[assignment]
+    steps._host_step_columns = steps._host_step_events  # host steps read event by event
     windowed = steps.windowed_flamegraphs
 
     def read(capture: Any, kind: Any, cycles: Any) -> tuple[Any, list[Any]]:
