@@ -22,22 +22,24 @@ def main(shared_dir: str) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
-    with sdk.run(name="torch-trainer", shared_dir=shared_dir, host="cpu-a", run_id="run-t") as run:
-        with run.torch_profile(
+    with (
+        sdk.run(name="torch-trainer", shared_dir=shared_dir, host="cpu-a", run_id="run-t") as run,
+        run.torch_profile(
             "train",
             activities=[ProfilerActivity.CPU],
             schedule=schedule(wait=0, warmup=1, active=STEPS, repeat=1),
             with_stack=True,
             profile_memory=True,
-        ) as prof:
-            for _ in range(STEPS + 1):
-                with record_function("data_loader"):
-                    batch = data + 0.0
-                optimizer.zero_grad()
-                loss = torch.nn.functional.cross_entropy(model(batch), target)
-                loss.backward()
-                optimizer.step()
-                prof.step()
+        ) as prof,
+    ):
+        for _ in range(STEPS + 1):
+            with record_function("data_loader"):
+                batch = data + 0.0
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(batch), target)
+            loss.backward()
+            optimizer.step()
+            prof.step()
 
 
 if __name__ == "__main__":
