@@ -1,0 +1,59 @@
+"""The kernel facts' per-row reductions and launch-call lookup: the linear-time paths
+(bincount sums, a table of correlation ids) give what the sort and the binary search
+give, on random rows and values, values near int64's edges, and correlation ids that
+are sparse, negative, repeated or missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exporter.analysis.facts import gpu_kernels
+from exporter.analysis.facts.gpu_kernels import _per_row, _per_row_sorted
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_per_row_sums_equal_the_sorted_reduction(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 5000))
+    rows = rng.integers(0, int(rng.integers(1, 300)), n)
+    scale = [10**6, 1 << 40, 1 << 52, 1 << 62][seed % 4]  # the last two: sorted path
+    values = rng.integers(-scale // 4, scale, n)
+    assert list(_per_row(rows, values)) == list(_per_row_sorted(rows, values))
+
+
+def test_per_row_is_exact_where_float64_sums_are_not() -> None:
+    rows = np.zeros(3, np.int64)
+    values = np.asarray([(1 << 53) + 1, 1, 1], np.int64)
+    assert list(_per_row(rows, values)) == [(0, 3, (1 << 53) + 3, 1, (1 << 53) + 1)]
+
+
+def _reader_with_calls(ids: np.ndarray) -> gpu_kernels._Reader:
+    reader = object.__new__(gpu_kernels._Reader)  # no capture: the calls are given
+    order = np.argsort(ids, kind="stable")
+    reader.calls = (ids[order], np.arange(len(ids), dtype=np.int64)[order] * 7, ids[order])
+    reader._call_table = gpu_kernels._call_table(reader.calls[0])
+    return reader
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        np.arange(1, 2000),  # CUPTI's
+        np.arange(1, 2000)[::-1].copy(),
+        np.asarray([5, 9, 9, 12]),  # repeated: the search
+        np.asarray([-3, 0, 4]),  # negative: the search
+        np.asarray([10**12, 10**12 + 5]),  # sparse: the search
+    ],
+)
+def test_a_kernels_call_is_found_alike_by_table_and_by_search(ids: np.ndarray) -> None:
+    reader = _reader_with_calls(ids.astype(np.int64))
+    corrs = np.concatenate([ids, ids[::3] + 1, [-1, -5, 0, 10**15, int(ids.max()) + 1]])
+    corrs = corrs.astype(np.int64)
+    pos, hit = reader._call_of(corrs)
+    assert (reader._call_table is not None) == (len(ids) > 100)  # the table where dense
+    sorted_ids = reader.calls[0]
+    want_pos = np.minimum(np.searchsorted(sorted_ids, corrs), len(sorted_ids) - 1)
+    want_hit = (sorted_ids[want_pos] == corrs) & (corrs >= 0)
+    assert (hit == want_hit).all()
+    assert (reader.calls[1][pos][hit] == reader.calls[1][want_pos][want_hit]).all()
