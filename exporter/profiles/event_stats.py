@@ -244,6 +244,7 @@ class StatTexts:
         if not ids or (ids[0] >= 0 and ids[-1] <= 4 * len(ids) + 1024):
             self._table = np.zeros((ids[-1] if ids else 0) + 1, np.int64)
             self._table[self._ref_ids] = self._ref_codes
+            self._table[0] = 0  # ref 0 names nothing (and non-refs read index 0): ""
 
     def code(self, text: str) -> int:
         found = self._codes.get(text)
@@ -255,15 +256,21 @@ class StatTexts:
     def column(self, piece: StatEvents, column: int) -> np.ndarray:
         """Per event, the code of the column's text; -1 where the event has no such stat."""
         kinds, values = piece.kinds[column], piece.values[column]
-        out = np.where(kinds == KIND_NONE, -1, 0).astype(np.int64)
         if self._table is not None:
-            refs = np.flatnonzero((kinds == KIND_REF) & (values > 0) & (values < len(self._table)))
-            out[refs] = self._table[values[refs]]  # refs to nothing stay ""
-        elif len(refs := np.flatnonzero((kinds == KIND_REF) & (values != 0))):
-            wanted = values[refs]
-            pos = np.minimum(np.searchsorted(self._ref_ids, wanted), len(self._ref_ids) - 1)
-            hit = self._ref_ids[pos] == wanted
-            out[refs] = np.where(hit, self._ref_codes[pos], 0)  # an unknown ref: ""
+            # One gather: every event's index into the table, 0 (the empty text) for
+            # what is no ref or a ref to nothing.
+            index = np.where(kinds == KIND_REF, values, 0)
+            if len(index) and (int(index.min()) < 0 or int(index.max()) >= len(self._table)):
+                index[(index < 0) | (index >= len(self._table))] = 0
+            out = self._table[index]
+            np.putmask(out, kinds == KIND_NONE, -1)
+        else:
+            out = np.where(kinds == KIND_NONE, -1, 0).astype(np.int64)
+            if len(refs := np.flatnonzero((kinds == KIND_REF) & (values != 0))):
+                wanted = values[refs]
+                pos = np.minimum(np.searchsorted(self._ref_ids, wanted), len(self._ref_ids) - 1)
+                hit = self._ref_ids[pos] == wanted
+                out[refs] = np.where(hit, self._ref_codes[pos], 0)  # an unknown ref: ""
         strs = np.flatnonzero(kinds == KIND_STR)
         if len(strs):
             codes = np.asarray([self.code(s) for s in piece.strings], np.int64)

@@ -57,3 +57,30 @@ def test_a_kernels_call_is_found_alike_by_table_and_by_search(ids: np.ndarray) -
     want_hit = (sorted_ids[want_pos] == corrs) & (corrs >= 0)
     assert (hit == want_hit).all()
     assert (reader.calls[1][pos][hit] == reader.calls[1][want_pos][want_hit]).all()
+
+
+def test_stat_texts_read_alike_by_table_and_by_search_with_every_kind() -> None:
+    """The table path gathers every event at once (non-refs and refs to nothing at
+    index 0): a stat metadata entry with id 0 must still read as no text."""
+    from exporter.profiles.event_stats import (
+        KIND_DOUBLE,
+        KIND_NONE,
+        KIND_REF,
+        KIND_STR,
+        StatEvents,
+        StatTexts,
+    )
+
+    kinds = np.array([KIND_REF, KIND_REF, KIND_REF, KIND_REF, KIND_NONE, KIND_STR, KIND_DOUBLE,
+                      KIND_REF, KIND_REF], np.int8)  # fmt: skip
+    values = np.array([0, 1, 3, 99, 2, 0, 3, -4, 1 << 50], np.int64)
+    piece = StatEvents(values, values, values, kinds.reshape(1, -1), values.reshape(1, -1),
+                       ["own"])  # fmt: skip
+    names = {0: "zero", 1: "a", 3: "c"}
+    table = StatTexts(names)
+    search = StatTexts(names | {1 << 45: "far"})
+    assert table._table is not None and search._table is None
+    for texts in (table, search):
+        codes = texts.column(piece, 0)
+        assert [texts.texts[c] if c >= 0 else None for c in codes] == [
+            "", "a", "c", "", None, "own", "", "", ""]  # fmt: skip
