@@ -7,12 +7,16 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
 import pytest
 
 from tests.harness import Proc, free_port, wait_http, wait_until
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 pytestmark = pytest.mark.integration
 
@@ -55,39 +59,45 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
         sidecar.stop()
 
 
-def _browser() -> str:
-    path = shutil.which("chromium")
-    assert path, "Debian 'chromium' is required (apt-get install chromium)"
-    return path
-
-
-def test_capture_page_starts_a_capture_and_follows_it(
-    stack: tuple[str, dict[str, str]], tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One headless Chromium for the module's pages (a launch costs seconds on a busy
+    2-core machine); each test opens its own page, in a context of its own."""
     from playwright.sync_api import sync_playwright
 
-    url, run = stack
-    page_url = f"{url}/ui/capture?run_id={quote(run['run_id'])}&host={quote(run['host'])}"
+    path = shutil.which("chromium")
+    assert path, "Debian 'chromium' is required (apt-get install chromium)"
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=_browser(),
+        chromium = pw.chromium.launch(
+            executable_path=path,
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
         try:
-            page = browser.new_page()
-            page.goto(page_url)
-            assert page.input_value("#run_id") == run["run_id"]  # prefilled from the link
-            assert page.input_value("#hosts") == run["host"]
-            assert not page.is_visible("#token")  # no token configured on loopback
-            page.fill("#duration_ms", "500")
-            page.click("#submit")
-            page.wait_for_function("document.body.dataset.status", timeout=60_000)
-            status = page.evaluate("document.body.dataset.status")
-            session = page.evaluate("document.body.dataset.session")
-            text = page.inner_text("#status")
-            page.screenshot(path=str(tmp_path / "capture.png"))
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+def test_capture_page_starts_a_capture_and_follows_it(
+    stack: tuple[str, dict[str, str]], browser: Browser, tmp_path: Path
+) -> None:
+    url, run = stack
+    page_url = f"{url}/ui/capture?run_id={quote(run['run_id'])}&host={quote(run['host'])}"
+    page = browser.new_page()
+    try:
+        page.goto(page_url)
+        assert page.input_value("#run_id") == run["run_id"]  # prefilled from the link
+        assert page.input_value("#hosts") == run["host"]
+        assert not page.is_visible("#token")  # no token configured on loopback
+        page.fill("#duration_ms", "500")
+        page.click("#submit")
+        page.wait_for_function("document.body.dataset.status", timeout=60_000)
+        status = page.evaluate("document.body.dataset.status")
+        session = page.evaluate("document.body.dataset.session")
+        text = page.inner_text("#status")
+        page.screenshot(path=str(tmp_path / "capture.png"))
+    finally:
+        page.close()
     assert status == "done", text
     assert f"session {session}: done" in text and run["host"] in text
     record = httpx.get(f"{url}/api/v1/captures/{session}", timeout=5).json()
@@ -95,20 +105,16 @@ def test_capture_page_starts_a_capture_and_follows_it(
     assert record["targets"][0]["files"], "the capture wrote no file"
 
 
-def test_capture_page_shows_a_refusal(stack: tuple[str, dict[str, str]]) -> None:
-    from playwright.sync_api import sync_playwright
-
+def test_capture_page_shows_a_refusal(stack: tuple[str, dict[str, str]], browser: Browser) -> None:
     url, _ = stack
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=_browser(), args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            page.goto(f"{url}/ui/capture?run_id=no-such-run")
-            page.click("#submit")
-            page.wait_for_function("document.body.dataset.status", timeout=30_000)
-            text = page.inner_text("#status")
-        finally:
-            browser.close()
+    page = browser.new_page()
+    try:
+        page.goto(f"{url}/ui/capture?run_id=no-such-run")
+        page.click("#submit")
+        page.wait_for_function("document.body.dataset.status", timeout=30_000)
+        text = page.inner_text("#status")
+    finally:
+        page.close()
     assert "refused (422)" in text and "no-such-run" in text
 
 
