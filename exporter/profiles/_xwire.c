@@ -824,10 +824,118 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(first_seen_doc,
+"first_seen(rows, width, /)\n--\n\n"
+"Distinct rows of a table of int64 codes: ``rows`` is the bytes of an int64 array of\n"
+"n rows of ``width`` (1..64) values, row after row. Returns (key, first): each row's\n"
+"key, numbered in the order the distinct rows first occur, and the index of each key's\n"
+"first row, as int64 array bytes. What exporter/profiles/event_stats.first_seen does\n"
+"with dense indexes and sorts, in one pass through a hash table of the distinct rows\n"
+"(tests/unit/test_gpu_kernel_reductions.py holds the two alike).");
+
+/* A row's hash: a multiply per value, then splitmix64's finaliser mixes the high bits
+ * into the low ones the table's mask keeps. */
+static inline uint64_t row_hash(const int64_t *row, Py_ssize_t width) {
+    uint64_t h = 0;
+    for (Py_ssize_t c = 0; c < width; c++) h = (h ^ (uint64_t)row[c]) * 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 29;
+    return h;
+}
+
+static inline int same_row(const int64_t *a, const int64_t *b, Py_ssize_t width) {
+    for (Py_ssize_t c = 0; c < width; c++) {
+        if (a[c] != b[c]) return 0;
+    }
+    return 1;
+}
+
+static PyObject *first_seen(PyObject *self, PyObject *args) {
+    Py_buffer rv;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "y*n:first_seen", &rv, &width)) return NULL;
+    PyObject *key = NULL, *first = NULL, *result = NULL;
+    int64_t *slots = NULL;  /* per slot: the key there, -1 when empty */
+    Py_ssize_t cells;
+    if (!int64_array(&rv, &cells)) goto done;
+    if (width < 1 || width > 64 || cells % width != 0) {
+        PyErr_SetString(PyExc_ValueError, "rows are not whole rows of width 1..64");
+        goto done;
+    }
+    Py_ssize_t n = cells / width;
+    key = PyBytes_FromStringAndSize(NULL, n * 8);
+    first = PyBytes_FromStringAndSize(NULL, n * 8);  /* at most n keys; trimmed below */
+    /* A power of two at least twice the distinct rows so far: probes stay short, and
+     * the table stays as small as the distinct rows (in cache for a few thousand
+     * kernels), growing up to twice the rows at most. */
+    size_t size = 1024;
+    slots = PyMem_RawMalloc(size * sizeof(int64_t));
+    if (key == NULL || first == NULL || slots == NULL) {
+        if (slots == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *values = rv.buf;
+    int64_t *k = (int64_t *)PyBytes_AS_STRING(key), *f = (int64_t *)PyBytes_AS_STRING(first);
+    Py_ssize_t distinct = 0;
+    int no_memory = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memset(slots, 0xff, size * sizeof(int64_t));
+    size_t mask = size - 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t *row = values + i * width;
+        if ((size_t)distinct * 2 >= size) {  /* grow: each key again at its row's hash */
+            int64_t *grown = PyMem_RawMalloc(size * 2 * sizeof(int64_t));
+            if (grown == NULL) {
+                no_memory = 1;
+                break;
+            }
+            PyMem_RawFree(slots);
+            slots = grown;
+            size *= 2;
+            mask = size - 1;
+            memset(slots, 0xff, size * sizeof(int64_t));
+            for (Py_ssize_t key_at = 0; key_at < distinct; key_at++) {
+                size_t to = (size_t)row_hash(values + f[key_at] * width, width) & mask;
+                while (slots[to] >= 0) to = (to + 1) & mask;
+                slots[to] = key_at;
+            }
+        }
+        size_t at = (size_t)row_hash(row, width) & mask;
+        for (;;) {
+            int64_t there = slots[at];
+            if (there < 0) {
+                slots[at] = distinct;
+                f[distinct] = i;
+                k[i] = distinct++;
+                break;
+            }
+            if (same_row(values + f[there] * width, row, width)) {
+                k[i] = there;
+                break;
+            }
+            at = (at + 1) & mask;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (no_memory) {
+        PyErr_NoMemory();
+    } else if (_PyBytes_Resize(&first, distinct * 8) == 0) {
+        result = Py_BuildValue("(OO)", key, first);
+    }
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(first);
+    PyMem_RawFree(slots);
+    PyBuffer_Release(&rv);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_line", scan_line, METH_VARARGS, scan_line_doc},
     {"contain", contain, METH_VARARGS, contain_doc},
     {"self_tree", self_tree, METH_VARARGS, self_tree_doc},
+    {"first_seen", first_seen, METH_VARARGS, first_seen_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -298,9 +298,24 @@ def first_seen(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of equal-length code columns: each row's key, numbered in the order
     the distinct rows first occur, and the index of each key's first row.
 
-    Columns are combined pairwise through dense indexes, so keys stay below the row
-    count and no column's range multiplies another's.
+    The compiled core (``_xwire.first_seen``) finds them in one pass through a hash
+    table of the rows; :func:`first_seen_numpy` is its twin (held alike by
+    ``tests/unit/test_gpu_kernel_reductions.py``), for ``MLPROF_DECODER=python`` and
+    installs without the core.
     """
+    core = xspace.compiled_core()
+    if core is None or not len(columns[0]) or not 1 <= len(columns) <= _MAX_COLUMNS:
+        return first_seen_numpy(columns)
+    rows = np.empty((len(columns[0]), len(columns)), np.int64)
+    for c, column in enumerate(columns):
+        rows[:, c] = column
+    key, first = core.first_seen(rows, len(columns))
+    return np.frombuffer(key, np.int64), np.frombuffer(first, np.int64)
+
+
+def first_seen_numpy(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`first_seen` in numpy: columns are combined pairwise through dense indexes,
+    so keys stay below the row count and no column's range multiplies another's."""
     n = len(columns[0])
     if not n:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)

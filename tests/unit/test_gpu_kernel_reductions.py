@@ -84,3 +84,43 @@ def test_stat_texts_read_alike_by_table_and_by_search_with_every_kind() -> None:
         codes = texts.column(piece, 0)
         assert [texts.texts[c] if c >= 0 else None for c in codes] == [
             "", "a", "c", "", None, "own", "", "", ""]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_first_seen_compiled_equals_its_numpy_twin(seed: int) -> None:
+    """The hash table of ``_xwire.first_seen`` against the dense indexes and sorts of
+    the numpy twin: few distinct rows, every row distinct (the table grows many times),
+    values at int64's edges, widths 1 to 6."""
+    from exporter.profiles import xspace
+    from exporter.profiles.event_stats import first_seen, first_seen_numpy
+
+    core = xspace.compiled_core()
+    if core is None:
+        pytest.skip("no compiled core in this install")
+    rng = np.random.default_rng(seed)
+    n = [0, 1, 7, 5000, 40_000, 3000, 20_000, 100][seed]
+    width = 1 + seed % 6
+    distinct = [1, 1, 3, 50, 40_000, 3000, 7, 100][seed]
+    edges = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0], np.int64)
+    pool = rng.integers(-(1 << 62), 1 << 62, (max(distinct, 1), width))
+    pool[: min(len(pool), 4), 0] = edges[: min(len(pool), 4)]
+    table = pool[rng.integers(0, len(pool), n)] if n else np.zeros((0, width), np.int64)
+    columns = [np.ascontiguousarray(table[:, c]) for c in range(width)]
+    if n:
+        key, first = first_seen(columns)
+    else:
+        key, first = first_seen_numpy(columns)  # no rows: the twin answers
+    want_key, want_first = first_seen_numpy(columns)
+    assert key.tolist() == want_key.tolist() and first.tolist() == want_first.tolist()
+
+
+def test_first_seen_refuses_a_table_that_is_not_whole_rows() -> None:
+    from exporter.profiles import xspace
+
+    core = xspace.compiled_core()
+    if core is None:
+        pytest.skip("no compiled core in this install")
+    with pytest.raises(ValueError):
+        core.first_seen(np.zeros(7, np.int64), 2)
+    with pytest.raises(ValueError):
+        core.first_seen(np.zeros(4, np.int64), 0)
