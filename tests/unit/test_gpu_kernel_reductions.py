@@ -124,3 +124,17 @@ def test_first_seen_refuses_a_table_that_is_not_whole_rows() -> None:
         core.first_seen(np.zeros(7, np.int64), 2)
     with pytest.raises(ValueError):
         core.first_seen(np.zeros(4, np.int64), 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_streams_union_from_its_reach_equals_the_sorting_union(seed: int) -> None:
+    from exporter.analysis.facts.gpu_kernels import _sorted_union
+    from exporter.analysis.facts.intervals import union
+
+    rng = np.random.default_rng(seed)
+    n = [1, 2, 50, 3000, 20_000][seed]
+    start = np.sort(rng.integers(0, n * 10, n))  # ties, nesting, overlaps, gaps
+    end = start + rng.integers(0, [1, 5, 40, 200, 30][seed], n)  # zero length too
+    got = _sorted_union(start, np.maximum.accumulate(end))
+    want = union(start, end)
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

@@ -480,8 +480,9 @@ class _Reader:
         if (start[1:] < start[:-1]).any():  # a stream's kernels come in order, mostly
             order = np.argsort(start, kind="stable")
             start, end, rows, corrs = start[order], end[order], rows[order], corrs[order]
-        device.busy.append(union(start, end))
-        lo, hi = int(start[0]), int(end.max())
+        reach = np.maximum.accumulate(end)  # the stream's latest end so far
+        device.busy.append(_sorted_union(start, reach))
+        lo, hi = int(start[0]), int(reach[-1])
         device.first_ns = lo if device.first_ns is None else min(device.first_ns, lo)
         device.last_ns = hi if device.last_ns is None else max(device.last_ns, hi)
         # Each kernel's launch call, by correlation id (-1: none found).
@@ -497,7 +498,7 @@ class _Reader:
             call = np.where(linked, call, -1)
         if len(start) < 2:
             return
-        idle_from = np.maximum.accumulate(end)[:-1]  # the stream's latest end before each
+        idle_from = reach[:-1]  # the stream's latest end before each
         nxt, nxt_call = start[1:], call[1:]
         gap = nxt - idle_from
         open_ = gap > 0
@@ -532,21 +533,29 @@ class _StreamLine:
         lasting = dur > 0  # instants carry no time (XProf: DurationNs() == 0)
         sane = (off > -FAR) & (off < FAR) & (dur <= FAR)
         self.skipped += int(np.count_nonzero(lasting & ~sane))
-        sel = np.flatnonzero(lasting & sane)
-        if not len(sel):
-            return
+        taken = lasting & sane
+        # Every event kept (a stream of kernels): views, not copies.
+        sel: slice | np.ndarray = slice(None) if taken.all() else np.flatnonzero(taken)
         meta = piece.ids[sel]
+        if not len(meta):
+            return
         metas, of_meta = dense_index(meta)
-        known = np.array([self.meta_stats.get(m, (0, 0, 0, False)) for m in metas.tolist()],
-                         np.int64).reshape(-1, 4)[of_meta]  # fmt: skip
-        d, m, o = (np.where(codes >= 0, codes, known[:, i]) for i, codes in enumerate(
-            self.texts.column(piece, columns[c])[sel]
-            for c in (_DETAILS, _MODULE, _OP)))  # fmt: skip
-        copy = (piece.kinds[columns[_COPY]][sel] != 0) | (known[:, 3] != 0)
+        per_meta = np.array([self.meta_stats.get(m, (0, 0, 0, False)) for m in metas.tolist()],
+                            np.int64).reshape(-1, 4)  # fmt: skip
+        d, m, o = (self.texts.column(piece, columns[c])[sel] for c in (_DETAILS, _MODULE, _OP))
+        # An event's own stat wins; without one, its metadata's (looked up only then).
+        d, m, o = (codes if codes.min() >= 0 else
+                   np.where(codes >= 0, codes, per_meta[:, i][of_meta])
+                   for i, codes in enumerate((d, m, o)))  # fmt: skip
+        copy = piece.kinds[columns[_COPY]][sel] != 0
+        if per_meta[:, 3].any():
+            copy |= per_meta[:, 3][of_meta] != 0
         kernel = d != 0 if self.by_details else ~copy
         corr = int_column(piece, columns[_CORRELATION])[sel]
-        self.parts.append((meta[kernel], d[kernel], m[kernel], o[kernel], off[sel][kernel],
-                           dur[sel][kernel], corr[kernel]))  # fmt: skip
+        columns_ = (meta, d, m, o, off[sel], dur[sel], corr)
+        if not kernel.all():
+            columns_ = tuple(c[kernel] for c in columns_)
+        self.parts.append(columns_)
 
     def done(self) -> None:
         """The line was read whole: its kernels go into the reader's rows and device."""
@@ -578,6 +587,15 @@ class _StreamLine:
                                          texts[codes[1][at]], texts[codes[2][at]])  # fmt: skip
         rows: np.ndarray = row_of[key]
         return rows
+
+
+def _sorted_union(start: np.ndarray, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~exporter.analysis.facts.intervals.union` of intervals sorted by start,
+    none negative, from ``reach``, the running maximum of their ends: a merged interval
+    starts where an interval starts past the reach before it, and ends at the reach of
+    its last interval (no sort, no scatter)."""
+    fresh = np.flatnonzero(np.r_[True, start[1:] > reach[:-1]])
+    return start[fresh], reach[np.r_[fresh[1:] - 1, len(start) - 1]]
 
 
 def _per_row(rows: np.ndarray, values: np.ndarray) -> Iterable[tuple[int, int, int, int, int]]:
