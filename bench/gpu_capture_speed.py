@@ -61,6 +61,12 @@ def _peak_mib() -> float:
 
 def worker(kind: str, path: Path) -> dict[str, Any]:
     """One measurement in this (fresh) process; the imports are outside the timing."""
+    if kind in ("device", "facts"):
+        from exporter.heap import keep_freed_memory
+
+        # As the CLI's converting commands do before they read a capture
+        # (``MLPROF_MALLOC=default`` keeps glibc's defaults, as runs before 2026-12-04).
+        keep_freed_memory()
     if kind == "device":
         from exporter.profiles.xplane import device_flamegraph, load_capture
 
@@ -163,7 +169,8 @@ def main() -> None:
         print(json.dumps(worker(args.worker[0], Path(args.worker[1]))))
         return
     sizes = args.size or (["50k"] if args.quick else ["500k", "2M"])
-    print(f"decoder: {os.environ.get('MLPROF_DECODER', 'compiled')}; CPU seconds; "
+    print(f"decoder: {os.environ.get('MLPROF_DECODER', 'compiled')}; malloc: "
+          f"{os.environ.get('MLPROF_MALLOC') or 'keep'}; CPU seconds; "
           "ratios to XProf kernel_stats CPU in the same run")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="mlprof-gpu-bench-") as tmp:
         for name in sizes:
