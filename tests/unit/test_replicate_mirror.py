@@ -49,3 +49,47 @@ def test_a_grown_op_read_backwards_gets_the_mirrored_test(seed: int) -> None:
     # orientation scaled the captures against its own base side's pool).
     assert grew.p_value == pytest.approx(shrank.p_value, rel=1e-6)
     assert grew.regression == shrank.regression
+
+
+LOOP_OPS = {f"op.{i}": 1e6 * w for i, w in enumerate([3, 2, 1.5, 1, 1, 0.8, 0.7])} | {
+    "while.loop": 2e6
+}
+
+
+def loop_capture(seed: int, grown: float = 0.0) -> Side:
+    """One process of a step whose ops each run x1.28 apart between processes (a loaded
+    CPU's spread, after the machine's speed); ``grown``: the loop's added share of the
+    step (13 ms)."""
+    rng = random.Random(seed)
+    speed = rng.uniform(0.6, 2.5)
+    wobble = {op: rng.lognormvariate(0, 0.25) for op in LOOP_OPS}
+    graphs = []
+    for _ in range(12):
+        graph = FlameGraph(sample_type="device_time", unit="nanoseconds")
+        for op, ns in LOOP_OPS.items():
+            extra = grown * 1.3e7 if op == "while.loop" else 0.0
+            value = (ns * wobble[op] + extra) * speed * (1 + rng.uniform(-0.05, 0.05))
+            graph.add(["jit_step", op], round(value))
+        graphs.append(graph)
+    whole = FlameGraph(sample_type="device_time", unit="nanoseconds")
+    for g in graphs:
+        whole.merge(g)
+    return Side(f"l{seed}", "capture", "device", whole, graphs, [g.root.total for g in graphs],
+                "device_steps")  # fmt: skip
+
+
+def test_a_grown_op_is_judged_against_the_rest_of_its_capture() -> None:
+    # Each capture's speed for a frame is the rest of its work, the frame left out: its
+    # own change is not in its denominator. 4 + 4 captures, the loop +20 % of the step,
+    # 20 fixed draws: named in 11 (a machine-wide scale per capture: 7); the unchanged
+    # workload has no verdict either way.
+    named = false = 0
+    for seed in range(20):
+        base = [loop_capture(100 * seed + i) for i in range(4)]
+        head = [loop_capture(100 * seed + 50 + i, grown=0.2) for i in range(4)]
+        top = compare_sides(base, head).top_regression
+        named += bool(top is not None and top.frame.name == "while.loop")
+        same = compare_sides(base, [loop_capture(100 * seed + 70 + i) for i in range(4)])
+        false += bool(same.top_regression or any(e.regression for e in same.improvements))
+    assert named >= 10
+    assert false == 0

@@ -25,7 +25,7 @@ capture a side against :data:`STEP_NOISE_PCT` (a factor either way: on a CPU x8,
 **Replicates.** With several captures a side (each capture one process: a replicate)
 the noise between runs is measured instead of assumed: the step verdict is Student's t
 on the captures' log median steps, and each frame's verdict Student's t on its time per
-step in each capture, after that capture's own machine-wide scale
+step in each capture, against the rest of that capture's work (the frame left out)
 (:func:`replicate_tests`, BH across frames), the variance between captures floored by
 the variance of a capture's mean that its own steps show (two captures that agree by
 chance are no proof of a quiet machine). Size floors then only keep trivia out
@@ -134,7 +134,7 @@ MIN_STEP_CHANGE_PCT: Final = 1.0
 # changes of a fixed size in every capture, load 10-33, both orientations,
 # docs/analysis.md "Detection"): same workload 2 of 240 orientations with a verdict at 2
 # and 4 captures a side (step verdicts), 0 of 120 at 8; an op grown by 10 % of the step
-# named in 0 / 71-79 / 100 % at 2 / 4 / 8 a side, the data phase +10 % in 0 / 67-71 /
+# named in 0 / 96-100 / 100 % at 2 / 4 / 8 a side, the data phase +10 % in 4-8 / 96 /
 # 100 %.
 REPLICATE_MIN_STEP_PCT: Final = 2.0
 # Earlier runs needed before their own spread replaces STEP_NOISE_PCT.

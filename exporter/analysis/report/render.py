@@ -116,7 +116,7 @@ def comparison_text(comparison: Comparison, top: int = 20) -> str:
             nb, nh = between["replicates"]
             out.append(
                 f"  a regression: q < {noise['fdr_alpha']:g} (Student's t between the {nb} + "
-                f"{nh} captures, each after its own machine-wide scale; new work: Mann-Whitney "
+                f"{nh} captures, each against the rest of its own work; new work: Mann-Whitney "
                 f"U across steps; Benjamini-Hochberg) and excess >= "
                 f"{noise['min_new_step_pct']:g} % of the step for new work, >= "
                 f"{between['min_replicate_step_pct']:g} % and "
