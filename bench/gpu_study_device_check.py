@@ -10,11 +10,11 @@ venv made from that python3 would not see its torch and jax), on free ports. Eac
 PASS/FAIL/SKIP/INFO lines becomes a check here.
 
 Remote capture needs XProf's profiler client (``mlprof-exporter[capture]``), which is
-not carried to the lent machine (32 MB and heavy dependencies): there its ``capture``
-step fails, and so its flame-graph step has nothing to read; both are recorded XFAIL
-when ``xprof`` cannot be imported. The JAX captures of part ``detection`` check the
-device flame graph's kernels instead. Dry run: ``--dry-run`` (CPU JAX, GPU checks SKIP;
-the driver hides ``xprof`` there too).
+not carried to the lent machine (32 MB and heavy dependencies): there the script takes
+its capture in the workload instead (``run.profile``, asked through the demo's
+``demo-profile`` knob), and its flame-graph step reads that. A capture step that still
+fails without ``xprof`` is recorded XFAIL. Dry run: ``--dry-run`` (CPU JAX, GPU checks
+SKIP; the driver hides ``xprof`` there too).
 """
 
 from __future__ import annotations

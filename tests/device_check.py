@@ -201,15 +201,24 @@ def check_values(report: Report, series: Series, run: dict[str, Any]) -> None:
                    "pid not mapped (sidecar in another pid namespace?)")  # fmt: skip
 
 
-def check_capture(report: Report, url: str, store: str, dry_run: bool) -> None:
+def check_capture(
+    report: Report, url: str, store: str, dry_run: bool, shared: Path | None = None
+) -> None:
+    """One capture and its flame graph: taken remotely through the sidecar, or (``shared``
+    given: no XProf profiler client here) in the workload with ``run.profile``."""
     mlprof = [sys.executable, "-m", "exporter.cli"]
-    done = subprocess.run(
-        [*mlprof, "capture", "--url", url, "--duration-ms", "2000", "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    if not report.check(done.returncode == 0, "capture", done.stderr.strip()[-300:]):
-        return
-    session = json.loads(done.stdout)["id"]
+    if shared is not None:
+        session = _capture_in_workload(report, shared, store)
+        if session is None:
+            return
+    else:
+        done = subprocess.run(
+            [*mlprof, "capture", "--url", url, "--duration-ms", "2000", "--json"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if not report.check(done.returncode == 0, "capture", done.stderr.strip()[-300:]):
+            return
+        session = json.loads(done.stdout)["id"]
     kind = [] if dry_run else ["--kind", "device"]
     folded = subprocess.run(
         [*mlprof, "flamegraph", session, "--store", store, "--format", "folded", *kind],
@@ -231,12 +240,44 @@ def check_capture(report: Report, url: str, store: str, dry_run: bool) -> None:
     )
 
 
+def _capture_in_workload(report: Report, shared: Path, store: str) -> str | None:
+    """Ask the demo workload to trace a few steps (its ``demo-profile`` knob) and wait for
+    the sidecar to store that session: the in-process path, which needs no xprof."""
+    from exporter.capture.store import SessionStore
+    from exporter.demo.workload import PROFILE_FILE
+
+    sessions = SessionStore(store)
+    before = set(sessions.session_ids())
+    (shared / PROFILE_FILE).write_text("5")
+
+    def stored() -> str | None:
+        for record in sessions.records():
+            new = record.id not in before and record.trigger == "programmatic"
+            if new and record.status != "running":
+                return f"{record.id} {record.status}"
+        return None
+
+    try:
+        found = wait_for("the workload's trace in the store", stored)
+    except TimeoutError as exc:
+        report.add("FAIL", "capture", f"in the workload (run.profile): {exc}")
+        return None
+    session, status = found.split()
+    ok = report.check(status == "done", "capture", f"in the workload (run.profile): {found}")
+    return session if ok else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="device_check", description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True)
     parser.add_argument("--shared", required=True, type=Path)
     parser.add_argument("--store", required=True)
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument(
+        "--in-process-capture",
+        action="store_true",
+        help="capture in the workload (run.profile): no XProf profiler client here",
+    )
     args = parser.parse_args(argv)
     report = Report()
     try:
@@ -287,7 +328,8 @@ def run_checks(args: argparse.Namespace, report: Report) -> None:
             report.add("INFO", "skipped on this machine", ", ".join(nvml.get("skipped", [])))
         else:
             report.add("SKIP", "GPU metrics and values", "dry run: no GPU")
-        check_capture(report, args.url, args.store, args.dry_run)
+        shared = args.shared if args.in_process_capture else None
+        check_capture(report, args.url, args.store, args.dry_run, shared)
 
 
 def _run(shared: Path) -> dict[str, Any] | None:

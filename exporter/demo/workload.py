@@ -8,11 +8,18 @@ the step time stays while the input wait (``train_step_wait_seconds``,
 
     echo 0.2 > mlprof-data/shared/demo-input-delay   # slow input pipeline
     rm mlprof-data/shared/demo-input-delay           # back to full speed
+
+``<shared_dir>/demo-profile`` asks for a trace taken in the workload itself
+(``run.profile``, no profiler client needed): the next N steps (the number in the file,
+default 5) are traced and the file is removed; the sidecar stores the session::
+
+    echo 5 > mlprof-data/shared/demo-profile
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -22,7 +29,7 @@ from typing import Any
 
 from exporter import schema, sdk
 
-__all__ = ["InputPipeline", "main"]
+__all__ = ["PROFILE_FILE", "InputPipeline", "main", "profile_request"]
 
 
 class InputPipeline:
@@ -63,6 +70,25 @@ class InputPipeline:
         x = jax.random.normal(kx, self._shape)
         y = jax.random.randint(ky, (self._shape[0],), 0, self._classes)
         return x, y
+
+
+# In the shared dir: "trace the next N steps with run.profile" (see the module doc).
+PROFILE_FILE = "demo-profile"
+PROFILE_STEPS = 5
+
+
+def profile_request(knob: Path) -> int:
+    """The steps the knob file asks to trace (it is removed once read); 0 when none."""
+    try:
+        text = knob.read_text()
+    except OSError:  # no request (the usual case: one stat per step)
+        return 0
+    knob.unlink(missing_ok=True)
+    try:
+        return min(max(1, int(text.strip() or PROFILE_STEPS)), 1000)
+    except ValueError:
+        print(f"demo: {knob}: expected a number of steps; tracing {PROFILE_STEPS}", flush=True)
+        return PROFILE_STEPS
 
 
 def build_model(features: int, hidden: int, classes: int, seed: int) -> tuple[Any, Any]:
@@ -147,7 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         x, y = pipeline.next()
         run.step_function(update, params, x, y)
         step = 0
+        tracing = contextlib.ExitStack()  # a run.profile asked for by PROFILE_FILE
+        traced_until = 0
         while not stop and (args.steps == 0 or step < args.steps):
+            if step >= traced_until and (wanted := profile_request(shared / PROFILE_FILE)):
+                tracing.enter_context(run.profile("demo"))
+                traced_until = step + wanted
             # A named phase, as tf.data and grain trace theirs: captures show the input
             # pipeline as a frame, reports tell its wait from other host work, and the
             # host profiler tags its samples phase="data".
@@ -161,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                 loss.block_until_ready()
             run.record("loss", float(loss))
             step += 1
+            if step == traced_until:
+                tracing.close()
+        tracing.close()
         print(f"demo: stopped after {step} steps", flush=True)
     return 0
 
