@@ -21,14 +21,16 @@ the profiles layer gives frames.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
 from exporter.profiles.flamegraph import OTHER, FlameGraph, Frame
 
-__all__ = ["AlignedTree", "DiffFrame", "FrameKey", "align"]
+__all__ = ["AlignedTree", "DiffFrame", "FrameKey", "align", "align_reference"]
 
 FrameKey = tuple[str, str, int]  # (name, file, line): a frame's identity among siblings
 
@@ -213,20 +215,23 @@ def _share(values: np.ndarray) -> np.ndarray:
     return values / values[0] if values[0] > 0 else np.zeros_like(values)
 
 
-def align(base: Sequence[FlameGraph], head: Sequence[FlameGraph]) -> AlignedTree:
-    """Align every graph of both sides to one tree (see the module docstring).
-
-    Raises ValueError when the graphs do not share one sample type and unit (pprof's
-    ``compatible()``), or when a value is negative (as Pyroscope's diff refuses).
-    """
-    graphs = [*base, *head]
+def _one_kind(base: Sequence[FlameGraph], head: Sequence[FlameGraph]) -> tuple[str, str]:
+    """The sample type and unit both sides share; ValueError when a side is empty or
+    they do not share one (pprof's ``compatible()``)."""
     if not base or not head:
         raise ValueError("each side needs at least one flame graph")
-    kinds = {(g.sample_type, g.unit) for g in graphs}
+    kinds = {(g.sample_type, g.unit) for g in [*base, *head]}
     if len(kinds) > 1:
         shown = ", ".join(sorted(f"{t}/{u}" for t, u in kinds))
         raise ValueError(f"cannot compare flame graphs of different sample types ({shown})")
-    sample_type, unit = kinds.pop()
+    return kinds.pop()
+
+
+def align_reference(base: Sequence[FlameGraph], head: Sequence[FlameGraph]) -> AlignedTree:
+    """:func:`align` frame by frame, the way it was first written: kept as the reference
+    the faster :func:`align` is held equal to (``tests/unit/test_diff_align.py``)."""
+    sample_type, unit = _one_kind(base, head)
+    graphs = [*base, *head]
     root = DiffFrame(graphs[0].root.name, "", 0, 0, None, source=0)
     frames = [root]
     cells: list[tuple[list[int], list[float], list[float]]] = []  # rows, selfs, totals
@@ -262,3 +267,76 @@ def align(base: Sequence[FlameGraph], head: Sequence[FlameGraph]) -> AlignedTree
     base_self, base_total = matrices(cells[: len(base)])
     head_self, head_total = matrices(cells[len(base) :])
     return AlignedTree(sample_type, unit, frames, base_self, base_total, head_self, head_total)
+
+
+def align(base: Sequence[FlameGraph], head: Sequence[FlameGraph]) -> AlignedTree:
+    """Align every graph of both sides to one tree (see the module docstring).
+
+    Raises ValueError when the graphs do not share one sample type and unit (pprof's
+    ``compatible()``), or when a value is negative (as Pyroscope's diff refuses).
+
+    Each graph is walked once, its frames matched to the aligned tree's by their
+    children's keys (a :class:`Frame`'s children are keyed by its identity); the values
+    are then read in bulk and scattered into the matrices with numpy. It gives what
+    :func:`align_reference` gives, frames in the same order:
+    ``tests/unit/test_diff_align.py`` holds them equal.
+    """
+    sample_type, unit = _one_kind(base, head)
+    graphs = [*base, *head]
+    root = DiffFrame(graphs[0].root.name, "", 0, 0, None, source=0)
+    frames = [root]
+    rows: list[int] = []  # per graph, its frames' rows in walk order (root first)
+    nodes: list[Frame] = []  # the graph frames, in the same order
+    sizes: list[int] = []  # frames per graph
+    collecting = gc.isenabled()
+    gc.disable()  # millions of short-lived tuples: no collection to walk the trees meanwhile
+    try:
+        for graph in graphs:
+            start = len(rows)
+            rows.append(0)
+            nodes.append(graph.root)
+            stack: list[tuple[Frame, DiffFrame]] = [(graph.root, root)]
+            pop, push, add_row = stack.pop, stack.append, rows.append
+            while stack:
+                src, dst = pop()
+                mine = dst.children
+                theirs = src.children
+                nodes.extend(theirs.values())
+                for key, child in theirs.items():
+                    made = mine.get(key)
+                    if made is None:
+                        index = len(frames)
+                        made = mine[key] = DiffFrame(*key, index, dst, source=index)
+                        frames.append(made)
+                    add_row(made.index)
+                    push((child, made))
+            sizes.append(len(rows) - start)
+    finally:
+        if collecting:
+            gc.enable()
+    count = len(rows)
+    selfs = np.fromiter(map(attrgetter("self_value"), nodes), np.float64, count)
+    totals = np.fromiter(map(attrgetter("total"), nodes), np.float64, count)
+    starts = np.cumsum([0, *sizes[:-1]])
+    negative = (selfs < 0) | (totals < 0)
+    negative[starts] = False  # a graph's root is not checked (its own values)
+    if negative.any():
+        raise ValueError(
+            f"frame {nodes[int(negative.argmax())].name!r} has a negative value: cannot compare"
+        )
+    column = np.repeat(np.arange(len(graphs)), sizes)
+    where = np.asarray(rows, np.int64) * len(graphs) + column
+    size = len(frames) * len(graphs)
+    shape = (len(frames), len(graphs))
+    self_matrix = np.bincount(where, selfs, size).reshape(shape)
+    total_matrix = np.bincount(where, totals, size).reshape(shape)
+    n = len(base)
+    return AlignedTree(
+        sample_type,
+        unit,
+        frames,
+        self_matrix[:, :n].copy(),
+        total_matrix[:, :n].copy(),
+        self_matrix[:, n:].copy(),
+        total_matrix[:, n:].copy(),
+    )

@@ -35,9 +35,11 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
+
+import numpy as np
 
 from exporter.errors import ConfigError, InputError
 from exporter.profiles.capture_files import (
@@ -47,8 +49,10 @@ from exporter.profiles.capture_files import (
     is_capture_name,
 )
 from exporter.profiles.convert import KINDS, Kind, is_pprof
-from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.flamegraph import FlameGraph, Frame
 from exporter.profiles.torch_trace import find_traces, is_torch_trace, is_trace_name
+from exporter.profiles.tree_graphs import _SLOTS as FRAME_SLOTS
+from exporter.profiles.tree_graphs import frame_maker
 
 if TYPE_CHECKING:
     from exporter.analysis.sides import cache as side_cache
@@ -75,6 +79,7 @@ __all__ = [
     "sample_cycles",
     "step_cycles",
     "step_view",
+    "step_views",
 ]
 
 log = logging.getLogger(__name__)
@@ -263,9 +268,28 @@ def capture_side(
 def step_view(device: FlameGraph, host: FlameGraph) -> FlameGraph:
     """The step view of one graph pair: device frames, and the host's own threads under
     :data:`HOST_FRAME` (threads of XLA's pools left out: the device part holds them)."""
-    out = device.copy()
-    own = [t for t in host.root.children.values() if not XLA_THREAD.search(t.name)]
-    if own:
+    return step_views([device], [host])[0]
+
+
+def step_views(devices: Sequence[FlameGraph], hosts: Sequence[FlameGraph]) -> list[FlameGraph]:
+    """:func:`step_view` of each pair, the device graphs copied together.
+
+    A report builds the view of each of hundreds of step graphs: the device graphs are
+    copied (as ``FlameGraph.copy`` does, the root named "root") by the compiled frame
+    maker in one call where their values are integers, frame by frame otherwise, and
+    only the totals the host part changes are recomputed (a device graph's are already
+    self plus children, as every reader builds them: ``FlameGraph.check``).
+    ``tests/unit/test_diff_align.py`` holds this equal to copy, merge and recompute.
+    """
+    if any(d.companions for d in devices):  # none from a capture: the long way
+        outs = [d.copy() for d in devices]
+    else:
+        outs = [replace(d, root=Frame("root"), comments=list(d.comments)) for d in devices]
+        _copy_trees(devices, outs)
+    for out, host in zip(outs, hosts, strict=True):
+        own = [t for t in host.root.children.values() if not XLA_THREAD.search(t.name)]
+        if not own:
+            continue
         top = out.root.child(HOST_FRAME)
         stack = [(top, thread) for thread in own]
         while stack:
@@ -273,20 +297,87 @@ def step_view(device: FlameGraph, host: FlameGraph) -> FlameGraph:
             node = mine.child(theirs.name, theirs.file, theirs.line)
             node.self_value += theirs.self_value
             stack.extend((node, child) for child in theirs.children.values())
-        out.recompute_totals()
-    return out
+        if out.companions:
+            out.recompute_totals()
+            continue
+        _retotal(top)
+        root = out.root
+        root.total = root.self_value + sum(c.total for c in root.children.values())
+    return outs
+
+
+def _copy_trees(sources: Sequence[FlameGraph], outs: list[FlameGraph]) -> None:
+    """Each source's frames copied below the matching out's root (values, children in
+    order); the roots take the sources' root values."""
+    nodes: list[Frame] = []
+    keys: list[tuple[str, str, int]] = []
+    parents: list[int] = []
+    sizes: list[int] = []
+    for graph in sources:  # rows: each graph's root, then its frames parents first
+        start = len(nodes)
+        nodes.append(graph.root)
+        keys.append(("root", "", 0))  # a root row's key is not read
+        parents.append(0)
+        stack = [(graph.root, start)]
+        pop, push = stack.pop, stack.append
+        while stack:
+            node, row = pop()
+            for key, child in node.children.items():
+                push((child, len(nodes)))
+                nodes.append(child)
+                keys.append(key)
+                parents.append(row)
+        sizes.append(len(nodes) - start)
+    own = np.array([n.self_value for n in nodes])
+    total = np.array([n.total for n in nodes])
+    maker = frame_maker()
+    if maker is None or own.dtype != np.int64 or total.dtype != np.int64:
+        for graph, out in zip(sources, outs, strict=True):
+            _copied(graph.root, out.root)
+        return
+    window = np.repeat(np.arange(len(sources), dtype=np.int64), sizes)
+    frame = np.arange(len(nodes), dtype=np.int64)
+    frame[np.cumsum([0, *sizes[:-1]], dtype=np.int64)] = 0  # 0: the window's root
+    rows = (window, frame, own, total, np.asarray(parents, np.int64))
+    maker.make(Frame, FRAME_SLOTS, [out.root for out in outs], keys, *rows)
+
+
+def _copied(source: Frame, root: Frame) -> None:
+    """``root`` given ``source``'s values and a copy of its subtree (children in order)."""
+    root.self_value += source.self_value
+    root.total += source.total
+    stack = [(source, root)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        theirs, mine = pop()
+        kids = mine.children
+        for key, child in theirs.children.items():
+            made = kids[key] = Frame(*key)
+            made.self_value = child.self_value
+            made.total = child.total
+            push((child, made))
+
+
+def _retotal(top: Frame) -> None:
+    """Every total under and at ``top`` set to self plus children (deepest first)."""
+    order = [top]
+    for node in order:  # breadth first: each node after its parent
+        order.extend(node.children.values())
+    for node in reversed(order):
+        node.total = node.self_value + sum(c.total for c in node.children.values())
 
 
 def join_step_view(device: Side, host: Side) -> Side:
     """Two kinds of one input joined into its step view (each graph pair by position)."""
     if device.kind != "device" or len(device.steps) != len(host.steps):
         return device  # nothing to join, or steps that do not pair up: the device alone
+    views = step_views([device.whole, *device.steps], [host.whole, *host.steps])
     return Side(
         device.spec,
         device.source,
         "device",
-        step_view(device.whole, host.whole),
-        [step_view(d, h) for d, h in zip(device.steps, host.steps, strict=True)],
+        views[0],
+        views[1:],
         list(device.step_ns),
         device.step_source,
         list(device.files),
