@@ -190,7 +190,8 @@ class BaselineStore:
         return medians
 
     def _earlier(self, record: SessionRecord) -> list[SessionRecord]:
-        """Finished sessions of ``record``'s workload before it, not started by an alert."""
+        """Finished sessions of ``record``'s workload before it, not started by an alert,
+        of its kind: a torch.profiler trace and an XProf capture share no frames."""
         workload = self.workload_of(record)
         if not workload:
             return []
@@ -201,5 +202,6 @@ class BaselineStore:
             and r.finished_ok
             and r.trigger != "alert"
             and r.created < record.created
+            and r.kind == record.kind
             and self.workload_of(r) == workload
         ]
