@@ -40,7 +40,7 @@ from exporter.profiles.flamegraph import FlameGraph, Frame, FrameKey
 from exporter.profiles.frames import FrameLabel
 from exporter.profiles.xspace import compiled_core
 
-__all__ = ["frame_maker", "graphs_by_frame", "graphs_by_node", "kept_windows"]
+__all__ = ["FRAME_SLOTS", "frame_maker", "graphs_by_frame", "graphs_by_node", "kept_windows"]
 
 try:  # the frame maker compiled (exporter/profiles/_treegraphs.c), where it was built
     from exporter.profiles import _treegraphs  # type: ignore[attr-defined]
@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - an install without a compiler
 Labels = tuple[FrameLabel, ...]
 # The compiled maker sets a Frame's slots through these descriptors, in this order.
 _SLOT_NAMES = ("name", "file", "line", "self_value", "total", "children")
-_SLOTS = tuple(getattr(Frame, name) for name in _SLOT_NAMES)
+FRAME_SLOTS = _SLOTS = tuple(getattr(Frame, name) for name in _SLOT_NAMES)  # public: sides/load
 
 
 def frame_maker() -> Any | None:

@@ -51,8 +51,7 @@ from exporter.profiles.capture_files import (
 from exporter.profiles.convert import KINDS, Kind, is_pprof
 from exporter.profiles.flamegraph import FlameGraph, Frame
 from exporter.profiles.torch_trace import find_traces, is_torch_trace, is_trace_name
-from exporter.profiles.tree_graphs import _SLOTS as FRAME_SLOTS
-from exporter.profiles.tree_graphs import frame_maker
+from exporter.profiles.tree_graphs import FRAME_SLOTS, frame_maker
 
 if TYPE_CHECKING:
     from exporter.analysis.sides import cache as side_cache
