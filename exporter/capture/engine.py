@@ -632,12 +632,13 @@ class CaptureEngine:
             for future in done:
                 self._apply(record, futures[future], future.result())
             self._save(self._snapshot(record))
+        each = " for each capture" if options.get("captures", 1) > 1 else ""
         for future in pending:  # still blocked in the profiler client: the target stays busy
             index = futures[future]
             address = record.targets[index].address
             self._apply(record, index, TargetOutcome(
                 "timeout", f"{address}: no answer within {budget:g}s "
-                f"(delay + duration + MLPROF_CAPTURE_TIMEOUT_S for each capture)",
+                f"(delay + duration + MLPROF_CAPTURE_TIMEOUT_S{each})",
             ))  # fmt: skip
             future.add_done_callback(functools.partial(self._discard_late, record.id))
 
