@@ -55,6 +55,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -96,6 +97,11 @@ MAX_JSON_BYTES: Final = 256 << 20
 MAX_NODES: Final = 20_000_000  # graph nodes and frames together
 _MAX_COMPANION_DEPTH: Final = 2  # a graph's companions carry none of their own
 _HASH_CHUNK: Final = 1 << 20
+# Prints remembered by fingerprint(): (device, inode) -> ((size, mtime, ctime), print).
+_PRINTS: dict[tuple[int, int], tuple[tuple[int, int, int], Fingerprint]] = {}
+_MAX_PRINTS: Final = 16
+_SETTLED_NS: Final = 2_000_000_000  # a file untouched this long is not being written
+_now_ns = time.time_ns  # tests set the clock
 # The read asked for without a kind (``load_side`` of a capture without ``--kind``).
 DEFAULT_KEY: Final = "default"
 # Where the path of the capture stood in an error message (a copy elsewhere says its own).
@@ -152,16 +158,34 @@ def key_of(kind: str | None) -> str:
 
 def fingerprint(capture: Path) -> Fingerprint | None:
     """Size and content hash of the regular file ``capture`` (no link followed); None
-    when it cannot be read so (then nothing is cached for it)."""
+    when it cannot be read so (then nothing is cached for it).
+
+    A session's job asks for the same capture's print up to three times (the facts'
+    read, the conversion, the report): each hash of a large capture reads all of it
+    again, so a print is remembered for the file while its size, mtime and ctime stay
+    as they were (a rewrite moves its ctime, which no one can set back), and only once
+    the file has been left alone for :data:`_SETTLED_NS` (a write within the same clock
+    tick as the hash keeps both times)."""
     try:
         with open_regular(capture, follow_symlinks=False) as handle:
             st = os.fstat(handle.fileno())
+            identity, state = (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            known = _PRINTS.get(identity)
+            if known is not None and known[0] == state:
+                return known[1]
+            settled = _now_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= _SETTLED_NS
             digest = hashlib.blake2b(digest_size=32)
             while chunk := handle.read(_HASH_CHUNK):
                 digest.update(chunk)
     except OSError:
         return None
-    return Fingerprint(st.st_size, digest.hexdigest(), _stamp(st))
+    print_ = Fingerprint(st.st_size, digest.hexdigest(), _stamp(st))
+    if settled:
+        _PRINTS.pop(identity, None)
+        _PRINTS[identity] = (state, print_)
+        while len(_PRINTS) > _MAX_PRINTS:  # the oldest first
+            del _PRINTS[next(iter(_PRINTS))]
+    return print_
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int]:
