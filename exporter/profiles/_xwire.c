@@ -825,57 +825,76 @@ done:
 }
 
 PyDoc_STRVAR(first_seen_doc,
-"first_seen(rows, width, /)\n--\n\n"
-"Distinct rows of a table of int64 codes: ``rows`` is the bytes of an int64 array of\n"
-"n rows of ``width`` (1..64) values, row after row. Returns (key, first): each row's\n"
-"key, numbered in the order the distinct rows first occur, and the index of each key's\n"
-"first row, as int64 array bytes. What exporter/profiles/event_stats.first_seen does\n"
-"with dense indexes and sorts, in one pass through a hash table of the distinct rows\n"
-"(tests/unit/test_gpu_kernel_reductions.py holds the two alike).");
+"first_seen(columns, /)\n--\n\n"
+"Distinct rows of equal-length int64 code columns: ``columns`` is a tuple of 1..64\n"
+"objects with the buffer of an int64 array each (row i is their i-th values). Returns\n"
+"(key, first): each row's key, numbered in the order the distinct rows first occur,\n"
+"and the index of each key's first row, as int64 array bytes. What\n"
+"exporter/profiles/event_stats.first_seen_numpy does with dense indexes and sorts, in\n"
+"one pass through a hash table of the distinct rows (tests/unit/\n"
+"test_gpu_kernel_reductions.py holds the two alike).");
 
-/* A row's hash: a multiply per value, then splitmix64's finaliser mixes the high bits
+enum { MAX_KEY_COLUMNS = 64 };
+
+/* Row i's hash: a multiply per value, then splitmix64's finaliser mixes the high bits
  * into the low ones the table's mask keeps. */
-static inline uint64_t row_hash(const int64_t *row, Py_ssize_t width) {
+static inline uint64_t row_hash(const int64_t *const *cols, Py_ssize_t width, Py_ssize_t i) {
     uint64_t h = 0;
-    for (Py_ssize_t c = 0; c < width; c++) h = (h ^ (uint64_t)row[c]) * 0x9E3779B97F4A7C15ULL;
+    for (Py_ssize_t c = 0; c < width; c++) h = (h ^ (uint64_t)cols[c][i]) * 0x9E3779B97F4A7C15ULL;
     h ^= h >> 31;
     h *= 0xBF58476D1CE4E5B9ULL;
     h ^= h >> 29;
     return h;
 }
 
-static inline int same_row(const int64_t *a, const int64_t *b, Py_ssize_t width) {
+static inline int same_row(const int64_t *const *cols, Py_ssize_t width, Py_ssize_t a,
+                           Py_ssize_t b) {
     for (Py_ssize_t c = 0; c < width; c++) {
-        if (a[c] != b[c]) return 0;
+        if (cols[c][a] != cols[c][b]) return 0;
     }
     return 1;
 }
 
 static PyObject *first_seen(PyObject *self, PyObject *args) {
-    Py_buffer rv;
-    Py_ssize_t width;
-    if (!PyArg_ParseTuple(args, "y*n:first_seen", &rv, &width)) return NULL;
+    PyObject *columns;
+    if (!PyArg_ParseTuple(args, "O!:first_seen", &PyTuple_Type, &columns)) return NULL;
+    Py_ssize_t width = PyTuple_GET_SIZE(columns);
+    if (width < 1 || width > MAX_KEY_COLUMNS) {
+        PyErr_SetString(PyExc_ValueError, "first_seen takes 1..64 columns");
+        return NULL;
+    }
+    Py_buffer views[MAX_KEY_COLUMNS];
+    const int64_t *cols[MAX_KEY_COLUMNS];
+    Py_ssize_t held = 0, n = 0;
     PyObject *key = NULL, *first = NULL, *result = NULL;
     int64_t *slots = NULL;  /* per slot: the key there, -1 when empty */
-    Py_ssize_t cells;
-    if (!int64_array(&rv, &cells)) goto done;
-    if (width < 1 || width > 64 || cells % width != 0) {
-        PyErr_SetString(PyExc_ValueError, "rows are not whole rows of width 1..64");
-        goto done;
+    for (; held < width; held++) {
+        Py_ssize_t length;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(columns, held), &views[held],
+                               PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (!int64_array(&views[held], &length)) {
+            held++;
+            goto done;
+        }
+        if (held && length != n) {
+            held++;
+            PyErr_SetString(PyExc_ValueError, "first_seen's columns differ in length");
+            goto done;
+        }
+        n = length;
+        cols[held] = views[held].buf;
     }
-    Py_ssize_t n = cells / width;
     key = PyBytes_FromStringAndSize(NULL, n * 8);
     first = PyBytes_FromStringAndSize(NULL, n * 8);  /* at most n keys; trimmed below */
     /* A power of two at least twice the distinct rows so far: probes stay short, and
      * the table stays as small as the distinct rows (in cache for a few thousand
-     * kernels), growing up to twice the rows at most. */
+     * kernels), growing up to four times the rows at most. */
     size_t size = 1024;
     slots = PyMem_RawMalloc(size * sizeof(int64_t));
     if (key == NULL || first == NULL || slots == NULL) {
         if (slots == NULL) PyErr_NoMemory();
         goto done;
     }
-    const int64_t *values = rv.buf;
     int64_t *k = (int64_t *)PyBytes_AS_STRING(key), *f = (int64_t *)PyBytes_AS_STRING(first);
     Py_ssize_t distinct = 0;
     int no_memory = 0;
@@ -883,7 +902,6 @@ static PyObject *first_seen(PyObject *self, PyObject *args) {
     memset(slots, 0xff, size * sizeof(int64_t));
     size_t mask = size - 1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        const int64_t *row = values + i * width;
         if ((size_t)distinct * 2 >= size) {  /* grow: each key again at its row's hash */
             int64_t *grown = PyMem_RawMalloc(size * 2 * sizeof(int64_t));
             if (grown == NULL) {
@@ -896,12 +914,12 @@ static PyObject *first_seen(PyObject *self, PyObject *args) {
             mask = size - 1;
             memset(slots, 0xff, size * sizeof(int64_t));
             for (Py_ssize_t key_at = 0; key_at < distinct; key_at++) {
-                size_t to = (size_t)row_hash(values + f[key_at] * width, width) & mask;
+                size_t to = (size_t)row_hash(cols, width, f[key_at]) & mask;
                 while (slots[to] >= 0) to = (to + 1) & mask;
                 slots[to] = key_at;
             }
         }
-        size_t at = (size_t)row_hash(row, width) & mask;
+        size_t at = (size_t)row_hash(cols, width, i) & mask;
         for (;;) {
             int64_t there = slots[at];
             if (there < 0) {
@@ -910,7 +928,7 @@ static PyObject *first_seen(PyObject *self, PyObject *args) {
                 k[i] = distinct++;
                 break;
             }
-            if (same_row(values + f[there] * width, row, width)) {
+            if (same_row(cols, width, f[there], i)) {
                 k[i] = there;
                 break;
             }
@@ -927,7 +945,7 @@ done:
     Py_XDECREF(key);
     Py_XDECREF(first);
     PyMem_RawFree(slots);
-    PyBuffer_Release(&rv);
+    for (Py_ssize_t c = 0; c < held; c++) PyBuffer_Release(&views[c]);
     return result;
 }
 

@@ -306,10 +306,7 @@ def first_seen(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     core = xspace.compiled_core()
     if core is None or not len(columns[0]) or not 1 <= len(columns) <= _MAX_COLUMNS:
         return first_seen_numpy(columns)
-    rows = np.empty((len(columns[0]), len(columns)), np.int64)
-    for c, column in enumerate(columns):
-        rows[:, c] = column
-    key, first = core.first_seen(rows, len(columns))
+    key, first = core.first_seen(tuple(np.ascontiguousarray(c, np.int64) for c in columns))
     return np.frombuffer(key, np.int64), np.frombuffer(first, np.int64)
 
 

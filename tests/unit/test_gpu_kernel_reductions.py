@@ -114,16 +114,20 @@ def test_first_seen_compiled_equals_its_numpy_twin(seed: int) -> None:
     assert key.tolist() == want_key.tolist() and first.tolist() == want_first.tolist()
 
 
-def test_first_seen_refuses_a_table_that_is_not_whole_rows() -> None:
+def test_first_seen_refuses_columns_that_are_not_a_table() -> None:
     from exporter.profiles import xspace
 
     core = xspace.compiled_core()
     if core is None:
         pytest.skip("no compiled core in this install")
-    with pytest.raises(ValueError):
-        core.first_seen(np.zeros(7, np.int64), 2)
-    with pytest.raises(ValueError):
-        core.first_seen(np.zeros(4, np.int64), 0)
+    for bad in [(np.zeros(3, np.int64), np.zeros(4, np.int64)), (), (b"1234567",),
+                (np.zeros(1, np.int64),) * 65]:  # fmt: skip
+        with pytest.raises(ValueError):
+            core.first_seen(bad)
+    with pytest.raises(TypeError):
+        core.first_seen([np.zeros(2, np.int64)])  # a tuple, not a list
+    with pytest.raises(ValueError, match="contiguous"):
+        core.first_seen((np.zeros((4, 2), np.int64)[:, 0],))  # a strided view
 
 
 @pytest.mark.parametrize("seed", range(5))
