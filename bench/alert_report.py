@@ -24,6 +24,8 @@ children together at most 10 s.
 
     .venv/bin/python bench/alert_report.py               # 373 MB, a few minutes
     .venv/bin/python bench/alert_report.py --mb 40       # a quick check
+    .venv/bin/python bench/alert_report.py --keep /tmp/alert --reference /tmp/ref
+                                       # the code of /tmp/ref timed beside, same capture
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ def _bounded() -> None:  # in the child before exec, as exporter.sandbox does
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _run(name: str, args: list[str], cwd: Path) -> dict[str, float]:
-    """One whole child: wall, CPU (user + sys) and peak RSS (its own, from wait4)."""
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
+def _run(name: str, args: list[str], cwd: Path, code: Path = ROOT) -> dict[str, float]:
+    """One whole child of the project at ``code``: wall, CPU (user + sys) and peak RSS
+    (its own, from wait4)."""
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(code)}
     wall = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
@@ -73,6 +76,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=373.0, help="capture size (MB)")
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        help="a tree of the project as it was (git archive REV | tar -x -C DIR, its "
+        "compiled extensions copied in): its session child is timed in the same run",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
     from huge_capture import write_huge
@@ -116,6 +125,13 @@ def main() -> None:
                     f"--capture={capture.name}", "--report", *title,
                     f"--baseline={base}", *baseline], work)  # fmt: skip
         own_cache.unlink(missing_ok=True)
+        old = None
+        if args.reference is not None:
+            old = _run("reference code: one session child",
+                       [*job, "session", str(session), str(out / "session"),
+                        f"--capture={capture.name}", "--report", *title,
+                        f"--baseline={base}", *baseline], work, args.reference)  # fmt: skip
+            own_cache.unlink(missing_ok=True)
         convert = _run("before: conversion child",
                        [*job, "flamegraphs", str(capture), str(out / "convert"), "--kind",
                         "capture"], work)  # fmt: skip
@@ -141,6 +157,11 @@ def main() -> None:
             f"{one['cpu_s'] / cpu:.2f}; target <= {TARGET_S:g} s -> "
             f"{'met' if max(one['wall_s'], one['cpu_s']) <= TARGET_S else 'NOT met'}"
         )
+        if old is not None:
+            print(
+                f"reference code's session child: {old['wall_s']:.2f} s wall "
+                f"({old['cpu_s']:.2f} s CPU); now/reference CPU {one['cpu_s'] / old['cpu_s']:.2f}"
+            )
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
