@@ -41,22 +41,7 @@ from exporter.proto import xplane_pb2
 from exporter.testing.synthetic import tpu_capture
 from tests.analysis_captures import AnalysisCaptures
 from tests.riegeli_writer import varint
-from tests.unit.test_fuzz_readers import (
-    EDGE_INTS,
-    EVENT_NAMES,
-    FUZZ,
-    INT64_MAX,
-    INT64_MIN,
-    LINE_NAMES,
-    PLANE_NAMES,
-    STAT_LIST,
-    TEXTS,
-    U64,
-    UINT64_MAX,
-    mutated,
-    serialised,
-    shaped_events,
-)
+from tests.unit.test_fuzz_readers import FUZZ, mutated, serialised, xspaces
 from tests.xspace_builder import PlaneBuilder
 
 _ORDER_FREE: list[bool] = [False]  # set while reading in pieces (see _both)
@@ -487,133 +472,6 @@ def _with_poison(draw: st.DrawFn, space: xplane_pb2.XSpace) -> bytes:
     return b"".join(_field(1, 2, p) for p in planes) + rest.SerializeToString(deterministic=True)
 
 
-# -- XSpaces drawn field by field -----------------------------------------------------
-# test_fuzz_readers builds its XSpaces from one seed (5x faster); here they are still
-# drawn by Hypothesis field by field, as before: the seed-built ones find that the
-# compiled core read in 64-byte pieces refuses some captures with another reason than
-# read whole ("an event lies past 2**62 ps" against "line 0 of plane '/host:CPU' does
-# not parse"), a product difference to settle before this test switches generators.
-I64 = st.one_of(
-    st.integers(-3, 3000), st.sampled_from(EDGE_INTS), st.integers(INT64_MIN, INT64_MAX)
-)
-SMALL_ID = st.one_of(st.integers(-2, 8), st.sampled_from([INT64_MAX, INT64_MIN, 1 << 40]))
-TEXT = st.one_of(st.sampled_from(TEXTS), st.text(max_size=6))
-EVENT_NAME = st.one_of(st.sampled_from(EVENT_NAMES), TEXT)
-LINE_NAME = st.one_of(st.sampled_from(LINE_NAMES), TEXT)
-PLANE_NAME = st.one_of(
-    st.sampled_from(PLANE_NAMES),
-    st.sampled_from(["/host:CPU", "/device:TPU:0", "Task Environment"]),
-    TEXT,
-)
-STAT_NAME = st.one_of(st.sampled_from(STAT_LIST), TEXT)
-
-
-@st.composite
-def xstats(draw: st.DrawFn, ids: st.SearchStrategy[int], max_size: int = 3) -> list[Any]:
-    out = []
-    for _ in range(draw(st.integers(0, max_size))):
-        stat = xplane_pb2.XStat(metadata_id=draw(ids))
-        kind = draw(st.sampled_from(["none", "int", "int", "uint", "double", "str", "bytes",
-                                     "ref", "ref"]))  # fmt: skip
-        if kind == "int":
-            stat.int64_value = draw(I64)
-        elif kind == "uint":
-            stat.uint64_value = draw(U64)
-        elif kind == "double":
-            stat.double_value = draw(
-                st.one_of(
-                    st.floats(allow_nan=True, allow_infinity=True),
-                    st.sampled_from([1e300, -1e300, 2.0**63, 7.0]),
-                )
-            )
-        elif kind == "str":
-            stat.str_value = draw(st.one_of(TEXT, st.sampled_from(["-5", "12", "9" * 30])))
-        elif kind == "bytes":
-            stat.bytes_value = draw(st.binary(max_size=6))
-        elif kind == "ref":
-            stat.ref_value = draw(st.one_of(ids, U64).map(lambda v: v % (UINT64_MAX + 1)))
-        out.append(stat)
-    return out
-
-
-# Times mostly small (so events overlap), sometimes hostile.
-TIME = st.one_of(st.integers(-3, 3000), st.integers(-3, 3000), I64)
-
-
-@st.composite
-def xlines(draw: st.DrawFn, meta_ids: st.SearchStrategy[int],
-           stat_ids: st.SearchStrategy[int]) -> xplane_pb2.XLine:  # fmt: skip
-    line = xplane_pb2.XLine(
-        id=draw(I64),
-        display_id=draw(SMALL_ID),
-        name=draw(LINE_NAME),
-        display_name=draw(st.one_of(st.just(""), LINE_NAME)),
-        timestamp_ns=draw(st.one_of(st.just(0), st.just(10**18), I64)),
-        duration_ps=draw(I64),
-    )
-    if draw(st.booleans()):  # a shaped run of events
-        kind = draw(st.sampled_from(["staircase", "nested", "same", "reverse", "flat"]))
-        n = draw(st.integers(1, 100))
-        step = draw(st.sampled_from([1, 7, 1000, 1 << 40]))
-        width = draw(st.sampled_from([1, 10, 5000, 1 << 50]))
-        base = draw(st.sampled_from([0, -(10**6), 1 << 61]))
-        meta = draw(meta_ids)
-        for offset, duration in shaped_events(kind, n, step, width):
-            line.events.add(metadata_id=meta, offset_ps=base + offset, duration_ps=duration)
-    for _ in range(draw(st.integers(0, 12))):
-        event = line.events.add(metadata_id=draw(meta_ids), duration_ps=draw(TIME))
-        if draw(st.integers(0, 9)) == 0:
-            event.num_occurrences = draw(I64)
-        else:
-            event.offset_ps = draw(TIME)
-        event.stats.extend(draw(xstats(stat_ids)))
-    return line
-
-
-@st.composite
-def xplanes(draw: st.DrawFn) -> xplane_pb2.XPlane:
-    plane = xplane_pb2.XPlane(id=draw(I64), name=draw(PLANE_NAME))
-    # Metadata mostly coherent (ids 1..n, the stat names the readers look for), with
-    # hostile entries beside: a key that is not the id, ids no metadata has.
-    stat_names = draw(st.lists(STAT_NAME, max_size=7))
-    for sid, name in enumerate(stat_names, 1):
-        plane.stat_metadata[sid].id = sid
-        plane.stat_metadata[sid].name = name
-    for sid in draw(st.lists(SMALL_ID, max_size=2)):
-        plane.stat_metadata[sid].id = draw(SMALL_ID)
-        plane.stat_metadata[sid].name = draw(STAT_NAME)
-    stat_ids = st.one_of(st.integers(1, max(len(stat_names), 1)), SMALL_ID)
-    n_meta = draw(st.integers(0, 6))
-    for mid in range(1, n_meta + 1):
-        meta = plane.event_metadata[mid]
-        meta.id = mid
-        meta.name = draw(EVENT_NAME)
-        meta.display_name = draw(st.one_of(st.just(""), EVENT_NAME))
-        meta.stats.extend(draw(xstats(stat_ids)))
-        meta.child_id.extend(draw(st.lists(SMALL_ID, max_size=2)))
-    for mid in draw(st.lists(SMALL_ID, max_size=2)):
-        plane.event_metadata[mid].id = draw(SMALL_ID)
-        plane.event_metadata[mid].name = draw(EVENT_NAME)
-    meta_ids = st.one_of(st.integers(1, max(n_meta, 1)), SMALL_ID)
-    plane.stats.extend(draw(xstats(stat_ids)))
-    lines = draw(st.integers(0, 4))
-    if draw(st.integers(0, 7)) == 0:
-        lines = draw(st.integers(20, 80))  # many lines (mostly tiny)
-    for _ in range(lines):
-        plane.lines.append(draw(xlines(meta_ids, stat_ids)))
-    return plane
-
-
-@st.composite
-def drawn_xspaces(draw: st.DrawFn) -> xplane_pb2.XSpace:
-    space = xplane_pb2.XSpace()
-    for _ in range(draw(st.integers(0, 4))):
-        space.planes.append(draw(xplanes()))
-    space.hostnames.extend(draw(st.lists(TEXT, max_size=2)))
-    space.errors.extend(draw(st.lists(TEXT, max_size=1)))
-    return space
-
-
 def test_generated_and_damaged_xspaces_read_the_same() -> None:
     """The compiled core and protobuf convert or refuse every capture alike.
 
@@ -623,7 +481,7 @@ def test_generated_and_damaged_xspaces_read_the_same() -> None:
 
     # No explain phase: on Python 3.11 it traces every line and takes minutes.
     @settings(FUZZ, max_examples=80, phases=[Phase.generate, Phase.shrink])
-    @given(space=drawn_xspaces(), data=st.data())
+    @given(space=xspaces(), data=st.data())
     def run(space: xplane_pb2.XSpace, data: st.DataObject) -> None:
         if data.draw(st.booleans()):
             sent = data.draw(_with_poison(space))

@@ -83,7 +83,6 @@ def serialised(draw: st.DrawFn, message: Any) -> bytes:
 EDGE_INTS = [0, 1, -1, 2, 999, 1000, 1001, 10**12, 10**17, 10**18, 1 << 62, INT64_MAX,
              INT64_MIN, INT64_MIN + 1, INT64_MAX - 1]  # fmt: skip
 U64_EDGES = [0, 1, INT64_MAX, UINT64_MAX]
-U64 = st.one_of(st.integers(0, 3000), st.sampled_from(U64_EDGES), st.integers(0, UINT64_MAX))
 TEXTS = ["", "a", "a\x00b", "\x00", BAD_UTF8, "x" * 300, "a/b//c/", "/", ";"]
 EVENT_NAMES = ["XLA Ops", "train", "jit_step(123)", "jit_step(-9)", "$a.py:3 f", "$",
                "$<unknown> g", "$x.py:99999999999999999999 h", "xla::Foo::bar",
