@@ -283,9 +283,8 @@ def int_column(piece: StatEvents, column: int) -> np.ndarray:
     int64 or uint64 value, a str_value of ASCII digits; -1 for anything else, no stat,
     or a value past int64 (no id that large matches a real one)."""
     kinds, values = piece.kinds[column], piece.values[column]
-    out = np.full(len(kinds), -1, np.int64)
     ints = (kinds == KIND_INT64) | ((kinds == KIND_UINT64) & (values >= 0))
-    out[ints] = values[ints]
+    out = np.where(ints, values, -1)  # one pass, not a masked scatter
     strs = np.flatnonzero(kinds == KIND_STR)
     if len(strs):
         parsed = [parse_ascii_int(s) for s in piece.strings]

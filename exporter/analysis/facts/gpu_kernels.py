@@ -302,7 +302,10 @@ def _launch_calls(capture: Capture) -> tuple[np.ndarray, np.ndarray, np.ndarray]
                 off, dur, ids = piece.offsets, piece.durations, int_column(piece, 0)
                 keep = np.isin(piece.ids, calls) & (dur >= 0) & (off > -FAR) & (off < FAR)
                 keep &= (dur <= FAR) & (ids >= 0)
-                out.append((ids[keep], off[keep], dur[keep]))
+                if keep.all():  # a line of launch calls only (CUPTI's): no copies
+                    out.append((ids, off, dur))
+                else:
+                    out.append((ids[keep], off[keep], dur[keep]))
             return out
 
         for header in line_headers(capture, plane):
