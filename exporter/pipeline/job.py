@@ -467,7 +467,7 @@ class _SessionReads:
     def __call__(self, path: Path, capture: Any, kind: str) -> Any:
         """A whole graph for the facts, read as the capture's side (GraphReader)."""
         from exporter.analysis.sides import cache as side_cache
-        from exporter.analysis.sides.load import MAX_STEP_SAMPLES, capture_side, step_cycles
+        from exporter.analysis.sides.load import capture_side
         from exporter.errors import InputError
         from exporter.profiles.steps import step_windows
         from exporter.profiles.xplane import device_flamegraph, host_flamegraph
@@ -484,8 +484,6 @@ class _SessionReads:
         if "windows" not in cache:
             cache["step_names"] = set()
             cache["windows"] = step_windows(capture, cache["step_names"])
-        if len(step_cycles(cache["windows"][0])) > MAX_STEP_SAMPLES:
-            return plain(capture)  # a side samples its steps: another pass (finish)
         started = time.perf_counter()
         try:
             chosen, whole, steps, step_ns, source, view = capture_side(

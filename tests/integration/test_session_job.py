@@ -257,7 +257,9 @@ def _report(store: SessionStore, session_id: str) -> dict[str, Any]:
     return {k: v for k, v in found.items() if k not in RUN_KEYS}
 
 
-@pytest.mark.parametrize("steps", [10, 230])  # a side samples 200 steps: past it, 2 reads
+# A side samples 200 steps: past it, the sampled cycles and the whole graph still come
+# from one pass (sides.load.capture_side), so one read either way.
+@pytest.mark.parametrize("steps", [10, 230])
 def test_the_session_childs_report_is_the_analyze_childs(
     tmp_path: Path, counted: Path, steps: int
 ) -> None:
@@ -266,7 +268,7 @@ def test_the_session_childs_report_is_the_analyze_childs(
     processor, _ = _joined(joined, Pushes())
     for session_id in ("base", "alert"):
         processor.process(session_id)
-    assert opens(counted) == ({"base": 1, "alert": 1} if steps < 200 else {"base": 2, "alert": 2})
+    assert opens(counted) == {"base": 1, "alert": 1}, opens(counted)
     reference = ReportWorker(apart, ReportSettings(xprof=False))
     for session_id in ("base", "alert"):
         assert reference.process(session_id) is not None
