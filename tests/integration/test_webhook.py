@@ -121,8 +121,16 @@ class Loop:
         return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
 
     def wait_cooldown(self) -> None:
-        """Let the run's cooldown pass before a test that needs a capture to start: the
-        policy's clock moves on past it (no sleep)."""
+        """Before a test that needs a capture to start: the captures already started end
+        (the global limit is 1; a busy machine stretches them), and the run's cooldown
+        passes on the policy's clock (no sleep)."""
+        wait_until(
+            lambda: all(
+                (r := self.session(s)) and r["status"] != "running" for s in self.sessions()
+            ),
+            timeout=90,
+            what="the captures already started to end",
+        )
         remaining = self.last_capture + COOLDOWN_S + 0.5 - self.clock()
         if remaining > 0:
             self.clock.skip(remaining)
