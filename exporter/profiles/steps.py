@@ -169,7 +169,8 @@ def _host_step_events(capture: Capture) -> Iterator[tuple[Any, int, int, int, in
             for event in read_line(capture, plane, header.index).events:
                 if not event.stats or event.duration_ps <= 0:
                     continue
-                stat = next((st for st in event.stats if st.metadata_id in step_ids), None)
+                stats = reversed(event.stats)  # a repeated step_num: its last
+                stat = next((st for st in stats if st.metadata_id in step_ids), None)
                 if stat is not None:
                     value = getattr(stat, stat.WhichOneof("value") or "int64_value")
                     yield (plane, header.index, base, event.metadata_id, event.offset_ps,
@@ -205,7 +206,8 @@ def _host_step_columns(capture: Capture) -> Iterator[tuple[Any, int, int, int, i
     """:func:`_host_step_events`' rows from the compiled core's columns: a line's events
     are read with their step_num stat in one pass, and only the step annotations (a few
     in tens of thousands of a Python-traced capture's events) reach Python. An event
-    with two step_num stats gives its last here, its first in the twin."""
+    with two step_num stats gives its last, here and in the twin (as the GPU readers
+    take a repeated stat's last: one answer whichever decoder runs)."""
     for ref in capture.host_planes:
         plane = capture.plane(ref)
         step_ids = {m.id for m in plane.stat_metadata.values() if m.name == "step_num"}

@@ -213,6 +213,12 @@ def _encoded_steps_capture() -> Capture:
             event.stats.add(metadata_id=step_id, **value)  # type: ignore[arg-type]
         zero = line.events.add(metadata_id=host.meta("train"), offset_ps=5, duration_ps=0)
         zero.stats.add(metadata_id=step_id, int64_value=99)  # no duration: not a step
+        # A step_num given twice (the fuzz tests made one): both decoders take the last,
+        # as the GPU readers take a repeated stat's last.
+        twice = line.events.add(metadata_id=host.meta("step"), offset_ps=20 * 10**6,
+                                duration_ps=9**5)  # fmt: skip
+        twice.stats.add(metadata_id=step_id, double_value=-2.5e150)
+        twice.stats.add(metadata_id=step_id, int64_value=12)
     return Capture.from_space(space)
 
 
@@ -236,4 +242,4 @@ def test_host_steps_from_columns_are_the_event_by_event_reading(which: str) -> N
         (windows, source), names = found["compiled"]
         assert source == "host_step_annotations" and names == {"step", "train"}
         numbered = sorted({w.step for w in windows if w.step is not None})
-        assert numbered == [-7, 0, 3, 4, 5, 6, 10, (1 << 64) - 1]
+        assert numbered == [-7, 0, 3, 4, 5, 6, 10, 12, (1 << 64) - 1]
