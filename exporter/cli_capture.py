@@ -17,7 +17,7 @@ import click
 from click.core import ParameterSource
 
 from exporter import schema
-from exporter.config import load_settings
+from exporter.config import MAX_ALERT_CAPTURES, load_settings
 from exporter.errors import ConfigError, MlprofError
 
 __all__ = ["COMMANDS"]
@@ -111,6 +111,14 @@ run_option = click.option("--run-id", help="Only targets of this run.")
     help="trace: a new trace now; snapshot: store the newest snapshot window kept.",
 )
 @click.option("--name", help="Session name (A-Z a-z 0-9 . _ -); a time stamp is appended.")
+@click.option(
+    "--captures",
+    type=click.IntRange(1, MAX_ALERT_CAPTURES),
+    default=1,
+    show_default=True,
+    help="Traces of each target one after another, the duration split among them "
+    "(replicates for the session's report).",
+)
 @click.option("--no-wait", is_flag=True, help="Print the session id and return at once.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600.0,
               show_default=True, help="Seconds to wait for the session to end.")  # fmt: skip
@@ -127,6 +135,7 @@ def capture(
     delay_ms: int,
     kind: str,
     name: str | None,
+    captures: int,
     no_wait: bool,
     timeout_s: float,
 ) -> None:
@@ -141,6 +150,8 @@ def capture(
         "delay_ms": delay_ms,
         "name": name,
     }
+    if captures != 1:  # absent, the request is what a sidecar before the setting accepts
+        body["captures"] = captures
     started = client.post("/api/v1/captures", body)
     session_id, status_url = started["session_id"], started["status_url"]
     for key, clamp in started.get("clamped", {}).items():

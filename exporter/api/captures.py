@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from exporter.api.auth import check_bearer
 from exporter.api.body import read_limited
@@ -26,6 +26,7 @@ from exporter.capture.engine import (
 )
 from exporter.capture.session import SessionRecord, check_session_id
 from exporter.capture.targets import ProfilerTarget
+from exporter.config import MAX_ALERT_CAPTURES
 
 if TYPE_CHECKING:
     from exporter.sidecar import Sidecar
@@ -66,6 +67,19 @@ class CaptureBody(_Selector):
     python_tracer_level: int = Field(0, ge=0, le=1)
     delay_ms: int = Field(0, ge=0, le=HARD_MAX_DURATION_MS)
     name: str | None = Field(None, description="Session name (A-Z a-z 0-9 . _ -, <= 128).")
+    captures: int = Field(
+        1,
+        ge=1,
+        le=MAX_ALERT_CAPTURES,
+        description="Traces of each target one after another, duration_ms split among them: "
+        "the session's replicates, as an alert's MLPROF_ALERT_CAPTURES (a snapshot is one).",
+    )
+
+    @model_validator(mode="after")
+    def _one_snapshot(self) -> CaptureBody:
+        if self.kind == "snapshot" and self.captures != 1:
+            raise ValueError("captures: a snapshot is one window (captures 1)")
+        return self
 
 
 class SnapshotBody(_Selector):
@@ -155,6 +169,7 @@ async def post_capture(request: Request) -> JSONResponse:
         python_tracer_level=body.python_tracer_level,
         delay_ms=body.delay_ms,
         name=body.name,
+        captures=body.captures,
         # A snapshot asked for by hand is found with `mlprof sessions --trigger snapshot`.
         trigger="snapshot" if body.kind == "snapshot" else "manual",
         requester="api",

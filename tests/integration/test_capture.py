@@ -222,6 +222,22 @@ def test_three_workloads_captured_concurrently_into_one_session(stack: Stack) ->
     assert {s.labels["run_id"] for s in pushed} >= {stack.run_ids[0]}
 
 
+def test_a_capture_by_hand_takes_several_captures_as_an_alert_does(stack: Stack) -> None:
+    """`"captures": 2`: the target's two traces one after another, named by round, so a
+    baseline taken by hand has replicates of its own (as MLPROF_ALERT_CAPTURES gives an
+    alert's session)."""
+    started = stack.capture(targets=[stack.addresses[0]], duration_ms=600, captures=2)
+    assert started["options"]["captures"] == 2
+    record = stack.finished(started["session_id"])
+    assert record["status"] == "done", record
+    [target] = record["targets"]
+    assert target["status"] == "ok", target
+    stem = target["files"][0].split(".r1.")[0]
+    assert target["files"] == [f"{stem}.r1.xplane.pb", f"{stem}.r2.xplane.pb"]
+    for name in target["files"]:
+        assert "/host:CPU" in _parse_capture(stack.session_dir(started["session_id"]) / name)
+
+
 def test_a_second_capture_on_a_busy_target_is_reported_busy(stack: Stack) -> None:
     target = stack.addresses[1]
     first = stack.capture(targets=[target], duration_ms=5000)  # clamped to the maximum
@@ -403,6 +419,9 @@ def test_programmatic_capture_is_picked_up_by_the_watcher(stack: Stack) -> None:
         ({"duration_ms": "soon"}, "duration_ms: Input should be a valid integer"),
         ({"host_tracer_level": 7}, "host_tracer_level: Input should be less than or equal to 3"),
         ({"kind": "movie"}, "kind: Input should be 'trace' or 'snapshot'"),
+        ({"captures": 0}, "captures: Input should be greater than or equal to 1"),
+        ({"captures": 17}, "captures: Input should be less than or equal to 16"),
+        ({"kind": "snapshot", "captures": 3}, "captures: a snapshot is one window"),
         ({"targets": ["10.9.9.9:9999"]}, "'10.9.9.9:9999' is not a known profiler target"),
         ({"run_id": "no-such-run"}, "is not a known profiler target of run 'no-such-run'"),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
