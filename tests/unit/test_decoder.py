@@ -153,6 +153,9 @@ def test_the_compiled_core_is_built_and_used_by_default() -> None:
     # here rather than leave the suite silently testing protobuf against itself.
     assert xspace._xwire is not None, "exporter.profiles._xwire was not built"
     assert xspace.DECODER == "compiled"
+    from exporter.profiles import tree_graphs
+
+    assert tree_graphs.frame_maker() is not None, "exporter.profiles._treegraphs was not built"
 
 
 @pytest.mark.parametrize(
