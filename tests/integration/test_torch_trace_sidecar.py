@@ -62,10 +62,18 @@ def sidecar(tmp_path: Path) -> Iterator[tuple[str, Path, SessionStore, Pyroscope
 
 
 def _session(store: SessionStore, done: bool = True) -> SessionRecord:
+    """The trace's session; with ``done``, once both hooks have written to it: the report
+    worker its report and the processor its flame-graph artifacts (the processor records
+    them after its pushes, so the receiver can hold the graphs before the record does)."""
+
     def found() -> SessionRecord | None:
         for session_id in store.session_ids():
             record = store.read_record(session_id)
-            if record is not None and (not done or record.report is not None):
+            if record is None:
+                continue
+            if not done:
+                return record
+            if record.report is not None and record.processed:
                 return record
         return None
 
