@@ -235,9 +235,30 @@ def main() -> None:
         print(f"captures ready in {time.perf_counter() - started:.0f}s ({root})", flush=True)
         if args.captures_only:
             return
+        print(f"judged by the comparison code in {comparison_code()}", flush=True)
         out = {shape: evaluate(shape, *taken[shape], sides_n, n_draws) for shape in shapes}
         if args.json:
             args.json.write_text(json.dumps(out, indent=1))
+
+
+def comparison_code() -> str:
+    """Which comparison code judged: the figures are only as good as knowing that (other
+    work in the same checkout may have uncommitted changes to it; judge from an export)."""
+    import exporter
+
+    where = Path(exporter.__file__).resolve().parent.parent
+
+    def git(*argv: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(where), *argv], capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return f"{where} (not a git checkout)"
+    dirty = git("status", "--porcelain", "--", "exporter")
+    return f"{where} at {commit}" + (" (exporter/ has uncommitted changes)" if dirty else "")
 
 
 def evaluate(
@@ -321,6 +342,11 @@ def evaluate(
     report: dict[str, Any] = {}
     print(f"\n[{shape}] {len(same)} unchanged captures; "
           f"{', '.join(f'{len(v)} {k[0]} {k[1]:g}%' for k, v in changed.items())}")  # fmt: skip
+    # How far apart the processes ran: the load the verdicts had to see through.
+    steps = sorted(r["traced_step_ms"] for r in same)
+    spread = f"x{steps[-1] / steps[0]:.1f}; median {statistics.median(steps):.0f} ms"
+    print(f"  unchanged workload's median step {steps[0]:.0f}-{steps[-1]:.0f} ms between "
+          f"processes ({spread})")  # fmt: skip
     print(
         "  n  change        comparisons  forward      reverse      any verdict   "
         "min step / frame (median, %)"
