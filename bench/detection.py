@@ -313,7 +313,7 @@ def evaluate(
                         result.regressions if orientation == "forward" else (result.improvements)
                     )
                     hit = named(entries, name)
-                md = result.min_detectable
+                stated = result.min_detectable
                 # The change's size as the captures show it: the named frames' excess, %
                 # of the base step (K is calibrated in each process: on a loaded machine
                 # its realisation varies).
@@ -335,17 +335,17 @@ def evaluate(
                     "any": any_verdict(result),
                     "step_change_pct": result.step_verdict.change_pct,
                     "step_verdict": result.step_verdict.verdict,
-                    "min_step_pct": md.get("step_change_pct"),
-                    "min_frame_pct": md.get("frame_excess_pct"),
+                    "min_step_pct": stated.get("step_change_pct"),
+                    "min_frame_pct": stated.get("frame_excess_pct"),
                     "measured_k": measured,
                 })  # fmt: skip
     report: dict[str, Any] = {}
     print(f"\n[{shape}] {len(same)} unchanged captures; "
           f"{', '.join(f'{len(v)} {k[0]} {k[1]:g}%' for k, v in changed.items())}")  # fmt: skip
     # How far apart the processes ran: the load the verdicts had to see through.
-    steps = sorted(r["traced_step_ms"] for r in same)
-    spread = f"x{steps[-1] / steps[0]:.1f}; median {statistics.median(steps):.0f} ms"
-    print(f"  unchanged workload's median step {steps[0]:.0f}-{steps[-1]:.0f} ms between "
+    quiet = sorted(r["traced_step_ms"] for r in same)
+    spread = f"x{quiet[-1] / quiet[0]:.1f}; median {statistics.median(quiet):.0f} ms"
+    print(f"  unchanged workload's median step {quiet[0]:.0f}-{quiet[-1]:.0f} ms between "
           f"processes ({spread})")  # fmt: skip
     print(
         "  n  change        comparisons  forward      reverse      any verdict   "
