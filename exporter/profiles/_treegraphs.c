@@ -1,4 +1,6 @@
-/* The frame maker of exporter/profiles/tree_graphs.py (graphs_by_frame), compiled.
+/* The compiled parts of the per-step graphs: the frame maker of
+ * exporter/profiles/tree_graphs.py (graphs_by_frame, make() below) and the split rule of
+ * exporter/profiles/nesting.py (split(), further below), each with its Python twin.
  *
  * graphs_by_frame finds, in numpy, every frame of every window's graph with its self
  * time, total and parent, in the order the frames are made. Making the Frame objects is
@@ -24,6 +26,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define SLOTS 6
 enum { NAME, FILE_, LINE, SELF_VALUE, TOTAL, CHILDREN };
@@ -161,14 +165,232 @@ static PyObject *make(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* split(start, end, reorder_above, budget) -> (start, end, event, parent, depth)
+ *
+ * The ``split`` rule of exporter/profiles/nesting.py, compiled: its twin is
+ * nesting._split_loop, step for step (tests/unit/test_split_compiled.py holds them
+ * equal). start and end are int64 buffers of one line's events sorted by start; the
+ * result is int64 array bytes per segment kept (those that carry time), in the twin's
+ * order: its start, end, event index (the caller maps it to the event's label), parent
+ * segment (-1 at the top) and depth. More than ``budget`` segments is ValueError, as the
+ * twin raises it: memory stays within budget segments whatever the input. */
+typedef struct {
+    int64_t *start, *end, *item, *parent;
+    Py_ssize_t count, capacity;
+} Segments;
+
+typedef struct {
+    const int64_t *end;   /* each event's end */
+    int64_t *seg;         /* each open event's current segment */
+    int64_t *stack;       /* open events (their index), bottom first */
+    Py_ssize_t top;
+    int64_t *heap;        /* open events by (end, index): the next to end first */
+    Py_ssize_t heap_n;
+    int64_t *sorting;     /* scratch for a reorder */
+    Segments segs;
+    Py_ssize_t reorder_above, budget, events;
+} Sweep;
+
+static int heap_less(const Sweep *w, int64_t a, int64_t b) {
+    return w->end[a] < w->end[b] || (w->end[a] == w->end[b] && a < b);
+}
+
+static void heap_push(Sweep *w, int64_t item) {
+    Py_ssize_t i = w->heap_n++;
+    while (i > 0) {
+        Py_ssize_t up = (i - 1) / 2;
+        if (!heap_less(w, item, w->heap[up])) break;
+        w->heap[i] = w->heap[up];
+        i = up;
+    }
+    w->heap[i] = item;
+}
+
+static int64_t heap_pop(Sweep *w) {
+    int64_t out = w->heap[0], last = w->heap[--w->heap_n];
+    Py_ssize_t i = 0, n = w->heap_n;
+    for (;;) {
+        Py_ssize_t child = 2 * i + 1;
+        if (child >= n) break;
+        if (child + 1 < n && heap_less(w, w->heap[child + 1], w->heap[child])) child++;
+        if (!heap_less(w, w->heap[child], last)) break;
+        w->heap[i] = w->heap[child];
+        i = child;
+    }
+    if (n) w->heap[i] = last;
+    return out;
+}
+
+static int open_segment(Sweep *w, int64_t at, int64_t item, Py_ssize_t below) {
+    Segments *s = &w->segs;
+    if (s->count == s->capacity) {
+        Py_ssize_t grown = s->capacity * 2;
+        int64_t **cols[4] = {&s->start, &s->end, &s->item, &s->parent};
+        for (int c = 0; c < 4; c++) {
+            int64_t *more = PyMem_Realloc(*cols[c], (size_t)grown * sizeof(int64_t));
+            if (more == NULL) { PyErr_NoMemory(); return -1; }
+            *cols[c] = more;
+        }
+        s->capacity = grown;
+    }
+    w->seg[item] = s->count;
+    s->start[s->count] = at;
+    s->end[s->count] = at;
+    s->item[s->count] = item;
+    s->parent[s->count] = below >= 0 ? w->seg[w->stack[below]] : -1;
+    s->count++;
+    return 0;
+}
+
+static int reopen(Sweep *w, int64_t at, Py_ssize_t low) {
+    for (Py_ssize_t p = low; p < w->top; p++) {
+        if (open_segment(w, at, w->stack[p], p - 1) < 0) return -1;
+    }
+    if (w->segs.count > w->budget) {
+        PyErr_Format(PyExc_ValueError,
+                     "%zd overlapping events split into more than %zd segments (more than "
+                     "the split rule's bound): refused", w->events, w->budget);
+        return -1;
+    }
+    return 0;
+}
+
+static const int64_t *sort_end;  /* the reorder's comparison reads it (one thread: GIL held) */
+
+static int later_end_first(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    if (sort_end[x] != sort_end[y]) return sort_end[x] > sort_end[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int close_until(Sweep *w, int64_t t) {
+    while (w->heap_n && w->end[w->heap[0]] <= t) {
+        int64_t item = heap_pop(w), at = w->end[item];
+        Py_ssize_t pos = w->top - 1;
+        while (w->stack[pos] != item) pos--;
+        for (Py_ssize_t k = pos; k < w->top; k++) w->segs.end[w->seg[w->stack[k]]] = at;
+        memmove(w->stack + pos, w->stack + pos + 1, (size_t)(w->top - pos - 1) * sizeof(int64_t));
+        w->top--;
+        Py_ssize_t moved = w->top - pos;
+        if (moved <= w->reorder_above) {  /* the rule: those above continue one level up */
+            if (reopen(w, at, pos) < 0) return -1;
+            continue;
+        }
+        int64_t latest = INT64_MIN;
+        for (Py_ssize_t k = pos; k < w->top; k++) {
+            if (w->end[w->stack[k]] > latest) latest = w->end[w->stack[k]];
+        }
+        Py_ssize_t low = pos;
+        while (low > 0 && pos - low < moved && w->end[w->stack[low - 1]] < latest) {
+            low--;
+            w->segs.end[w->seg[w->stack[low]]] = at;
+        }
+        sort_end = w->end;
+        qsort(w->stack + low, (size_t)(w->top - low), sizeof(int64_t), later_end_first);
+        if (reopen(w, at, low) < 0) return -1;
+    }
+    return 0;
+}
+
+static PyObject *split(PyObject *self, PyObject *args) {
+    PyObject *start_obj, *end_obj;
+    Py_ssize_t reorder_above, budget;
+    if (!PyArg_ParseTuple(args, "OOnn:split", &start_obj, &end_obj, &reorder_above, &budget))
+        return NULL;
+    Py_buffer sv, ev;
+    Py_ssize_t n, n_end;
+    if (int64_view(start_obj, &sv, &n) < 0) return NULL;
+    if (int64_view(end_obj, &ev, &n_end) < 0) { PyBuffer_Release(&sv); return NULL; }
+    PyObject *result = NULL;
+    Sweep w = {0};
+    int64_t *keep_index = NULL;
+    if (n != n_end) {
+        PyErr_SetString(PyExc_ValueError, "split: start and end differ in length");
+        goto done;
+    }
+    const int64_t *start = sv.buf;
+    size_t room = (size_t)(n ? n : 1) * sizeof(int64_t);
+    w.end = ev.buf;
+    w.reorder_above = reorder_above;
+    w.budget = budget;
+    w.events = n;
+    w.seg = PyMem_Malloc(room);
+    w.stack = PyMem_Malloc(room);
+    w.heap = PyMem_Malloc(room);
+    w.segs.capacity = n + 16;
+    int64_t **cols[4] = {&w.segs.start, &w.segs.end, &w.segs.item, &w.segs.parent};
+    int ok = w.seg && w.stack && w.heap;
+    for (int c = 0; c < 4 && ok; c++) {
+        *cols[c] = PyMem_Malloc((size_t)w.segs.capacity * sizeof(int64_t));
+        ok = *cols[c] != NULL;
+    }
+    if (!ok) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (close_until(&w, start[i]) < 0) goto done;
+        if (open_segment(&w, start[i], i, w.top - 1) < 0) goto done;
+        w.stack[w.top++] = i;
+        heap_push(&w, i);
+    }
+    if (close_until(&w, (int64_t)1 << 62) < 0) goto done;  /* nesting.FAR */
+    /* Segments reopened and closed at one instant carry no time (nor do their children,
+     * inside them): dropped, parents renumbered, depths from the parents (which come
+     * first), as the twin does in numpy. */
+    Segments *s = &w.segs;
+    keep_index = PyMem_Malloc((size_t)(s->count ? s->count : 1) * sizeof(int64_t));
+    if (keep_index == NULL) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t i = 0; i < s->count; i++) {
+        if (s->end[i] > s->start[i]) kept++;
+        keep_index[i] = kept - 1;  /* numpy's cumsum(keep) - 1 */
+    }
+    PyObject *out[5] = {NULL};
+    for (int c = 0; c < 5; c++) {
+        out[c] = PyBytes_FromStringAndSize(NULL, kept * 8);
+        if (out[c] == NULL) {
+            for (int k = 0; k < c; k++) Py_DECREF(out[k]);
+            goto done;
+        }
+    }
+    int64_t *o_start = (int64_t *)PyBytes_AS_STRING(out[0]);
+    int64_t *o_end = (int64_t *)PyBytes_AS_STRING(out[1]);
+    int64_t *o_item = (int64_t *)PyBytes_AS_STRING(out[2]);
+    int64_t *o_parent = (int64_t *)PyBytes_AS_STRING(out[3]);
+    int64_t *o_depth = (int64_t *)PyBytes_AS_STRING(out[4]);
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < s->count; i++) {
+        if (s->end[i] <= s->start[i]) continue;
+        int64_t parent = s->parent[i] >= 0 ? keep_index[s->parent[i]] : -1;
+        o_start[j] = s->start[i];
+        o_end[j] = s->end[i];
+        o_item[j] = s->item[i];
+        o_parent[j] = parent;
+        o_depth[j] = parent >= 0 ? o_depth[parent] + 1 : 0;
+        j++;
+    }
+    result = Py_BuildValue("(NNNNN)", out[0], out[1], out[2], out[3], out[4]);
+done:
+    PyMem_Free(keep_index);
+    PyMem_Free(w.seg);
+    PyMem_Free(w.stack);
+    PyMem_Free(w.heap);
+    PyMem_Free(w.segs.start);
+    PyMem_Free(w.segs.end);
+    PyMem_Free(w.segs.item);
+    PyMem_Free(w.segs.parent);
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&ev);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"make", make, METH_VARARGS, "Make the rows' Frames and link them (see the module doc)."},
+    {"split", split, METH_VARARGS, "Nest a line's events by the split rule (see above)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_treegraphs",
-    "The frame maker of exporter.profiles.tree_graphs, compiled.", -1, methods,
+    "The compiled parts of exporter.profiles.tree_graphs and nesting (make, split).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__treegraphs(void) { return PyModule_Create(&module); }

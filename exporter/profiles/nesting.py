@@ -29,7 +29,9 @@ in picoseconds. Flame graphs need them as a tree: :func:`nest` turns them into
     other into a one-line ValueError.
 
 Both rules agree when events nest properly, the common case, which is done in numpy
-without a Python loop; a line with overlaps falls back to a loop over its events.
+without a Python loop; a line with overlaps falls back to a sweep over its events
+(``_split_loop``; compiled in ``_treegraphs.split``, held equal to it by
+``tests/unit/test_split_compiled.py``).
 
 Self time of a segment is its duration minus its children's. :func:`window_self` splits
 it across time windows by overlap, so summing the windows gives the time inside them.
@@ -42,6 +44,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+
+try:  # the split rule compiled (exporter/profiles/_treegraphs.c), where it was built
+    from exporter.profiles import _treegraphs  # type: ignore[attr-defined]
+
+    _compiled_split: Any = _treegraphs.split
+except ImportError:  # pragma: no cover - an install without a compiler
+    _compiled_split = None
 
 __all__ = ["FAR", "Nested", "aggregate", "dense_index", "nest", "window_self"]
 
@@ -236,6 +245,11 @@ def nest(
             return Nested(
                 start, end, label, np.frombuffer(parent, np.int64), np.frombuffer(depth, np.int64)
             )
+        if _compiled_split is not None:  # _split_loop's compiled twin (_treegraphs.c)
+            budget = MAX_SEGMENTS_PER_EVENT * len(start) + MIN_SEGMENT_BUDGET
+            *made, item, parent, depth = _compiled_split(start, end, REORDER_ABOVE, budget)
+            s, e, p, d = (np.frombuffer(x, np.int64) for x in (*made, parent, depth))
+            return Nested(s, e, label[np.frombuffer(item, np.int64)], p, d)
         return _split_loop(start, end, label)
     found = _proper(start, end)
     if found is not None:
