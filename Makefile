@@ -12,12 +12,12 @@ $(BIN)/python:
 
 # Not quiet: the first install downloads JAX and takes about a minute; pip's own lines
 # and progress bars show it is working.
-$(VENV)/.installed-demo: pyproject.toml exporter/profiles/_xwire.c exporter/profiles/_highwayhash.c exporter/profiles/_treegraphs.c | $(BIN)/python
+$(VENV)/.installed-demo: pyproject.toml exporter/profiles/_xwire.c exporter/profiles/_highwayhash.c exporter/profiles/_treegraphs.c exporter/analysis/facts/_kernel_streams.c | $(BIN)/python
 	@echo "make demo: installing mlprof-exporter and JAX into $(VENV) (about a minute the first time)"
 	$(BIN)/pip install --progress-bar on -e '.[jax]'
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml exporter/profiles/_xwire.c exporter/profiles/_highwayhash.c exporter/profiles/_treegraphs.c | $(BIN)/python
+$(VENV)/.installed-dev: pyproject.toml exporter/profiles/_xwire.c exporter/profiles/_highwayhash.c exporter/profiles/_treegraphs.c exporter/analysis/facts/_kernel_streams.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[jax,dev]'
 	touch $@ $(VENV)/.installed-demo
 

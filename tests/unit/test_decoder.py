@@ -156,6 +156,9 @@ def test_the_compiled_core_is_built_and_used_by_default() -> None:
     from exporter.profiles import tree_graphs
 
     assert tree_graphs.frame_maker() is not None, "exporter.profiles._treegraphs was not built"
+    from exporter.analysis.facts import gpu_kernels
+
+    assert gpu_kernels._passes() is not None, "exporter.analysis.facts._kernel_streams not built"
 
 
 @pytest.mark.parametrize(

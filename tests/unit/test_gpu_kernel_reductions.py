@@ -28,14 +28,6 @@ def test_per_row_is_exact_where_float64_sums_are_not() -> None:
     assert list(_per_row(rows, values)) == [(0, 3, (1 << 53) + 3, 1, (1 << 53) + 1)]
 
 
-def _reader_with_calls(ids: np.ndarray) -> gpu_kernels._Reader:
-    reader = object.__new__(gpu_kernels._Reader)  # no capture: the calls are given
-    order = np.argsort(ids, kind="stable")
-    reader.calls = (ids[order], np.arange(len(ids), dtype=np.int64)[order] * 7, ids[order])
-    reader._call_table = gpu_kernels._call_table(reader.calls[0])
-    return reader
-
-
 @pytest.mark.parametrize(
     "ids",
     [
@@ -47,16 +39,17 @@ def _reader_with_calls(ids: np.ndarray) -> gpu_kernels._Reader:
     ],
 )
 def test_a_kernels_call_is_found_alike_by_table_and_by_search(ids: np.ndarray) -> None:
-    reader = _reader_with_calls(ids.astype(np.int64))
+    ids = ids.astype(np.int64)
+    calls = gpu_kernels._Calls.of(ids, np.arange(len(ids), dtype=np.int64) * 7)
     corrs = np.concatenate([ids, ids[::3] + 1, [-1, -5, 0, 10**15, int(ids.max()) + 1]])
     corrs = corrs.astype(np.int64)
-    pos, hit = reader._call_of(corrs)
-    assert (reader._call_table is not None) == (len(ids) > 100)  # the table where dense
-    sorted_ids = reader.calls[0]
+    pos, hit = calls.find(corrs)
+    assert (calls.table is not None) == (len(ids) > 100)  # the table where dense
+    sorted_ids = calls.ids
     want_pos = np.minimum(np.searchsorted(sorted_ids, corrs), len(sorted_ids) - 1)
     want_hit = (sorted_ids[want_pos] == corrs) & (corrs >= 0)
     assert (hit == want_hit).all()
-    assert (reader.calls[1][pos][hit] == reader.calls[1][want_pos][want_hit]).all()
+    assert (calls.starts[pos][hit] == calls.starts[want_pos][want_hit]).all()
 
 
 def test_stat_texts_read_alike_by_table_and_by_search_with_every_kind() -> None:

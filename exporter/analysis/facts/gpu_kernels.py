@@ -47,7 +47,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 
@@ -61,6 +61,12 @@ from exporter.profiles.event_stats import (
     read_stat_events,
 )
 from exporter.profiles.nesting import FAR, dense_index
+from exporter.profiles.xspace import compiled_core
+
+try:  # the per-kernel passes compiled (_kernel_streams.c), where they were built
+    from exporter.analysis.facts import _kernel_streams  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - an install without a compiler
+    _kernel_streams = None
 
 if TYPE_CHECKING:
     from exporter.profiles.event_stats import LineTap
@@ -100,7 +106,14 @@ _WIDTH: Final = 5
 _OWN_COLUMNS: Final = tuple(range(_WIDTH))  # a line read for the kernels alone
 _MAX_DETAILS: Final = 1024  # a longer kernel_details string is not CUPTI's: not parsed
 _UINT32: Final = 1 << 32
+_INT64_MAX: Final = (1 << 63) - 1
 _PS_PER_NS: Final = 1000
+
+
+def _passes() -> Any | None:
+    """The compiled per-kernel passes while the compiled core is in use (they follow
+    ``MLPROF_DECODER`` / ``use_decoder`` as it does), else None: the numpy twins."""
+    return _kernel_streams if compiled_core() is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,8 +288,8 @@ class _KernelStatIds:
         return d, m, o, copy, corr
 
 
-def _launch_calls(capture: Capture) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Correlation ids (sorted), start and end ns of the launch calls on host planes.
+def _launch_calls(capture: Capture) -> _Calls:
+    """The launch calls on host planes: correlation ids and start ns.
 
     Only planes whose event metadata names a launch call are read (a ``/host:CPU``
     plane of TraceMes is skipped without reading its lines). A call's correlation id is
@@ -284,7 +297,7 @@ def _launch_calls(capture: Capture) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     """
     from exporter.profiles.xspace import line_headers
 
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
     for ref in capture.planes:
         if not ref.name.startswith("/host:") or ref.name == "/host:metadata":
             continue
@@ -295,32 +308,51 @@ def _launch_calls(capture: Capture) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         corr = {m.id: 0 for m in plane.stat_metadata.values() if m.name == "correlation_id"}
         if not len(calls) or not corr:
             continue
-
-        def found(pieces: Iterable[StatEvents], calls: np.ndarray = calls) -> list[Any]:
-            out = []
-            for piece in pieces:
-                off, dur, ids = piece.offsets, piece.durations, int_column(piece, 0)
-                keep = np.isin(piece.ids, calls) & (dur >= 0) & (off > -FAR) & (off < FAR)
-                keep &= (dur <= FAR) & (ids >= 0)
-                if keep.all():  # a line of launch calls only (CUPTI's): no copies
-                    out.append((ids, off, dur))
-                else:
-                    out.append((ids[keep], off[keep], dur[keep]))
-            return out
-
         for header in line_headers(capture, plane):
             base_ns = capture.line_start_ns(header.timestamp_ns)
-            for ids, off, dur in read_stat_events(capture, plane, header.index, corr, 1, found):
-                start = base_ns + off // _PS_PER_NS
-                parts.append((ids, start, start + dur // _PS_PER_NS))
+
+            def found(
+                pieces: Iterable[StatEvents], calls: np.ndarray = calls, base_ns: int = base_ns
+            ) -> list[tuple[np.ndarray, np.ndarray]]:
+                return [_launch_piece(piece, calls, base_ns) for piece in pieces]
+
+            parts += read_stat_events(capture, plane, header.index, corr, 1, found)
     if not parts:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty
-    ids, starts, ends = (np.concatenate(c) for c in zip(*parts, strict=True))
-    if (ids[1:] < ids[:-1]).any():  # CUPTI numbers calls in order: mostly sorted already
-        order = np.argsort(ids, kind="stable")
-        ids, starts, ends = ids[order], starts[order], ends[order]
-    return ids, starts, ends
+        return _Calls.of(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    ids, starts = (np.concatenate(c) for c in zip(*parts, strict=True))
+    return _Calls.of(ids, starts)
+
+
+def _launch_piece(
+    piece: StatEvents, calls: np.ndarray, base_ns: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A host line's piece's launch calls (``calls``: their metadata ids, sorted):
+    correlation ids and start ns, in one compiled pass where it is built."""
+    core = _passes()
+    if core is None:
+        return _launch_piece_numpy(piece, calls, base_ns)
+    strings = _string_ids(piece.strings)
+    found = core.launch_calls(piece.ids, piece.offsets, piece.durations, piece.kinds[0],
+                              piece.values[0], strings, calls, base_ns)  # fmt: skip
+    return np.frombuffer(found[0], np.int64), np.frombuffer(found[1], np.int64)
+
+
+def _string_ids(strings: Sequence[str]) -> np.ndarray:
+    """The correlation id each str_value reads as (:func:`int_column`'s), -1 none."""
+    parsed = (parse_ascii_int(text) for text in strings)
+    return np.asarray([-1 if v is None or v > _INT64_MAX else v for v in parsed], np.int64)
+
+
+def _launch_piece_numpy(
+    piece: StatEvents, calls: np.ndarray, base_ns: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_launch_piece`'s twin."""
+    off, dur, ids = piece.offsets, piece.durations, int_column(piece, 0)
+    keep = np.isin(piece.ids, calls) & (dur >= 0) & (off > -FAR) & (off < FAR)
+    keep &= (dur <= FAR) & (ids >= 0)
+    if not keep.all():  # a line of launch calls only (CUPTI's) keeps every event
+        ids, off = ids[keep], off[keep]
+    return ids, base_ns + off // _PS_PER_NS
 
 
 def _call_table(ids: np.ndarray) -> np.ndarray | None:
@@ -335,6 +367,117 @@ def _call_table(ids: np.ndarray) -> np.ndarray | None:
     table = np.full(int(ids[-1]) + 1, -1, np.int64)
     table[ids] = np.arange(len(ids))
     return table
+
+
+@dataclass(frozen=True, slots=True)
+class _Calls:
+    """The launch calls of a capture: correlation ids (sorted), start ns, and the
+    :func:`_call_table` of the ids where they are dense."""
+
+    ids: np.ndarray
+    starts: np.ndarray
+    table: np.ndarray | None
+
+    @classmethod
+    def of(cls, ids: np.ndarray, starts: np.ndarray) -> _Calls:
+        if (ids[1:] < ids[:-1]).any():  # CUPTI numbers calls in order: mostly sorted
+            order = np.argsort(ids, kind="stable")
+            ids, starts = ids[order], starts[order]
+        return cls(ids, starts, _call_table(ids))
+
+    def find(self, corrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per correlation id, the index of its launch call (the first of equal ids)
+        and whether there is one."""
+        ids, table = self.ids, self.table
+        if table is None:
+            pos = np.minimum(np.searchsorted(ids, corrs), len(ids) - 1)
+            return pos, (ids[pos] == corrs) & (corrs >= 0)
+        inside = (corrs >= 0) & (corrs < len(table))
+        pos = table[np.where(inside, corrs, 0)]
+        hit = inside & (pos >= 0)
+        return np.where(hit, pos, 0), hit
+
+
+class _StreamPass(NamedTuple):
+    """What one stream's kernels give (:func:`_stream_pass`)."""
+
+    rows: list[tuple[int, int, int, int, int]]  # (row, count, total, min, max) ns
+    latencies: list[tuple[int, int, int, int]]  # (row, count, total, max) ns
+    correlated: int  # kernels whose launch call was found (not after the kernel)
+    first_ns: int  # the first kernel's start
+    last_ns: int  # the latest end
+    busy_starts: np.ndarray  # the stream's busy intervals
+    busy_ends: np.ndarray
+    wait_from: np.ndarray  # per gap whose kernel's call is known: the launch wait
+    wait_to: np.ndarray
+    gaps: np.ndarray  # every positive gap (ns)
+    launch_gaps: np.ndarray  # ... of those whose call had begun when the stream idled
+
+
+_NO_TABLE: Final = np.zeros(0, np.int64)
+
+
+def _stream_pass(
+    rows: np.ndarray, offs: np.ndarray, durs: np.ndarray, corrs: np.ndarray, base_ns: int,
+    row_count: int, calls: _Calls,
+) -> _StreamPass:  # fmt: skip
+    """One stream's kernels (rows below ``row_count``, offsets and durations in ps,
+    correlation ids) on a line starting at ``base_ns``: per row the kernels' durations
+    and launch latencies, and the stream's busy intervals, gaps and launch waits, in one
+    compiled pass where it is built (:func:`_stream_numpy` is its twin)."""
+    core = _passes()
+    if core is None:
+        return _stream_numpy(rows, offs, durs, corrs, base_ns, row_count, calls)
+    rows, offs, durs, corrs = (np.ascontiguousarray(c, np.int64) for c in (rows, offs, durs, corrs))
+    table = _NO_TABLE if calls.table is None else calls.table
+    found = core.stream(rows, offs, durs, corrs, base_ns, row_count, table, calls.ids, calls.starts)
+    if found is None:  # not in start order (a stream's kernels mostly are): sorted first
+        order = np.argsort(base_ns + offs // _PS_PER_NS, kind="stable")
+        found = core.stream(rows[order], offs[order], durs[order], corrs[order], base_ns,
+                            row_count, table, calls.ids, calls.starts)  # fmt: skip
+    per_row, latencies, correlated, first, last, *arrays = found
+    return _StreamPass(per_row, latencies, correlated, first, last,
+                       *(np.frombuffer(a, np.int64) for a in arrays))  # fmt: skip
+
+
+def _stream_numpy(
+    rows: np.ndarray, offs: np.ndarray, durs: np.ndarray, corrs: np.ndarray, base_ns: int,
+    row_count: int, calls: _Calls,
+) -> _StreamPass:  # fmt: skip
+    """:func:`_stream_pass`'s twin, in numpy."""
+    if len(rows) and (rows.min() < 0 or rows.max() >= row_count):
+        raise ValueError("stream: a row past row_count")
+    empty = np.zeros(0, np.int64)
+    if not len(rows):
+        return _StreamPass([], [], 0, 0, 0, empty, empty, empty, empty, empty, empty)
+    dur_ns = durs // _PS_PER_NS  # as XProf's DurationNs
+    per_row = list(_per_row(rows, dur_ns))
+    start = base_ns + offs // _PS_PER_NS
+    end = start + dur_ns
+    if (start[1:] < start[:-1]).any():  # a stream's kernels come in order, mostly
+        order = np.argsort(start, kind="stable")
+        start, end, rows, corrs = start[order], end[order], rows[order], corrs[order]
+    reach = np.maximum.accumulate(end)  # the stream's latest end so far
+    busy = _sorted_union(start, reach)
+    # Each kernel's launch call, by correlation id (-1: none found).
+    call = np.full(len(start), -1, np.int64)
+    correlated, latencies = 0, []
+    if len(calls.ids):
+        pos, hit = calls.find(corrs)
+        call = np.where(hit, calls.starts[pos], -1)
+        linked = hit & (call <= start)  # a call after its kernel is not its launch
+        correlated = int(linked.sum())
+        latencies = [(row, count, total, high) for row, count, total, _, high
+                     in _per_row(rows[linked], (start - call)[linked])]  # fmt: skip
+        call = np.where(linked, call, -1)
+    idle_from = reach[:-1]  # the stream's latest end before each
+    nxt, nxt_call = start[1:], call[1:]
+    gap = nxt - idle_from
+    open_ = gap > 0
+    known = open_ & (nxt_call >= 0)
+    return _StreamPass(per_row, latencies, correlated, int(start[0]), int(reach[-1]), *busy,
+                       np.maximum(idle_from, nxt_call)[known], nxt[known], gap[open_],
+                       gap[known & (nxt_call <= idle_from)])  # fmt: skip
 
 
 def _length(starts: np.ndarray, ends: np.ndarray) -> int:
@@ -365,8 +508,7 @@ class _Reader:
         self.capture = capture
         self.out = CaptureKernels()
         self.calls = _launch_calls(capture)
-        self.out.launches = len(self.calls[0])
-        self._call_table = _call_table(self.calls[0])
+        self.out.launches = len(self.calls.ids)
         self._keys: dict[tuple[object, ...], int] = {}
         self._rows: list[_Kernel] = []
         self._configs: dict[str, LaunchConfig | None] = {}
@@ -460,56 +602,23 @@ class _Reader:
                              reduce).done()  # fmt: skip
         return device
 
-    def _call_of(self, corrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per correlation id, the index of its launch call (the first of equal ids) and
-        whether there is one."""
-        ids = self.calls[0]
-        if self._call_table is None:
-            pos = np.minimum(np.searchsorted(ids, corrs), len(ids) - 1)
-            return pos, (ids[pos] == corrs) & (corrs >= 0)
-        table = self._call_table
-        inside = (corrs >= 0) & (corrs < len(table))
-        pos = table[np.where(inside, corrs, 0)]
-        hit = inside & (pos >= 0)
-        return np.where(hit, pos, 0), hit
-
     def _stream(self, device: _Device, base_ns: int, rows: np.ndarray, offs: np.ndarray,
                 durs: np.ndarray, corrs: np.ndarray) -> None:  # fmt: skip
-        dur_ns = durs // _PS_PER_NS  # as XProf's DurationNs
-        for row, count, total, low, high in _per_row(rows, dur_ns):
+        found = _stream_pass(rows, offs, durs, corrs, base_ns, len(self._rows), self.calls)
+        for row, count, total, low, high in found.rows:
             self._rows[row].add(count, total, low, high)
-        start = base_ns + offs // _PS_PER_NS
-        end = start + dur_ns
-        if (start[1:] < start[:-1]).any():  # a stream's kernels come in order, mostly
-            order = np.argsort(start, kind="stable")
-            start, end, rows, corrs = start[order], end[order], rows[order], corrs[order]
-        reach = np.maximum.accumulate(end)  # the stream's latest end so far
-        device.busy.append(_sorted_union(start, reach))
-        lo, hi = int(start[0]), int(reach[-1])
+        for row, count, total, high in found.latencies:
+            self._rows[row].add_latency(count, total, high)
+        self.out.correlated += found.correlated
+        device.busy.append((found.busy_starts, found.busy_ends))
+        lo, hi = found.first_ns, found.last_ns
         device.first_ns = lo if device.first_ns is None else min(device.first_ns, lo)
         device.last_ns = hi if device.last_ns is None else max(device.last_ns, hi)
-        # Each kernel's launch call, by correlation id (-1: none found).
-        ids, call_starts, _ = self.calls
-        call = np.full(len(start), -1, np.int64)
-        if len(ids):
-            pos, hit = self._call_of(corrs)
-            call = np.where(hit, call_starts[pos], -1)
-            linked = hit & (call <= start)  # a call after its kernel is not its launch
-            self.out.correlated += int(linked.sum())
-            for row, count, total, _, high in _per_row(rows[linked], (start - call)[linked]):
-                self._rows[row].add_latency(count, total, high)
-            call = np.where(linked, call, -1)
-        if len(start) < 2:
+        if len(rows) < 2:  # no gap
             return
-        idle_from = reach[:-1]  # the stream's latest end before each
-        nxt, nxt_call = start[1:], call[1:]
-        gap = nxt - idle_from
-        open_ = gap > 0
-        self.out.gaps_ns.append(gap[open_])
-        known = open_ & (nxt_call >= 0)
-        wait_from = np.maximum(idle_from, nxt_call)[known]
-        device.launch.append((wait_from, nxt[known]))
-        self.out.launch_gaps_ns.append(gap[known & (nxt_call <= idle_from)])
+        self.out.gaps_ns.append(found.gaps)
+        device.launch.append((found.wait_from, found.wait_to))
+        self.out.launch_gaps_ns.append(found.launch_gaps)
 
 
 class _StreamLine:
@@ -612,17 +721,18 @@ def _per_row(rows: np.ndarray, values: np.ndarray) -> Iterable[tuple[int, int, i
     if rows.min() >= 0 and size <= 4 * n + 1024 and n < 1 << 29 and n * (big + 1) < 1 << 53:
         # Rows are indexes of a few thousand kernels: counted by table in linear time.
         # Sums as two float64 bincounts of 24-bit halves, each below 2**53 (checked
-        # above), so exact; past that the sort below sums in int64.
+        # above), so exact, joined as Python ints (a row's sum may pass int64).
         count = np.bincount(rows, minlength=size)
         present = np.flatnonzero(count)
         hi, lo = np.divmod(values, 1 << 24)
-        total = np.bincount(rows, hi, size).astype(np.int64) * (1 << 24)
-        total += np.bincount(rows, lo, size).astype(np.int64)
+        high_sums = np.bincount(rows, hi, size)[present].astype(np.int64).tolist()
+        low_sums = np.bincount(rows, lo, size)[present].astype(np.int64).tolist()
+        total = [(h << 24) + lo for h, lo in zip(high_sums, low_sums, strict=True)]
         low = np.full(size, np.iinfo(np.int64).max)
         np.minimum.at(low, rows, values)
         high = np.full(size, np.iinfo(np.int64).min)
         np.maximum.at(high, rows, values)
-        return zip(present.tolist(), count[present].tolist(), total[present].tolist(),
+        return zip(present.tolist(), count[present].tolist(), total,
                    low[present].tolist(), high[present].tolist(), strict=True)  # fmt: skip
     return _per_row_sorted(rows, values)
 
@@ -630,14 +740,19 @@ def _per_row(rows: np.ndarray, values: np.ndarray) -> Iterable[tuple[int, int, i
 def _per_row_sorted(
     rows: np.ndarray, values: np.ndarray
 ) -> Iterable[tuple[int, int, int, int, int]]:
-    """:func:`_per_row` by a sort of the rows (any rows, any values)."""
+    """:func:`_per_row` by a sort of the rows (any rows, any values; sums exact)."""
     # Rows are few: as uint16 numpy sorts them by radix, in linear time.
     small = rows.astype(np.uint16) if rows.min() >= 0 and rows.max() < 1 << 16 else rows
     order = np.argsort(small, kind="stable")
     rows, values = rows[order], values[order]
     first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     count = np.diff(np.r_[first, len(rows)])
-    return zip(rows[first].tolist(), count.tolist(), np.add.reduceat(values, first).tolist(),
+    # The high and low 32 bits summed apart, neither overflowing int64 (fewer than 2**31
+    # values), joined as Python ints: a sum past int64 is exact, as the compiled pass's.
+    high = np.add.reduceat(values >> 32, first).tolist()
+    low = np.add.reduceat(values & 0xFFFFFFFF, first).tolist()
+    totals = [(h << 32) + lo for h, lo in zip(high, low, strict=True)]
+    return zip(rows[first].tolist(), count.tolist(), totals,
                np.minimum.reduceat(values, first).tolist(),
                np.maximum.reduceat(values, first).tolist(), strict=True)  # fmt: skip
 
