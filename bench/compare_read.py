@@ -11,8 +11,9 @@ processes taken in turn (CPU seconds of the read in process, median of ``--repea
   windows' sum from the same pass (``windowed_flamegraphs(total=True)``);
 - ``before``: the read as issue 33 found it, replayed in the same run: host step
   annotations read event by event (the twin), lines whose events overlap nested by the
-  ``split`` rule's Python loop (the twin of ``_treegraphs.split``), graphs built node by
-  node per window
+  ``split`` rule's Python loop (the twin of ``_treegraphs.split``), a CPU capture's
+  XLA events read through protobuf (``xla_host``'s twin), graphs built node by node per
+  window
   (``graphs_by_node``, kept as the reference) and the whole
   graph merged from every window's graph, or past 200 steps (cycles sampled) a
   whole-capture conversion and a second pass for the sampled cycles;
@@ -50,12 +51,14 @@ def _before() -> None:
     """Replay the read as it was: node-by-node graphs; the whole graph merged from every
     step's graph, or, past 200 steps (cycles sampled), a whole-capture conversion and a
     second pass for the sampled cycles."""
+    from exporter.analysis.sides import xla_host
     from exporter.profiles import nesting, steps, tree_graphs, xplane
     from exporter.profiles.convert import flamegraph_from_capture
 
     xplane.graphs_by_frame = tree_graphs.graphs_by_node  # type: ignore[assignment]
     steps._host_step_columns = steps._host_step_events  # host steps read event by event
     nesting._compiled_split = None  # the split rule's Python loop (its twin)
+    xla_host._column_rows = xla_host._parsed_rows  # a CPU capture's XLA events by protobuf
     windowed = steps.windowed_flamegraphs
 
     def read(capture: Any, kind: Any, cycles: Any) -> tuple[Any, list[Any]]:

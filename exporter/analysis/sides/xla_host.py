@@ -19,17 +19,26 @@ from __future__ import annotations
 import bisect
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Final
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from exporter.errors import InputError
+from exporter.profiles.event_stats import (
+    KIND_INT64,
+    KIND_NONE,
+    KIND_REF,
+    KIND_STR,
+    KIND_UINT64,
+    StatEvents,
+    read_stat_events,
+)
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import Capture
+from exporter.profiles.xspace import Plane, compiled_core, line_header, read_line
 
 __all__ = ["RUNTIME_WAIT_RE", "XlaEvents", "graphs", "xla_host_events"]
 
@@ -76,15 +85,21 @@ def _module_names(plane: object) -> dict[int, str]:
 
 
 def xla_host_events(capture: Capture) -> XlaEvents:
-    """XLA events of the capture's host planes: ``hlo_op`` events and executor waits."""
-    from exporter.proto import xplane_pb2
+    """XLA events of the capture's host planes: ``hlo_op`` events and executor waits.
 
+    Each line's events are read with their ``hlo_op``, ``hlo_module`` and ``run_id``
+    stats as columns by the compiled core (:func:`_column_rows`): only the XLA events
+    (a few thousand in a Python-traced capture's tens of thousands) reach Python. The
+    twin, :func:`_parsed_rows`, reads the line through protobuf an event at a time
+    (``MLPROF_DECODER=python``); both give the same rows (``tests/unit/test_decoder.py``).
+    """
     starts: list[int] = []
     ends: list[int] = []
     path_ids: list[int] = []
     parents: list[int] = []
     paths: dict[tuple[str, ...], int] = {}
     path_list: list[tuple[str, ...]] = []
+    line_rows = _column_rows if compiled_core() is not None else _parsed_rows
     for ref in capture.host_planes:
         plane = capture.plane(ref)
         names = _module_names(plane)
@@ -96,50 +111,25 @@ def xla_host_events(capture: Capture) -> XlaEvents:
         waits = {
             k for k, m in plane.event_metadata.items() if m.name.startswith(EXECUTOR_WAIT_PREFIX)
         }
+        stats = _StatIds(op_id, module_id, run_stat, names)
         lines: list[list[tuple[int, int, int, str, int]]] = []
         program_of_run: dict[int, str] = {}
-        for raw in plane.lines:
-            line = xplane_pb2.XLine()
+        for index in range(len(plane.lines)):
             try:
-                line.ParseFromString(raw)
-            except DecodeError:
+                timestamp_ns, rows = line_rows(capture, plane, index, stats, waits)
+            except InputError:
                 raise InputError(
                     f"{capture.source}: corrupt XProf capture (a line does not parse)"
                 ) from None
-            base_ps = capture.line_start_ns(line.timestamp_ns) * _PS_PER_NS
-            events = line.events
-            # Most host events (Python, TraceMe) are not XLA. Read the metadata ids in one
-            # pass, classify each id on its first event, then visit only XLA events.
-            ids = np.fromiter(map(_META_ID, events), np.int64, len(events))
-            unique, first = np.unique(ids, return_index=True)
-            xla_ids = [
-                m
-                for m, i in zip(unique.tolist(), first.tolist(), strict=True)
-                if m in waits or any(st.metadata_id == op_id for st in events[i].stats)
-            ]
+            base_ps = capture.line_start_ns(timestamp_ns) * _PS_PER_NS
             # start ps, end ps, metadata id, program, run id
             found: list[tuple[int, int, int, str, int]] = []
-            for index in np.flatnonzero(np.isin(ids, xla_ids)).tolist():
-                event = events[index]
-                if event.duration_ps <= 0:
-                    continue
-                program, run, is_op = "", 0, False
-                for stat in event.stats:
-                    if stat.metadata_id == op_id:
-                        is_op = True
-                    elif stat.metadata_id == module_id:
-                        ref_value = stat.ref_value
-                        program = names.get(ref_value, "") if ref_value else stat.str_value
-                    elif stat.metadata_id == run_stat:
-                        run = stat.int64_value or stat.uint64_value
+            for meta_id, offset_ps, duration_ps, is_op, program, run in rows:
                 if is_op and program and run:
                     program_of_run[run] = program
-                if is_op or (run and event.metadata_id in waits):
-                    start = base_ps + event.offset_ps
-                    found.append(
-                        (start, start + event.duration_ps, event.metadata_id, program, run)
-                    )
-            capture.events_read += len(line.events)
+                if is_op or (run and meta_id in waits):
+                    start = base_ps + offset_ps
+                    found.append((start, start + duration_ps, meta_id, program, run))
             if found:
                 lines.append(found)
         for number, on_line in enumerate(lines):
@@ -172,6 +162,134 @@ def xla_host_events(capture: Capture) -> XlaEvents:
         np.asarray(parents, np.int64),
         path_list,
     )
+
+
+@dataclass(frozen=True)
+class _StatIds:
+    """A host plane's stat metadata ids of the stats an XLA event is read by."""
+
+    op: int
+    module: int | None
+    run: int | None
+    names: dict[int, str]  # every stat id's name: a module's ref_value names one
+
+
+# (metadata id, offset ps, duration ps, is an op, program, run id) of a line's lasting
+# events of XLA's metadata ids: those in ``waits``, or whose first event on the line
+# carries ``hlo_op`` (most host events, Python and TraceMe, are not XLA).
+Row = tuple[int, int, int, bool, str, int]
+
+
+def _parsed_rows(
+    capture: Capture, plane: Plane, index: int, stats: _StatIds, waits: set[int]
+) -> tuple[int, list[Row]]:
+    """The line's timestamp and rows, read through protobuf (:func:`_column_rows`' twin)."""
+    line = read_line(capture, plane, index)
+    events = line.events
+    ids = np.fromiter(map(_META_ID, events), np.int64, len(events))
+    unique, first = np.unique(ids, return_index=True)
+    xla_ids = [
+        m
+        for m, i in zip(unique.tolist(), first.tolist(), strict=True)
+        if m in waits or any(st.metadata_id == stats.op for st in events[i].stats)
+    ]
+    rows: list[Row] = []
+    for at in np.flatnonzero(np.isin(ids, xla_ids)).tolist():
+        event = events[at]
+        if event.duration_ps <= 0:
+            continue
+        program, run, is_op = "", 0, False
+        for stat in event.stats:
+            if stat.metadata_id == stats.op:
+                is_op = True
+            elif stat.metadata_id == stats.module:
+                ref_value = stat.ref_value
+                program = stats.names.get(ref_value, "") if ref_value else stat.str_value
+            elif stat.metadata_id == stats.run:
+                run = stat.int64_value or stat.uint64_value
+        rows.append((event.metadata_id, event.offset_ps, event.duration_ps, is_op, program, run))
+    return line.timestamp_ns, rows
+
+
+_OP, _MODULE, _RUN = range(3)  # the stat columns of a line's read
+
+
+def _column_rows(
+    capture: Capture, plane: Plane, index: int, stats: _StatIds, waits: set[int]
+) -> tuple[int, list[Row]]:
+    """The line's timestamp and rows from the compiled core's columns (the last stat of
+    each id, as the twin's loop keeps the last; a module's text and a run id are read
+    as protobuf gives them: a ref_value's name, a str_value, an unsigned uint64)."""
+    header = line_header(capture, plane, index)
+    columns = {stats.op: _OP}
+    if stats.module is not None:
+        columns[stats.module] = _MODULE
+    if stats.run is not None:
+        columns[stats.run] = _RUN
+    ids, offsets, durations, kinds, values, strings = read_stat_events(
+        capture, plane, index, columns, 3, _joined
+    )
+    pick = np.flatnonzero(_of_xla_ids(ids, kinds[_OP] != KIND_NONE, waits) & (durations > 0))
+    modules: dict[tuple[int, int], str] = {}
+    rows: list[Row] = []
+    for meta_id, offset, duration, op_kind, module_kind, module, run_kind, run in zip(
+        *(c[pick].tolist() for c in (ids, offsets, durations, kinds[_OP], kinds[_MODULE],
+          values[_MODULE], kinds[_RUN], values[_RUN])), strict=True,
+    ):  # fmt: skip
+        program = modules.get((module_kind, module))
+        if program is None:
+            program = ""
+            if module_kind == KIND_REF and module:
+                program = stats.names.get(module % (1 << 64), "")
+            elif module_kind == KIND_STR:
+                program = strings[module]
+            modules[module_kind, module] = program
+        # An int64 or uint64 (read from its int64 bits) value; any other reads as 0.
+        run_id = (
+            run % (1 << 64) if run_kind == KIND_UINT64 else run if run_kind == KIND_INT64 else 0
+        )
+        rows.append((meta_id, offset, duration, op_kind != KIND_NONE, program, run_id))
+    return header.timestamp_ns, rows
+
+
+def _of_xla_ids(ids: np.ndarray, has_op: np.ndarray, waits: set[int]) -> np.ndarray:
+    """Per event, whether its metadata id is XLA's: in ``waits``, or its first event on
+    the line has an ``hlo_op`` stat (``has_op``). Metadata ids are small counters in
+    every writer's captures: a table by id, where it stays small, else a sort."""
+    n = len(ids)
+    if not n:
+        return np.zeros(0, bool)
+    if int(ids.min()) >= 0 and int(ids.max()) <= 4 * n + 1024:
+        first = np.full(int(ids.max()) + 1, n, np.int64)
+        np.minimum.at(first, ids, np.arange(n, dtype=np.int64))
+        present = np.flatnonzero(first < n)
+        xla = np.zeros(len(first), bool)
+        xla[present] = has_op[first[present]]
+        xla[[m for m in waits if 0 <= m < len(first)]] = True
+        found: np.ndarray = xla[ids]
+        return found
+    unique, at = np.unique(ids, return_index=True)
+    return np.isin(ids, unique[has_op[at] | np.isin(unique, list(waits))])
+
+
+def _joined(
+    pieces: Iterator[StatEvents],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """A line's pieces as one: ids, offsets, durations, kinds, values and the strings
+    (a piece's str_value indexes shifted past the pieces before it)."""
+    parts = []
+    strings: list[str] = []
+    for piece in pieces:
+        values = piece.values.copy()
+        values[piece.kinds == KIND_STR] += len(strings)
+        strings.extend(piece.strings)
+        parts.append((piece.ids, piece.offsets, piece.durations, piece.kinds, values))
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty, np.zeros((3, 0), np.int8), np.zeros((3, 0), np.int64), []
+    ids, offsets, durations = (np.concatenate([p[k] for p in parts]) for k in range(3))
+    kinds = np.concatenate([p[3] for p in parts], axis=1)
+    return ids, offsets, durations, kinds, np.concatenate([p[4] for p in parts], axis=1), strings
 
 
 def _trim_waits(
