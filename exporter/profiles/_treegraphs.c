@@ -165,6 +165,171 @@ static PyObject *make(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* rows(frame_of, frame_parent, node, window, ns, count)
+ *   -> (window, frame, own, total, parent)
+ *
+ * The rows graphs_by_frame makes frames from (tree_graphs.py; its numpy twin there):
+ * for each window in order, each node carrying time (ns > 0) in node order, the frames
+ * on the way from the root to the node's frame that the window has not made yet, made
+ * top-down (a frame is made where the first node below it is reached, its ancestors
+ * first, as graphs_by_node's walk makes them). own sums each frame's ns; total adds
+ * each frame's own and its children's (in the wrapping arithmetic of numpy's int64).
+ * parent is the row of the frame's parent (0 for a root row: make does not read it).
+ *   frame_of     int64 per node: its frame (frame 0 the root);
+ *   frame_parent int64 per frame: its parent frame, an earlier frame (-1 for the root);
+ *   node, window, ns  int64, one entry per (node, window) value, in any order;
+ *   count        the number of windows.
+ * Rows are as many as the graphs' frames, which the caller makes next. Ids out of
+ * range, or a parent that is not an earlier frame, are ValueError. */
+typedef struct { int64_t window, node, ns; } Entry;
+
+static int by_window_node(const void *a, const void *b) {
+    const Entry *x = a, *y = b;
+    if (x->window != y->window) return x->window < y->window ? -1 : 1;
+    return (x->node > y->node) - (x->node < y->node);
+}
+
+static PyObject *rows(PyObject *self, PyObject *args) {
+    PyObject *objs[5];
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "OOOOOn:rows", &objs[0], &objs[1], &objs[2], &objs[3],
+                          &objs[4], &count))
+        return NULL;
+    Py_buffer views[5];
+    Py_ssize_t lens[5];
+    int got = 0;
+    PyObject *result = NULL;
+    Entry *entries = NULL, *sorted_entries = NULL;
+    Py_ssize_t *per_window = NULL;
+    int64_t *made_in = NULL, *row_of = NULL, *chain = NULL;
+    int64_t *cols[5] = {NULL};  /* window, frame, own, total, parent of each row */
+    for (got = 0; got < 5; got++) {
+        if (int64_view(objs[got], &views[got], &lens[got]) < 0) goto done;
+    }
+    Py_ssize_t n_nodes = lens[0], n_frames = lens[1], n = lens[2];
+    if (lens[3] != n || lens[4] != n || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "rows: arrays of different lengths");
+        goto done;
+    }
+    const int64_t *frame_of = views[0].buf, *f_parent = views[1].buf;
+    const int64_t *node = views[2].buf, *window = views[3].buf, *ns = views[4].buf;
+    for (Py_ssize_t f = 0; f < n_frames; f++) {
+        if (f == 0 ? f_parent[f] != -1 : (f_parent[f] < 0 || f_parent[f] >= f)) {
+            PyErr_SetString(PyExc_ValueError, "rows: a frame's parent is not an earlier frame");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n_nodes; i++) {
+        if (frame_of[i] < 0 || frame_of[i] >= n_frames) {
+            PyErr_SetString(PyExc_ValueError, "rows: a node's frame out of range");
+            goto done;
+        }
+    }
+    entries = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Entry));
+    sorted_entries = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Entry));
+    per_window = PyMem_Calloc((size_t)count + 1, sizeof(Py_ssize_t));
+    made_in = PyMem_Malloc((size_t)(n_frames ? n_frames : 1) * sizeof(int64_t));
+    row_of = PyMem_Malloc((size_t)(n_frames ? n_frames : 1) * sizeof(int64_t));
+    chain = PyMem_Malloc((size_t)(n_frames ? n_frames : 1) * sizeof(int64_t));
+    if (!entries || !sorted_entries || !per_window || !made_in || !row_of || !chain) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ns[i] <= 0) continue;  /* no time: no frame of its own (as the twin keeps ns > 0) */
+        if (node[i] < 0 || node[i] >= n_nodes || window[i] < 0 || window[i] >= count) {
+            PyErr_SetString(PyExc_ValueError, "rows: a node or window out of range");
+            goto done;
+        }
+        entries[m].window = window[i];
+        entries[m].node = node[i];
+        entries[m].ns = ns[i];
+        m++;
+    }
+    /* Windows in order (a stable counting sort: values come node by node, so each
+     * window's nodes are in order already), nodes in order in each (sorted where they are
+     * not; equal pairs add to one frame). */
+    for (Py_ssize_t i = 0; i < m; i++) per_window[entries[i].window + 1]++;
+    for (Py_ssize_t w = 0; w < count; w++) per_window[w + 1] += per_window[w];
+    for (Py_ssize_t i = 0; i < m; i++) sorted_entries[per_window[entries[i].window]++] = entries[i];
+    Entry *swap = entries;
+    entries = sorted_entries;
+    sorted_entries = swap;
+    for (Py_ssize_t lo = 0, hi; lo < m; lo = hi) {
+        int in_order = 1;
+        for (hi = lo + 1; hi < m && entries[hi].window == entries[lo].window; hi++) {
+            in_order &= entries[hi - 1].node <= entries[hi].node;
+        }
+        if (!in_order) qsort(entries + lo, (size_t)(hi - lo), sizeof(Entry), by_window_node);
+    }
+    for (Py_ssize_t f = 0; f < n_frames; f++) made_in[f] = -1;
+    Py_ssize_t n_rows = 0, capacity = m + 16;
+    for (int c = 0; c < 5; c++) {
+        cols[c] = PyMem_Malloc((size_t)capacity * sizeof(int64_t));
+        if (cols[c] == NULL) { PyErr_NoMemory(); goto done; }
+    }
+    Py_ssize_t window_start = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t w = entries[i].window;
+        int64_t f = frame_of[entries[i].node];
+        Py_ssize_t k = 0;
+        for (int64_t g = f; g >= 0 && made_in[g] != w; g = f_parent[g]) chain[k++] = g;
+        if (n_rows + k > capacity) {
+            while (n_rows + k > capacity) capacity *= 2;
+            for (int c = 0; c < 5; c++) {
+                int64_t *more = PyMem_Realloc(cols[c], (size_t)capacity * sizeof(int64_t));
+                if (more == NULL) { PyErr_NoMemory(); goto done; }
+                cols[c] = more;
+            }
+        }
+        if (k && chain[k - 1] == 0) window_start = n_rows;  /* the window's root: its first row */
+        while (k--) {
+            int64_t g = chain[k];
+            cols[0][n_rows] = w;
+            cols[1][n_rows] = g;
+            cols[2][n_rows] = 0;
+            cols[3][n_rows] = 0;
+            cols[4][n_rows] = g == 0 ? 0 : row_of[f_parent[g]];
+            row_of[g] = n_rows;
+            made_in[g] = w;
+            n_rows++;
+        }
+        uint64_t own = (uint64_t)cols[2][row_of[f]] + (uint64_t)entries[i].ns;
+        cols[2][row_of[f]] = (int64_t)own;
+        if (i + 1 == m || entries[i + 1].window != w) {
+            /* The window is made: totals from the last row up (children after parents). */
+            for (Py_ssize_t r = n_rows - 1; r >= window_start; r--) {
+                uint64_t total = (uint64_t)cols[3][r] + (uint64_t)cols[2][r];
+                cols[3][r] = (int64_t)total;
+                if (cols[1][r] != 0) {
+                    Py_ssize_t up = cols[4][r];
+                    cols[3][up] = (int64_t)((uint64_t)cols[3][up] + total);
+                }
+            }
+        }
+    }
+    PyObject *out[5] = {NULL};
+    for (int c = 0; c < 5; c++) {
+        out[c] = PyBytes_FromStringAndSize((const char *)cols[c], n_rows * 8);
+        if (out[c] == NULL) {
+            for (int j = 0; j < c; j++) Py_DECREF(out[j]);
+            goto done;
+        }
+    }
+    result = Py_BuildValue("(NNNNN)", out[0], out[1], out[2], out[3], out[4]);
+done:
+    for (int c = 0; c < 5; c++) PyMem_Free(cols[c]);
+    PyMem_Free(entries);
+    PyMem_Free(sorted_entries);
+    PyMem_Free(per_window);
+    PyMem_Free(made_in);
+    PyMem_Free(row_of);
+    PyMem_Free(chain);
+    for (int k = 0; k < got; k++) PyBuffer_Release(&views[k]);
+    return result;
+}
+
 /* split(start, end, reorder_above, budget) -> (start, end, event, parent, depth)
  *
  * The ``split`` rule of exporter/profiles/nesting.py, compiled: its twin is
@@ -385,6 +550,7 @@ done:
 static PyMethodDef methods[] = {
     {"make", make, METH_VARARGS, "Make the rows' Frames and link them (see the module doc)."},
     {"split", split, METH_VARARGS, "Nest a line's events by the split rule (see above)."},
+    {"rows", rows, METH_VARARGS, "The rows graphs_by_frame makes frames from (see above)."},
     {NULL, NULL, 0, NULL},
 };
 

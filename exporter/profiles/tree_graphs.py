@@ -14,10 +14,11 @@ time per (node, window). Two builders turn that into :class:`FlameGraph` objects
 :func:`graphs_by_frame`
     The same graphs, built once per frame. The node tree is mapped to a frame tree once
     (a frame being a path of labels from the root, as ``Frame.child`` keys them); then,
-    in numpy and for all windows together, each frame that carries time in a window is
-    found with its ancestors, its self time and its total (added up level by level from
-    the deepest frame). Then each frame's object is made once, its values set, by a
-    compiled loop (``_treegraphs.c``; its Python twin ``_make`` where it is not built),
+    for all windows together, each frame that carries time in a window is found with
+    its ancestors, its self time and its total: by one compiled walk over the windows'
+    nodes (``_treegraphs.rows``), or in numpy, level by level from the deepest frame
+    (its twin ``_rows``). Then each frame's object is made once, its values set, by a
+    compiled loop (``_treegraphs.make``; its Python twin ``_make`` where it is not built),
     the garbage collector paused meanwhile: the frames hold no cycle, and collections
     started by their allocations, each walking the growing heap, cost most of the time.
     The compiled loop also leaves its frames out of the collector's later walks
@@ -197,14 +198,38 @@ def graphs_by_frame(
     count: int,
 ) -> list[FlameGraph]:
     """One graph per window from ``values`` = (node, window, ns); see the module doc."""
-    nodes, wins, ns = values
     out = [template.copy() for _ in range(count)]
-    keep = ns > 0
-    if not keep.any():
+    if not (values[2] > 0).any():
         for graph in out:
             graph.recompute_totals()
         return out
     f_parent, f_depth, f_keys, frame_of = _frame_tree(parent, tuple_of, tuples)
+    maker = frame_maker()
+    if maker is not None:
+        found = maker.rows(frame_of, f_parent, *(np.ascontiguousarray(v, np.int64)
+                                                 for v in values), count)  # fmt: skip
+        rows = tuple(np.frombuffer(column, np.int64) for column in found)
+        maker.make(Frame, _SLOTS, [g.root for g in out], f_keys, *rows)
+    else:
+        rows = _rows(f_parent, f_depth, frame_of, values, count, len(parent))
+        _make(out, f_keys, *rows)
+    for window_index in np.flatnonzero(np.bincount(rows[0], minlength=count) == 0).tolist():
+        out[window_index].recompute_totals()  # no time in it: as the reference leaves it
+    return out
+
+
+def _rows(
+    f_parent: np.ndarray,
+    f_depth: np.ndarray,
+    frame_of: np.ndarray,
+    values: tuple[np.ndarray, np.ndarray, np.ndarray],
+    count: int,
+    span_touch: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(window, frame, own, total, parent row) of each frame to make, in making order:
+    the compiled ``rows``' twin, in numpy (``span_touch``: the number of nodes)."""
+    nodes, wins, ns = values
+    keep = ns > 0
     width = len(f_parent)
     # (window, frame) pairs as one int64 key; "touch" is the first node (in node order)
     # below the frame that carries time in that window: frames are made in that order.
@@ -237,7 +262,7 @@ def graphs_by_frame(
     window_all, frame_all = np.divmod(keys, width)
     # Made in order: by window, then by first touching node, ancestors first (one sort
     # of a combined key where it fits in int64, else three).
-    span_touch, span_depth = len(parent), int(depth.max()) + 1
+    span_depth = int(depth.max()) + 1
     if count * span_touch * span_depth < 1 << 62:
         made = np.argsort((window_all * span_touch + touch_all) * span_depth + depth_all,
                           kind="stable")  # fmt: skip
@@ -256,16 +281,8 @@ def graphs_by_frame(
         )
     rank = np.empty(len(keys), np.int64)
     rank[made] = np.arange(len(keys), dtype=np.int64)
-    rows = (window_all[made], frame_all[made], own_all[made], total_all[made],
+    return (window_all[made], frame_all[made], own_all[made], total_all[made],
             rank[parent_at[made]])  # fmt: skip
-    maker = frame_maker()
-    if maker is not None:
-        maker.make(Frame, _SLOTS, [g.root for g in out], f_keys, *rows)
-    else:
-        _make(out, f_keys, *rows)
-    for window_index in set(range(count)) - set(window_all.tolist()):
-        out[window_index].recompute_totals()  # no time in it: as the reference leaves it
-    return out
 
 
 def _make(

@@ -203,3 +203,29 @@ def test_kept_windows_only_and_the_total_of_all(maker: str) -> None:
     expected = [every[i] for i in np.flatnonzero(keep)] + [every[-1]]
     assert [shape(g) for g in some] == [shape(g) for g in expected]
     assert every[-1].root.total == int(values[2].sum())
+
+
+def test_the_compiled_rows_refuse_ids_out_of_range() -> None:
+    # The rows graphs_by_frame makes frames from, compiled: whatever ids it is handed,
+    # one ValueError, never a read outside the arrays or a walk that does not end.
+    core = tree_graphs.frame_maker()
+    assert core is not None, "exporter.profiles._treegraphs was not built"
+
+    def rows(frame_of: list[int], f_parent: list[int], node: int, window: int,
+             count: int = 2) -> Any:  # fmt: skip
+        arrays = [np.array(x, np.int64) for x in (frame_of, f_parent, [node], [window], [5])]
+        return core.rows(*arrays, count)
+
+    made = [np.frombuffer(c, np.int64).tolist() for c in rows([0, 1], [-1, 0], 1, 1)]
+    assert made == [[1, 1], [0, 1], [0, 5], [5, 5], [0, 0]]  # window, frame, own, total, parent
+    for frame_of, f_parent, node, window in (
+        ([0, 1], [-1, 0], 2, 0),  # a node past the nodes
+        ([0, 1], [-1, 0], 0, 2),  # a window past the windows
+        ([0, 2], [-1, 0], 1, 0),  # a node's frame past the frames
+        ([0, 1], [-1, 1], 1, 0),  # a frame its own parent: a walk up that would not end
+        ([0, 1], [0, 0], 1, 0),  # a root with a parent
+    ):
+        with pytest.raises(ValueError, match="rows: "):
+            rows(frame_of, f_parent, node, window)
+    with pytest.raises(ValueError, match="int64"):
+        core.rows(*[np.zeros(2, np.int32)] * 5, 1)
