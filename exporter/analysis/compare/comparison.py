@@ -34,7 +34,12 @@ The answer comes in this order:
    the captures' values, each divided by the rest of that capture's work (the frame
    left out) against the same over all captures of both sides
    (:func:`exporter.analysis.compare.noise.replicate_tests`), large from
-   :data:`~exporter.analysis.compare.noise.REPLICATE_MIN_STEP_PCT`. Runtime waits
+   :data:`~exporter.analysis.compare.noise.REPLICATE_MIN_STEP_PCT`; work found changed
+   is set aside from the others' rest and they are tested again, and a subtree holding
+   most of the work on both sides is left to its own frames. **History**: given 3 or
+   more earlier captures of the workload (``history_sides``), each frame's spread between
+   them joins the between-capture variance (with one capture a side, it is the whole of
+   it, and the fixed floors give way: ``noise.between_runs.source`` says which). Runtime waits
    (XLA's executor waiting for its thunks, a host thread in dispatch, the step
    annotation's own time while XLA works) are kept out of the candidates: their time
    is the work they wait on, which is judged itself (``"wait": true`` in the JSON).
@@ -115,6 +120,9 @@ MAX_CAPTURES_NAMED: Final = 64
 # min_detectable states a figure up to this (% of the step); above, null ("not with these
 # captures": 2 + 2 captures give the t test 2 degrees of freedom).
 BEYOND_REACH_PCT: Final = 1000.0
+# Between runs, subtrees holding more than this share of the work on both sides are not
+# judged against the rest of it (see compare_sides).
+MAJORITY_SHARE: Final = 0.5
 # Replicates: a frame's time per step is compared in log space, floored at this share of
 # the step (see _ReplicateValues).
 LOG_FLOOR_STEP_FRACTION: Final = 0.001
@@ -372,12 +380,28 @@ class Comparison:
     base_replicates: list[Side] = field(default_factory=list)
     head_replicates: list[Side] = field(default_factory=list)
     replicated: bool = False  # the noise between runs measured between the replicates
+    # Earlier runs whose frames' spread joined the between-run noise (0: none).
+    history_runs: int = 0
     min_detectable: dict[str, Any] = field(default_factory=dict)
 
     @property
     def view(self) -> str:
         """``step`` (device work and host phases), or the one kind compared."""
         return "step" if self.base.scope == "step" else self.kind
+
+    @property
+    def measured(self) -> bool:
+        """Whether the frames' between-run noise is measured (replicates or history)."""
+        return self.replicated or self.history_runs > 0
+
+    @property
+    def noise_source(self) -> str:
+        """Where the frames' between-run noise comes from, as the output names it."""
+        if self.replicated and self.history_runs:
+            return "replicates and history"
+        if self.replicated:
+            return "replicates"
+        return "history" if self.history_runs else "fixed floors"
 
     @property
     def noise_view(self) -> str:
@@ -453,11 +477,13 @@ class Comparison:
                 "noise_view": self.noise_view,
                 "verdict": self.verdict_possible,
                 "between_runs": {
-                    "measured": self.replicated,
+                    "measured": self.measured,
+                    "source": self.noise_source,
                     "replicates": [len(self.base_replicates), len(self.head_replicates)],
+                    "history_runs": self.history_runs,
                     "method": "student's t between the captures, each against the rest of "
                     "its own work (leave-one-out); benjamini-hochberg across frames"
-                    if self.replicated
+                    if self.measured
                     else "not measured (one capture a side): the fixed floors stand in",
                     "min_replicate_step_pct": noise.REPLICATE_MIN_STEP_PCT,
                 },
@@ -594,7 +620,7 @@ def _replicate_step_verdict(
     mh, wh = _log_median_within(head_groups)
     nb, nh = len(mb), len(mh)
     df = nb + nh - 2
-    sd = _pooled_sd(mb, mh, float(np.concatenate([wb, wh]).mean()))
+    sd = _pooled_sd([mb, mh], float(np.concatenate([wb, wh]).mean()))
     se = sd * math.sqrt(1 / nb + 1 / nh)
     d = float(mh.mean() - mb.mean())
     p = float(student_t_two_sided(d / se, df)) if se > 0 else (0.0 if d else 1.0)
@@ -621,12 +647,12 @@ def _replicate_step_verdict(
     )
 
 
-def _pooled_sd(base: np.ndarray, head: np.ndarray, within: float) -> float:
-    """The standard deviation between captures (both sides' pooled), floored by the one of
-    a capture's own statistic."""
-    df = len(base) + len(head) - 2
-    between = float(((base - base.mean()) ** 2).sum() + ((head - head.mean()) ** 2).sum()) / df
-    return math.sqrt(max(between, within))
+def _pooled_sd(groups: Sequence[np.ndarray], within: float) -> float:
+    """The standard deviation between captures (each group about its own mean, pooled),
+    floored by the one of a capture's own statistic."""
+    df = sum(max(len(g) - 1, 0) for g in groups)
+    squares = sum(float(((g - g.mean()) ** 2).sum()) for g in groups if len(g))
+    return math.sqrt(max(squares / df if df > 0 else 0.0, within))
 
 
 def captures_needed(sd: float, target: float, alpha: float) -> int | None:
@@ -651,6 +677,7 @@ def compare_sides(
     base: Side | Sequence[Side],
     head: Side | Sequence[Side],
     history: Sequence[float] | None = None,
+    history_sides: Sequence[Side] = (),
 ) -> Comparison:
     """Compare ``head`` against ``base`` (see the module docstring).
 
@@ -658,11 +685,15 @@ def compare_sides(
     (process): replicates, whose spread is the noise between runs. ``history``: median
     step times (ns) of earlier runs of the same workload; with
     :data:`~exporter.analysis.compare.noise.MIN_HISTORY` or more, their spread replaces the
-    measured step-time noise of the backend (one capture a side).
+    measured step-time noise of the backend (one capture a side). ``history_sides``:
+    earlier captures of the same workload, one per run; with
+    :data:`~exporter.analysis.compare.noise.MIN_HISTORY` or more that hold steps, each
+    frame's spread between them joins the replicates' (or, one capture a side, stands
+    for it), and their median steps are the step history when ``history`` is not given.
     """
     base_reps, head_reps = _replicates(base, "base"), _replicates(head, "head")
     first = base_reps[0]
-    for side in [*base_reps[1:], *head_reps]:
+    for side in [*base_reps[1:], *head_reps, *history_sides]:
         if side.kind != first.kind or side.scope != first.scope:
             raise ValueError(
                 f"cannot compare {first.scope or first.kind} ({first.spec}) with "
@@ -694,13 +725,25 @@ def compare_sides(
         and len(base_reps) + len(head_reps) >= 3
         and all(r.steps for r in [*base_reps, *head_reps])
     )
+    earlier = [s for s in history_sides if s.steps] if per_step else []
+    if len(earlier) < noise.MIN_HISTORY:
+        if history_sides:
+            notes.append(
+                f"{len(earlier)} earlier runs with steps: fewer than {noise.MIN_HISTORY}, so "
+                "their spread is not used"
+            )
+        earlier = []
+    if history is None and earlier:
+        history = [float(np.median(s.step_ns)) for s in earlier]
+    # The frames' between-run noise is measured: by replicates, the history, or both.
+    measured = replicated or bool(earlier and all(r.steps for r in [*base_reps, *head_reps]))
     if per_step and len(base_reps) + len(head_reps) >= 3 and not replicated:
         notes.append(
             "a capture without step markers: the captures are pooled, with no measured "
             "between-run noise"
         )
     verdict_possible = per_step and (
-        replicated or min(len(base.steps), len(head.steps)) >= noise.MIN_STEPS
+        measured or min(len(base.steps), len(head.steps)) >= noise.MIN_STEPS
     )
     if per_step and not verdict_possible:
         notes.append(
@@ -754,7 +797,7 @@ def compare_sides(
     # "Changed" by the scale (see scale_of) is by the floor that the verdicts use.
     floor_ns = (
         base_step_ns
-        * (noise.REPLICATE_MIN_STEP_PCT if replicated else noise.MIN_GROWN_STEP_PCT[view])
+        * (noise.REPLICATE_MIN_STEP_PCT if measured else noise.MIN_GROWN_STEP_PCT[view])
         / 100
     )
 
@@ -783,7 +826,7 @@ def compare_sides(
     gone_total = tree.head_total.max(axis=1) == 0
     tests: dict[tuple[str, int], tuple[float, float, float]] = {}
     small = min(noise.MIN_NEW_STEP_PCT[view], noise.MIN_GROWN_STEP_PCT[view]) / 2
-    if replicated:
+    if measured:
         # Between captures the floor is low and the test's degrees of freedom few: only
         # frames that could be verdicts are tested, so that BH divides alpha among them.
         small = min(noise.MIN_NEW_STEP_PCT[view], noise.REPLICATE_MIN_STEP_PCT)
@@ -799,10 +842,34 @@ def compare_sides(
         eligible_total = np.asarray(
             [i for i in eligible_total.tolist() if tree.frames[i].children], np.int64
         )
-        if replicated:
-            between = _ReplicateValues(tree, base_reps, head_reps, work)
+        if measured:
+            # Between runs a frame is judged against the rest of its capture's work. A
+            # subtree holding most of the work on both sides has the smaller part as its
+            # rest, whose change reads as its own (a data phase +15 % made the program
+            # beside it "-21 %", a verdict in 17 of 60 orientations with a history;
+            # bench/frame_history.py): its own frames and the step verdict judge it. A
+            # single frame is still judged, however large (its rest is many frames).
+            work_b, work_h = float(bs[work].sum()), float(hs[work].sum())
+            share = np.minimum(bt / max(work_b, 1e-300), ht / max(work_h, 1e-300))
+            held = (share > MAJORITY_SHARE) & ~(new_total | gone_total)
+            eligible_total = eligible_total[~held[eligible_total]]
+            history_values = _History.aligned(tree, earlier) if earlier else None
+            between = _ReplicateValues(tree, base_reps, head_reps, work, history_values)
             heavy = work[bs[work] >= SCALE_MIN_WEIGHT * bs[work].sum()]
             result = between.tests(eligible_self, eligible_total)
+            # Work found changed is set aside from every other frame's rest, and the
+            # frames tested again: a loop grown by 10 % of the step, part of every other
+            # op's rest, made them look faster, and an op beside it was a verdict in 10
+            # of 48 comparisons at 4 captures a side (0 set aside; bench/frame_history.py).
+            called = result.q_values[: len(eligible_self)] < noise.FDR_ALPHA
+            big = np.abs(ex_self[eligible_self]) / expected_step * 100 >= small
+            changed = np.zeros(len(tree.frames), bool)
+            changed[eligible_self[called & big]] = True
+            if changed.any():
+                between = _ReplicateValues(
+                    tree, base_reps, head_reps, work, history_values, changed
+                )
+                result = between.tests(eligible_self, eligible_total)
             # New (or removed) work is absent from every capture of one side: no run of
             # that side has it to vary, so its steps are the samples, as with one capture
             # a side (where new work had no false alarm, bench/detection.py).
@@ -872,7 +939,7 @@ def compare_sides(
             # New work read backwards is removed work: the same floor, so that swapping
             # base and head mirrors the verdict.
             appeared = is_new if sign > 0 else is_gone
-            if replicated:
+            if measured:
                 floor_pct = (
                     noise.MIN_NEW_STEP_PCT[view] if appeared else noise.REPLICATE_MIN_STEP_PCT
                 )
@@ -965,10 +1032,10 @@ def compare_sides(
                 "runtime waits left out of the verdicts (their time is the work they wait "
                 f"on): {', '.join(sorted({e.frame.name for e in waited})[:4])}"
             )
-    if per_step and not replicated:
+    if per_step and not measured:
         notes.append(
             "one capture a side: no measured between-run noise, fixed floors stand in for it "
-            "(give several captures a side to measure it)"
+            "(give several captures a side, or 3 or more earlier runs as history, to measure it)"
         )
     comparison = Comparison(
         base.kind,
@@ -988,8 +1055,9 @@ def compare_sides(
     )
     comparison.base_replicates, comparison.head_replicates = base_reps, head_reps
     comparison.replicated = replicated
+    comparison.history_runs = len(earlier) if measured else 0
     comparison.min_detectable = _min_detectable(
-        comparison, expected_step, view, replicated, detect_rows
+        comparison, expected_step, view, detect_rows, [s.step_ns for s in earlier]
     )
     return comparison
 
@@ -1029,6 +1097,52 @@ def _pooled(reps: list[Side]) -> Side:
     )
 
 
+@dataclass
+class _History:
+    """Earlier captures of the workload, their per-step values on the tree's rows (a
+    frame they never ran is 0; what only they ran is left out)."""
+
+    sides: list[Side]
+    self_m: np.ndarray
+    total_m: np.ndarray
+
+    @classmethod
+    def aligned(cls, tree: AlignedTree, sides: list[Side]) -> _History:
+        # align() wants a head: the first step again, whose column goes unused.
+        own = align([g for s in sides for g in s.steps], [sides[0].steps[0]])
+        rows = _rows_in(tree, own)
+        found = rows >= 0
+        self_m = np.zeros((len(tree.frames), own.base_self.shape[1]))
+        total_m = np.zeros_like(self_m)
+        self_m[found], total_m[found] = own.base_self[rows[found]], own.base_total[rows[found]]
+        return cls(sides, self_m, total_m)
+
+
+def _holders(tree: AlignedTree, row: int) -> list[int]:
+    """The rows of ``row``'s frame and of every frame holding it (the root included)."""
+    out: list[int] = []
+    node: DiffFrame | None = tree.frames[row]
+    while node is not None:
+        out.append(node.index)
+        node = node.parent
+    return out
+
+
+def _rows_in(tree: AlignedTree, other: AlignedTree) -> np.ndarray:
+    """For each frame of ``tree``, the row of the same stack in ``other`` (-1: absent)."""
+    out = np.full(len(tree.frames), -1, np.int64)
+    out[0] = 0
+    stack = [(tree.root, other.root)]
+    while stack:
+        mine, theirs = stack.pop()
+        for key, child in mine.children.items():
+            match = theirs.children.get(key)
+            if match is not None:
+                out[child.index] = match.index
+                stack.append((child, match))
+    return out
+
+
 class _ReplicateValues:
     """Each frame's time per step in each capture, at one common speed and in log space:
     a capture's means divided by that capture's own speed, their logs, and the variance
@@ -1045,6 +1159,11 @@ class _ReplicateValues:
     common reference, because then the side called the base changes nothing (a change
     read backwards gets the same test, ``tests/unit/test_replicate_mirror.py``).
 
+    ``changed`` frames (found changed by a first pass) are taken out of every other
+    frame's rest: a frame that changed would otherwise move everyone's speed, and the
+    frames beside it would read as changed the other way. ``history``: earlier captures
+    of the workload, whose values give the spread only (:func:`compare_sides`).
+
     Logs, because what varies between processes multiplies: a frame's time moves by a
     share of itself (measured: a grown loop whose size varied x3 between its captures
     was p = 0.13 in ms and every head capture above every base one). A frame's time is
@@ -1058,19 +1177,25 @@ class _ReplicateValues:
         base_reps: list[Side],
         head_reps: list[Side],
         work: np.ndarray,
+        history: _History | None = None,
+        changed: np.ndarray | None = None,
     ) -> None:
         self.tree = tree
         self.sides: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         blocks: dict[str, tuple[np.ndarray, np.ndarray, list[slice], np.ndarray, np.ndarray]] = {}
-        for name, reps, self_m, total_m in (
+        parts = [
             ("base", base_reps, tree.base_self, tree.base_total),
             ("head", head_reps, tree.head_self, tree.head_total),
-        ):
+        ]
+        if history is not None:
+            parts.append(("history", history.sides, history.self_m, history.total_m))
+        for name, reps, self_m, total_m in parts:
             bounds = np.cumsum([0, *(len(r.steps) for r in reps)])
             cols = [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
             means_s = np.stack([self_m[:, c].mean(axis=1) for c in cols], axis=1)
             means_t = np.stack([total_m[:, c].mean(axis=1) for c in cols], axis=1)
             blocks[name] = (self_m, total_m, cols, means_s, means_t)
+        # The reference is both sides' captures alone: the history only measures spread.
         every = {k: np.concatenate([blocks["base"][k], blocks["head"][k]], axis=1) for k in (3, 4)}
         ref_self, ref_total = every[3].mean(axis=1), every[4].mean(axis=1)
         ref_work = float(ref_self[work].sum())
@@ -1084,8 +1209,25 @@ class _ReplicateValues:
             )
 
         ref_rest_s, ref_rest_t = rest(ref_self, ref_work), rest(ref_total, ref_work)
+        # Frames found changed are no part of another frame's rest (see the class doc).
+        set_aside = [int(x) for x in np.flatnonzero(changed)] if changed is not None else []
+        holders = {x: _holders(tree, x) for x in set_aside}
         for name, (self_m, total_m, cols, means_s, means_t) in blocks.items():
             captured = means_s[work].sum(axis=0)[None, :]  # each capture's work per step
+            rest_s, rest_t = rest(means_s, captured), rest(means_t, captured)
+            ref_s, ref_t = ref_rest_s.copy(), ref_rest_t.copy()
+            for x in set_aside:
+                others = np.ones(len(tree.frames), bool)
+                others[x] = False
+                inside = others.copy()
+                inside[holders[x]] = False  # a total holding x already left x out
+                rest_s[others] -= means_s[x]
+                ref_s[others] -= ref_self[x]
+                rest_t[inside] -= means_s[x]
+                ref_t[inside] -= ref_self[x]
+            floor_c, floor_r = 0.05 * captured, 0.05 * ref_work
+            rest_s, rest_t = np.maximum(rest_s, floor_c), np.maximum(rest_t, floor_c)
+            ref_s, ref_t = np.maximum(ref_s, floor_r), np.maximum(ref_t, floor_r)
 
             def logged(
                 m: np.ndarray, means: np.ndarray, speed: np.ndarray, cols: list[slice] = cols
@@ -1102,21 +1244,18 @@ class _ReplicateValues:
                 )
                 return np.log(level), var / speed**2 / level**2
 
-            ls, ws = logged(self_m, means_s, rest(means_s, captured) / ref_rest_s[:, None])
-            lt, wt = logged(total_m, means_t, rest(means_t, captured) / ref_rest_t[:, None])
+            ls, ws = logged(self_m, means_s, rest_s / ref_s[:, None])
+            lt, wt = logged(total_m, means_t, rest_t / ref_t[:, None])
             self.sides[name] = (ls, lt, ws, wt)
 
     def between_variances(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """Per row: the variance between captures of its log self time (both sides'
-        pooled), and its degrees of freedom."""
-        (bm, _, _, _), (hm, _, _, _) = self.sides["base"], self.sides["head"]
-        bm, hm = bm[rows], hm[rows]
-        df = bm.shape[1] + hm.shape[1] - 2
-        between = (
-            ((bm - bm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-            + ((hm - hm.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-        ) / max(df, 1)
-        return between, df
+        """Per row: the variance between captures of its log self time (both sides' and
+        the history's pooled), and its degrees of freedom."""
+        groups = [self.sides[name][0][rows] for name in ("base", "head", "history")
+                  if name in self.sides]  # fmt: skip
+        df = sum(g.shape[1] - 1 for g in groups)
+        squares = sum(((g - g.mean(axis=1, keepdims=True)) ** 2).sum(axis=1) for g in groups)
+        return np.asarray(squares) / max(df, 1), df
 
     def tests(self, rows_self: np.ndarray, rows_total: np.ndarray) -> noise.RankTests:
         def stacked(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -1127,7 +1266,8 @@ class _ReplicateValues:
             )
 
         (b, bw), (h, hw) = stacked("base"), stacked("head")
-        return noise.replicate_tests(b, h, bw, hw)
+        earlier = stacked("history")[0] if "history" in self.sides else None
+        return noise.replicate_tests(b, h, bw, hw, earlier)
 
     def spread(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per row: the between-capture standard deviation of its log time per step, and
@@ -1144,17 +1284,20 @@ def _min_detectable(
     comparison: Comparison,
     expected_step_ns: float,
     view: str,
-    replicated: bool,
     frame_spread: tuple[np.ndarray, np.ndarray] | None,
+    earlier: Sequence[Sequence[int]],
 ) -> dict[str, Any]:
     """The smallest step change and frame excess these captures could call (see the
-    module doc), and the captures a side that would bring them to 5 %."""
+    module doc), and the captures a side that would bring them to 5 %. ``earlier``:
+    the step lengths of each earlier run whose spread the frames were judged with."""
     step = comparison.step_verdict
+    measured = comparison.measured
     nb, nh = len(comparison.base_replicates), len(comparison.head_replicates)
     out: dict[str, Any] = {
         "false_alarm_rate": noise.FDR_ALPHA,
         "captures": [nb, nh],
-        "between_run_noise": "measured" if replicated else "not measured",
+        "history_runs": comparison.history_runs,
+        "between_run_noise": "measured" if measured else "not measured",
         "step_change_pct": None,
         "frame_excess_ms": None,
         "frame_excess_pct": None,
@@ -1167,7 +1310,7 @@ def _min_detectable(
         return out
     new_pct = noise.MIN_NEW_STEP_PCT[view]
     out["new_frame_excess_pct"] = new_pct
-    if not replicated:
+    if not measured:
         step_pct = step.noise_pct
         if step.interval_pct is not None:
             step_pct = max(step_pct, (step.interval_pct[1] - step.interval_pct[0]) / 2)
@@ -1178,18 +1321,23 @@ def _min_detectable(
             "frame_excess_ms": round(frame_pct / 100 * expected_step_ns / 1e6, 4),
             "basis": "one capture a side: the fixed floors of the "
             f"{view} view stand in for the unmeasured between-run noise; give 2 or more "
-            "captures a side to measure it",
+            "captures a side (or 3 or more earlier runs as history) to measure it",
         }
         return out
-    df = nb + nh - 2
+    df = nb + nh - 2 + max(len(earlier) - 1, 0)
     # Beyond BEYOND_REACH_PCT a figure says only "not with these captures": null, and
     # captures_for_5pct says what would do.
     out["step_change_pct"] = step.noise_pct if step.noise_pct <= BEYOND_REACH_PCT else None
     m = max(1, 0 if frame_spread is None else len(frame_spread[0]))
     alpha = noise.FDR_ALPHA / m  # the first rejection of BH among m frames
-    mb = _log_median_within([r.step_ns for r in comparison.base_replicates])
-    mh = _log_median_within([r.step_ns for r in comparison.head_replicates])
-    step_sd = _pooled_sd(mb[0], mh[0], float(np.concatenate([mb[1], mh[1]]).mean()))
+    groups = [
+        _log_median_within(g)
+        for g in ([r.step_ns for r in comparison.base_replicates],
+                  [r.step_ns for r in comparison.head_replicates], earlier)
+    ]  # fmt: skip
+    step_sd = _pooled_sd(
+        [g[0] for g in groups], float(np.concatenate([g[1] for g in groups]).mean())
+    )
     target = TARGET_DETECTABLE_PCT / 100
     out["captures_for_5pct"]["step"] = captures_needed(step_sd, math.log1p(target), noise.FDR_ALPHA)
     if frame_spread is not None and len(frame_spread[0]):
@@ -1207,8 +1355,11 @@ def _min_detectable(
         out["captures_for_5pct"]["frame"] = captures_needed(
             float(sd_log[k]), math.log1p(target * expected_step_ns / float(level[k])), alpha
         )
+    between = f"the {nb} + {nh} captures"
+    if comparison.history_runs:
+        between += f" and the workload's {comparison.history_runs} earlier runs"
     out["basis"] = (
-        f"measured between the {nb} + {nh} captures at a false-alarm rate of "
+        f"measured between {between} at a false-alarm rate of "
         f"{noise.FDR_ALPHA:g}; a frame's figure is the median over the {m} frames "
         f"holding {100 * SCALE_MIN_WEIGHT:g} % of the work or more (BH among them)"
     )

@@ -38,6 +38,7 @@ beyond a measured noise floor (:data:`SHARE_NOISE_FLOOR_PTS`,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -47,13 +48,13 @@ import numpy as np
 from exporter.analysis.compare.rank_tests import (
     benjamini_hochberg,
     mann_whitney_u,
+    student_t_critical,
     student_t_two_sided,
 )
 
 __all__ = [
     "FDR_ALPHA",
     "HISTORY_FLOOR_PCT",
-    "HISTORY_SIGMAS",
     "HOST_PHASE",
     "MEMORY_NOISE_FLOOR_PTS",
     "MIN_GROWN_STEP_PCT",
@@ -137,11 +138,15 @@ MIN_STEP_CHANGE_PCT: Final = 1.0
 # named in 0 / 96-100 / 100 % at 2 / 4 / 8 a side, the data phase +10 % in 4-8 / 96 /
 # 100 %.
 REPLICATE_MIN_STEP_PCT: Final = 2.0
-# Earlier runs needed before their own spread replaces STEP_NOISE_PCT.
+# Earlier runs needed before their own spread replaces STEP_NOISE_PCT (and, given their
+# captures, the fixed floors of a frame's verdict).
 MIN_HISTORY: Final = 3
-# The history's noise: this many robust standard deviations of its runs' log median
-# step (MAD x 1.4826), with a floor for runs that happened to agree closely.
-HISTORY_SIGMAS: Final = 4.0
+# The history's step noise: the prediction bound of Student's t for two new runs (see
+# history_step_noise_pct), with a floor for runs that happened to agree closely. The
+# bound replaced 4 robust standard deviations (MAD) of the runs' log median steps: from
+# 3-5 runs the MAD is often near 0, and with 3 unchanged captures of the transformer as
+# the history 6 of 40 orientations of unchanged pairs were "slower" or "faster"
+# (bench/frame_history.py, docs/analysis.md "Each frame's own history").
 HISTORY_FLOOR_PCT: Final = 2.0
 # Without steps: the largest share change of a single frame between captures of the
 # same unchanged workload, measured on this project's CPU captures (see
@@ -191,10 +196,23 @@ def rank_tests(base: np.ndarray, head: np.ndarray, rows: np.ndarray) -> RankTest
 
 
 def history_step_noise_pct(medians_ns: Sequence[float]) -> float:
-    """The step-time change (%) beyond which a run differs from its history's runs."""
-    logs = np.log(np.asarray(medians_ns, float))
-    mad = float(np.median(np.abs(logs - np.median(logs)))) * 1.4826
-    return round(max(HISTORY_FLOOR_PCT, 100 * (float(np.exp(HISTORY_SIGMAS * mad)) - 1)), 2)
+    """The step-time change (%) beyond which two runs differ more than the history's runs
+    do: Student's t at :data:`FDR_ALPHA` (two-sided, N - 1 degrees of freedom) times the
+    standard deviation of the runs' log median steps times sqrt 2 (two new runs, each
+    as far from the workload's level as any run), as a ratio."""
+    logs = np.log(np.maximum(np.asarray(medians_ns, float), 1.0))
+    if len(logs) < 2:
+        raise ValueError("history_step_noise_pct: at least 2 runs")
+    spread = float(np.std(logs, ddof=1)) * math.sqrt(2)
+    bound = student_t_critical(FDR_ALPHA, len(logs) - 1) * spread
+    return round(max(HISTORY_FLOOR_PCT, 100 * math.expm1(bound)), 2)
+
+
+def _squares(values: np.ndarray) -> np.ndarray:
+    """Per row: the sum of squared deviations from the row's mean (0 for no columns)."""
+    if values.shape[1] == 0:
+        return np.zeros(len(values))
+    return np.asarray(((values - values.mean(axis=1, keepdims=True)) ** 2).sum(axis=1))
 
 
 def replicate_tests(
@@ -202,24 +220,28 @@ def replicate_tests(
     head: np.ndarray,
     base_within: np.ndarray,
     head_within: np.ndarray,
+    history: np.ndarray | None = None,
 ) -> RankTests:
     """Student's t per row between replicates (``base``/``head``: rows x captures of each
     capture's mean), BH across rows; ``*_within``: each capture's variance of its mean
     (its steps' variance / their count), the floor of the variance between captures.
+    ``history`` (rows x earlier runs, the same values of the workload's earlier
+    captures): their spread joins the between-capture variance and its degrees of
+    freedom, so that one capture a side can be judged against the workload's own
+    run-to-run noise.
 
     ``effect`` is Cliff's delta between the captures' values, as :func:`rank_tests`'s is
     between steps.
     """
     rows = np.arange(len(base), dtype=np.int64)
     nb, nh = base.shape[1], head.shape[1]
-    df = nb + nh - 2
+    if history is None:
+        history = np.zeros((len(base), 0))
+    df = nb + nh - 2 + max(history.shape[1] - 1, 0)
     if not len(rows) or nb == 0 or nh == 0 or df < 1:
         empty = np.zeros(0)
         return RankTests(rows[:0], empty, empty, empty)
-    between = (
-        ((base - base.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-        + ((head - head.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-    ) / df
+    between = (_squares(base) + _squares(head) + _squares(history)) / df
     within = np.concatenate([base_within, head_within], axis=1).mean(axis=1)
     variance = np.maximum(between, within)
     diff = head.mean(axis=1) - base.mean(axis=1)

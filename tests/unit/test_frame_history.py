@@ -1,0 +1,192 @@
+"""Issue 29, item 3: frames judged against the workload's own history, and two defects
+of the between-run test that the history made plain (bench/frame_history.py).
+
+The captures are made here, each one process of its own: a machine speed, and each
+op's own move between runs (``wobble``), then step-to-step jitter inside the run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from exporter.analysis.compare import noise
+from exporter.analysis.compare.comparison import Comparison, Entry, compare_sides
+from exporter.analysis.sides.load import Side
+from exporter.profiles.flamegraph import FlameGraph
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+OPS = {"dot.1": 4e6, "fusion.2": 2e6, "ynn_fusion": 1.5e6, "copy": 1e6, "dot.3": 1.5e6}
+
+
+def capture(
+    seed: int,
+    ops: dict[str, float] = OPS,
+    wobble: float = 0.2,
+    extra: dict[str, float] | None = None,
+    phase: tuple[str, float] | None = None,
+) -> Side:
+    """One process: ``ops`` under ``jit_step`` (ns per step), each moved by its own
+    log-normal factor (``wobble``) and the machine's speed; ``extra``: ns per step added
+    to an op; ``phase``: a frame beside the program, (name, ns per step)."""
+    rng = random.Random(seed)
+    speed = rng.uniform(0.7, 1.5)
+    moved = {op: rng.lognormvariate(0, wobble) for op in ops}
+    graphs = []
+    for _ in range(12):
+        graph = FlameGraph(sample_type="device_time", unit="nanoseconds")
+        for op, ns in ops.items():
+            value = (ns * moved[op] + (extra or {}).get(op, 0.0)) * speed
+            graph.add(["jit_step", op], round(value * (1 + rng.uniform(-0.03, 0.03))))
+        if phase is not None:
+            graph.add([phase[0]], round(phase[1] * speed * (1 + rng.uniform(-0.03, 0.03))))
+        graphs.append(graph)
+    whole = FlameGraph(sample_type="device_time", unit="nanoseconds")
+    for g in graphs:
+        whole.merge(g)
+    return Side(f"c{seed}", "capture", "device", whole, graphs, [g.root.total for g in graphs],
+                "device_steps")  # fmt: skip
+
+
+def verdicts(entries: list[Entry]) -> set[tuple[str, str]]:
+    return {(e.frame.name, e.basis) for e in entries if e.regression}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_capture_a_side_is_judged_against_the_history(seed: int) -> None:
+    """Ops that move x1.2 between runs: with one capture a side the device view's fixed
+    floor (2 % of the step) calls such moves regressions; the workload's 8 earlier runs
+    measure them, and only a change beyond them is a verdict."""
+    history = [capture(1000 * seed + i) for i in range(8)]
+    base, same = capture(1000 * seed + 100), capture(1000 * seed + 200)
+    floors = [compare_sides(a, b) for a, b in ((base, same), (same, base))]
+    assert any(verdicts(c.regressions) | verdicts(c.improvements) for c in floors)
+    assert all(c.to_json()["noise"]["between_runs"]["source"] == "fixed floors" for c in floors)
+    for a, b in ((base, same), (same, base)):
+        judged = compare_sides(a, b, history_sides=history)
+        assert verdicts(judged.regressions) | verdicts(judged.improvements) == set()
+        between = judged.to_json()["noise"]["between_runs"]
+        assert (between["source"], between["history_runs"], between["measured"]) == (
+            "history",
+            8,
+            True,
+        )
+        assert "8 earlier runs" in judged.min_detectable["basis"]
+        assert judged.min_detectable["history_runs"] == 8
+    # A change far beyond the runs' spread (fusion.2 x6: +10 ms on a ~10 ms step).
+    grown = capture(1000 * seed + 300, extra={"fusion.2": 1e7})
+    forward = compare_sides(base, grown, history_sides=history)
+    reverse = compare_sides(grown, base, history_sides=history)
+    assert ("fusion.2", "self") in verdicts(forward.regressions)
+    assert ("fusion.2", "self") in verdicts(reverse.improvements)
+
+
+def test_fewer_than_three_earlier_runs_leave_the_floors() -> None:
+    base, head = capture(1), capture(2)
+    judged = compare_sides(base, head, history_sides=[capture(3), capture(4)])
+    assert judged.to_json()["noise"]["between_runs"]["source"] == "fixed floors"
+    assert any("fewer than 3" in n for n in judged.notes)
+
+
+def saved_sides() -> dict[str, list[Side]]:
+    """Sides of real captures of bench/transformer_workload.py, each its own process on a
+    loaded 2-core machine (``bench/frame_history.py --write-fixture``): 12 unchanged, 4
+    whose data phase is 10 % of the step longer, 4 whose loop grew by 10 % of it."""
+    data = json.loads(gzip.decompress((FIXTURES / "transformer_sides.json.gz").read_bytes()))
+    out: dict[str, list[Side]] = {}
+    for key, captures in data.items():
+        out[key] = []
+        for n, c in enumerate(captures):
+            steps = [
+                FlameGraph.from_folded(
+                    "\n".join(f"{k} {v}" for k, v in step.items()),
+                    sample_type=c["sample_type"],
+                    unit=c["unit"],
+                )
+                for step in c["steps"]
+            ]
+            whole = FlameGraph(sample_type=c["sample_type"], unit=c["unit"])
+            for g in steps:
+                whole.merge(g)
+            out[key].append(
+                Side(
+                    f"{key} {n}",
+                    "capture",
+                    c["kind"],
+                    whole,
+                    steps,
+                    c["step_ns"],
+                    c["step_source"],
+                    view=c["view"],
+                    scope=c["scope"],
+                    step_names=set(c["step_names"]),
+                )
+            )
+    return out
+
+
+SAVED = saved_sides()
+
+
+def named(comparison: Comparison) -> set[str]:
+    both = verdicts(comparison.regressions) | verdicts(comparison.improvements)
+    return {name for name, _ in both}
+
+
+def test_one_capture_a_side_with_history_names_only_the_change() -> None:
+    """The data phase (``load_batch``) +10 %: one capture a side, the 8 other unchanged
+    captures as the history, both orientations. The program beside the phase holds
+    most of the work, so its rest was mostly the phase, and it read as "-21 %": a
+    verdict in 23 of these 48 pairs before subtrees holding most of the work were left
+    to their own frames."""
+    same, changed = SAVED["same"], SAVED["input 10"]
+    found = 0
+    for a, b in itertools.product(range(len(same)), range(len(changed))):
+        history = [s for i, s in enumerate(same) if i != a][:8]
+        forward = compare_sides(same[a], changed[b], history_sides=history)
+        reverse = compare_sides(changed[b], same[a], history_sides=history)
+        assert named(forward) <= {"load_batch"} and named(reverse) <= {"load_batch"}
+        found += "load_batch" in named(forward)
+    assert found >= 12  # 18 of 48 here; the fixed floors name it in 12 (bench: 23-33 %)
+
+
+def test_one_capture_a_side_with_history_same_workload() -> None:
+    same = SAVED["same"]
+    for a in range(0, 12, 2):
+        history = [s for i, s in enumerate(same) if i not in (a, a + 1)][:8]
+        for one, other in ((same[a], same[a + 1]), (same[a + 1], same[a])):
+            judged = compare_sides(one, other, history_sides=history)
+            assert named(judged) == set()
+            assert judged.step_verdict.verdict == "unchanged"
+
+
+def test_replicates_set_work_found_changed_aside() -> None:
+    """The loop grew by 10 % of the step (its ops ``broadcast_multiply_fusion`` and
+    ``ynn_fusion``), 4 captures a side: as part of every other op's rest the grown loop
+    made them look faster, and an op beside it (``copy_bitcast_fusion``) became a
+    verdict in 13 of these 71 comparisons before work found changed was set aside."""
+    same, grown = SAVED["same"], SAVED["grown 10"]
+    loop = {"broadcast_multiply_fusion", "ynn_fusion", "while.5", "jit_block_step"}
+    for combo in list(itertools.combinations(range(len(same)), 4))[::7]:
+        base = [same[i] for i in combo]
+        forward, reverse = compare_sides(base, grown), compare_sides(grown, base)
+        assert "broadcast_multiply_fusion" in named(forward) & named(reverse)
+        assert named(forward) <= loop and named(reverse) <= loop
+
+
+def test_the_history_step_noise_is_a_prediction_bound() -> None:
+    """Three runs of which two agree closely: the median deviation saw 1 % and called a
+    run like the third one, 30 % off, "slower"; Student's t with 2 degrees of freedom
+    does not."""
+    history = [1.0e7, 1.01e7, 1.3e7]
+    assert noise.history_step_noise_pct(history) > 30
+    ops = {"op": 1e7}
+    base = capture(1, ops, 0.0)
+    head = capture(1, {"op": 1.3e7}, 0.0)
+    judged = compare_sides(base, head, history=history).step_verdict
+    assert judged.noise_source == "3 earlier runs" and judged.verdict == "unchanged"
