@@ -330,6 +330,164 @@ done:
     return result;
 }
 
+/* window_self(start, end, parent, node, window_start, window_end) -> (node, window, ps)
+ *
+ * nesting.window_self compiled (its numpy twin there, held equal by
+ * tests/unit/test_window_self_compiled.py): each segment of a line adds its overlap with
+ * each window to its node there and takes it from its parent segment's node. Windows
+ * are sorted and disjoint; a segment finds its first and last window by binary search.
+ * The result is the sparse sum per (node, window), as int64 array bytes ordered by
+ * (node, window), pairs with a zero sum included as numpy's aggregate keeps them; sums
+ * wrap as numpy's int64 does. Entries are as many as the twin's (one per segment and
+ * window it overlaps, twice below a parent): the same memory bound. */
+typedef struct { int64_t key, value; } Pair;
+
+static int by_key(const void *a, const void *b) {
+    const Pair *x = a, *y = b;
+    return (x->key > y->key) - (x->key < y->key);
+}
+
+static Py_ssize_t first_end_after(const int64_t *w_end, Py_ssize_t k, int64_t t) {
+    Py_ssize_t lo = 0, hi = k;  /* numpy's searchsorted(w_end, t, "right") */
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (w_end[mid] <= t) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static Py_ssize_t first_start_from(const int64_t *w_start, Py_ssize_t k, int64_t t) {
+    Py_ssize_t lo = 0, hi = k;  /* numpy's searchsorted(w_start, t, "left") */
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (w_start[mid] < t) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static PyObject *window_self(PyObject *self, PyObject *args) {
+    PyObject *objs[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO:window_self", &objs[0], &objs[1], &objs[2], &objs[3],
+                          &objs[4], &objs[5]))
+        return NULL;
+    Py_buffer views[6];
+    Py_ssize_t lens[6];
+    int got;
+    PyObject *result = NULL;
+    Pair *pairs = NULL;
+    uint64_t *dense = NULL;
+    uint8_t *present = NULL;
+    for (got = 0; got < 6; got++) {
+        if (int64_view(objs[got], &views[got], &lens[got]) < 0) goto done;
+    }
+    Py_ssize_t n = lens[0], k = lens[4];
+    if (lens[1] != n || lens[2] != n || lens[3] != n || lens[5] != k) {
+        PyErr_SetString(PyExc_ValueError, "window_self: arrays of different lengths");
+        goto done;
+    }
+    const int64_t *start = views[0].buf, *end = views[1].buf, *parent = views[2].buf;
+    const int64_t *node = views[3].buf, *w_start = views[4].buf, *w_end = views[5].buf;
+    int64_t max_node = 0;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (node[i] < 0 || parent[i] < -1 || parent[i] >= n) {
+            PyErr_SetString(PyExc_ValueError, "window_self: a node or parent out of range");
+            goto done;
+        }
+        if (node[i] > max_node) max_node = node[i];
+        Py_ssize_t first = first_end_after(w_end, k, start[i]);
+        Py_ssize_t last = first_start_from(w_start, k, end[i]) - 1;
+        if (last >= first) total += (last - first + 1) * (parent[i] >= 0 ? 2 : 1);
+    }
+    if (k && max_node > (INT64_MAX - k) / k) {
+        PyErr_SetString(PyExc_ValueError, "window_self: node ids too large");
+        goto done;
+    }
+    /* Keys node * k + window: summed in a table where it is small beside the entries,
+     * else sorted (the twin's dense_index makes the same choice by its own rule). */
+    uint64_t span = (uint64_t)(max_node + 1) * (uint64_t)(k ? k : 1);
+    int use_table = span <= (uint64_t)4 * (uint64_t)total + 65536 && span <= ((uint64_t)1 << 26);
+    if (use_table) {
+        dense = PyMem_Calloc((size_t)span, sizeof(uint64_t));
+        present = PyMem_Calloc((size_t)span, 1);
+        if (!dense || !present) { PyErr_NoMemory(); goto done; }
+    } else {
+        pairs = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(Pair));
+        if (!pairs) { PyErr_NoMemory(); goto done; }
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t first = first_end_after(w_end, k, start[i]);
+        Py_ssize_t last = first_start_from(w_start, k, end[i]) - 1;
+        for (Py_ssize_t j = first; j <= last; j++) {
+            int64_t lo = start[i] > w_start[j] ? start[i] : w_start[j];
+            int64_t hi = end[i] < w_end[j] ? end[i] : w_end[j];
+            uint64_t overlap = (uint64_t)hi - (uint64_t)lo;
+            int64_t mine = node[i] * k + j;
+            if (use_table) {
+                dense[mine] += overlap;
+                present[mine] = 1;
+            } else {
+                pairs[m].key = mine;
+                pairs[m++].value = (int64_t)overlap;
+            }
+            if (parent[i] >= 0) {
+                int64_t theirs = node[parent[i]] * k + j;
+                if (use_table) {
+                    dense[theirs] -= overlap;
+                    present[theirs] = 1;
+                } else {
+                    pairs[m].key = theirs;
+                    pairs[m++].value = (int64_t)(0 - overlap);
+                }
+            }
+        }
+    }
+    Py_ssize_t distinct = 0;
+    if (use_table) {
+        for (uint64_t key = 0; key < span; key++) distinct += present[key];
+    } else {
+        qsort(pairs, (size_t)m, sizeof(Pair), by_key);
+        for (Py_ssize_t i = 0; i < m; i++) distinct += i == 0 || pairs[i].key != pairs[i - 1].key;
+    }
+    PyObject *out[3] = {NULL};
+    for (int c = 0; c < 3; c++) {
+        out[c] = PyBytes_FromStringAndSize(NULL, distinct * 8);
+        if (out[c] == NULL) {
+            for (int j = 0; j < c; j++) Py_DECREF(out[j]);
+            goto done;
+        }
+    }
+    int64_t *o_node = (int64_t *)PyBytes_AS_STRING(out[0]);
+    int64_t *o_window = (int64_t *)PyBytes_AS_STRING(out[1]);
+    int64_t *o_sum = (int64_t *)PyBytes_AS_STRING(out[2]);
+    Py_ssize_t r = 0;
+    if (use_table) {
+        for (uint64_t key = 0; key < span; key++) {
+            if (!present[key]) continue;
+            o_node[r] = (int64_t)(key / (uint64_t)k);
+            o_window[r] = (int64_t)(key % (uint64_t)k);
+            o_sum[r++] = (int64_t)dense[key];
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < m; i++) {
+            if (i == 0 || pairs[i].key != pairs[i - 1].key) {
+                o_node[r] = pairs[i].key / k;
+                o_window[r] = pairs[i].key % k;
+                o_sum[r++] = 0;
+            }
+            o_sum[r - 1] = (int64_t)((uint64_t)o_sum[r - 1] + (uint64_t)pairs[i].value);
+        }
+    }
+    result = Py_BuildValue("(NNN)", out[0], out[1], out[2]);
+done:
+    PyMem_Free(pairs);
+    PyMem_Free(dense);
+    PyMem_Free(present);
+    for (int c = 0; c < got; c++) PyBuffer_Release(&views[c]);
+    return result;
+}
+
 /* split(start, end, reorder_above, budget) -> (start, end, event, parent, depth)
  *
  * The ``split`` rule of exporter/profiles/nesting.py, compiled: its twin is
@@ -551,6 +709,7 @@ static PyMethodDef methods[] = {
     {"make", make, METH_VARARGS, "Make the rows' Frames and link them (see the module doc)."},
     {"split", split, METH_VARARGS, "Nest a line's events by the split rule (see above)."},
     {"rows", rows, METH_VARARGS, "The rows graphs_by_frame makes frames from (see above)."},
+    {"window_self", window_self, METH_VARARGS, "Self time per (node, window) (see above)."},
     {NULL, NULL, 0, NULL},
 };
 

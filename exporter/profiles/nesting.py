@@ -49,8 +49,9 @@ try:  # the split rule compiled (exporter/profiles/_treegraphs.c), where it was 
     from exporter.profiles import _treegraphs  # type: ignore[attr-defined]
 
     _compiled_split: Any = _treegraphs.split
+    _compiled_window_self: Any = _treegraphs.window_self
 except ImportError:  # pragma: no cover - an install without a compiler
-    _compiled_split = None
+    _compiled_split = _compiled_window_self = None
 
 __all__ = ["FAR", "Nested", "aggregate", "dense_index", "nest", "window_self"]
 
@@ -296,16 +297,24 @@ def window_self(
     nested: Nested,
     node: np.ndarray,
     windows: np.ndarray,
+    core: Any = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Self time (ps) per (node, window): ``(nodes, window indexes, ps)``, sparse.
 
     ``node`` maps each segment to its frame-tree node; ``windows`` is an (n, 2) int64
     array of disjoint [start, end) ranges in the line's picoseconds, sorted. Each
     segment adds its overlap with a window to its node and takes it from its parent's.
+    ``core`` (the compiled core in use, as :func:`nest` takes it): the same sums from
+    ``_treegraphs.window_self`` in one pass, this numpy being its twin.
     """
     if not len(nested) or not len(windows):
         empty = np.zeros(0, np.int64)
         return empty, empty, empty
+    if core is not None and _compiled_window_self is not None:
+        columns = (nested.start, nested.end, nested.parent, node, windows[:, 0], windows[:, 1])
+        found = _compiled_window_self(*(np.ascontiguousarray(c, np.int64) for c in columns))
+        nodes, wins, sums = (np.frombuffer(x, np.int64) for x in found)
+        return nodes, wins, sums
     w_start, w_end = windows[:, 0], windows[:, 1]
     has_parent = nested.parent >= 0
     if len(windows) == 1 and w_start[0] <= nested.start[0] and nested.end.max() <= w_end[0]:

@@ -256,7 +256,7 @@ class FrameTree:
         else:
             rel = np.clip(self.windows_ns - base_ns, -FAR // PS_PER_NS, FAR // PS_PER_NS)
             windows = rel * PS_PER_NS
-        self._parts.append(window_self(nested, node, windows))
+        self._parts.append(window_self(nested, node, windows, self.core))
 
     def self_ns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(node, window, ns) over all lines; ns per node sums exactly across windows.
