@@ -6,7 +6,7 @@
  *
  *   stream()        a stream's kernels -> per-row duration and launch-latency sums, the
  *                   stream's busy intervals, its gaps and the launch waits in them
- *                   (gpu_kernels._Reader._stream_numpy is its twin);
+ *                   (gpu_kernels._stream_numpy is its twin);
  *   launch_calls()  a host line's piece -> the launch calls' correlation ids and start
  *                   ns (gpu_kernels._launch_piece_numpy is its twin).
  *
@@ -49,6 +49,19 @@ static int int64s(const Py_buffer *view, Py_ssize_t *n) {
     }
     *n = view->len / 8;
     return 1;
+}
+
+/* The index of v in the sorted ids[0..n) (the first of equal ones), or -1. */
+static inline Py_ssize_t search(const int64_t *ids, Py_ssize_t n, int64_t v) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && ids[lo] == v ? lo : -1;
 }
 
 /* An exact sum of int64 values (fewer than 2**31 of them): the high halves (arithmetic
@@ -102,24 +115,18 @@ static int out_open(Out *o, Py_ssize_t cap) {
 
 static int out_close(Out *o) { return _PyBytes_Resize(&o->bytes, o->n * 8) == 0; }
 
-/* The launch call of a correlation id: its index, or -1. ``table`` (when given) holds
- * the index by id; else ``ids`` are sorted and the first equal one is found. */
-static inline Py_ssize_t call_of(int64_t corr, const int64_t *table, Py_ssize_t table_n,
-                                 const int64_t *ids, Py_ssize_t ids_n) {
-    if (corr < 0 || !ids_n) return -1;
-    if (table_n) { /* an entry past the calls (none in gpu_kernels' tables) is none */
-        int64_t at = corr < table_n ? table[corr] : -1;
-        return at >= 0 && at < ids_n ? (Py_ssize_t)at : -1;
-    }
-    Py_ssize_t lo = 0, hi = ids_n;
-    while (lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (ids[mid] < corr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < ids_n && ids[lo] == corr ? lo : -1;
+/* Where an id is among sorted ids (the first of equal ones): through ``table`` (the
+ * index by id, -1 none: gpu_kernels._call_table, where the ids are dense) when given,
+ * else by search. An entry past the ids (none in those tables) is none. */
+typedef struct {
+    const int64_t *table, *ids;
+    Py_ssize_t table_n, ids_n;
+} Lookup;
+
+static inline Py_ssize_t lookup(const Lookup *l, int64_t v) {
+    if (!l->table_n) return search(l->ids, l->ids_n, v);
+    int64_t at = v >= 0 && v < l->table_n ? l->table[v] : -1;
+    return at >= 0 && at < l->ids_n ? (Py_ssize_t)at : -1;
 }
 
 PyDoc_STRVAR(stream_doc,
@@ -133,7 +140,7 @@ PyDoc_STRVAR(stream_doc,
 "latencies, correlated, first_ns, last_ns, busy_starts, busy_ends, wait_from, wait_to,\n"
 "gaps, launch_gaps): rows as (row, count, total, min, max) of durations (ns), latencies\n"
 "as (row, count, total, max) of start - call start, rows ascending; the rest int64\n"
-"array bytes, as gpu_kernels._Reader._stream_numpy computes them.");
+"array bytes, as gpu_kernels._stream_numpy computes them.");
 
 static PyObject *stream(PyObject *self, PyObject *args) {
     Py_buffer views[8] = {{0}};
@@ -157,7 +164,7 @@ static PyObject *stream(PyObject *self, PyObject *args) {
     const int64_t *row = views[0].buf, *off = views[1].buf, *dur = views[2].buf,
                   *corr = views[3].buf, *table = views[4].buf, *ids = views[5].buf,
                   *call_start = views[6].buf;
-    Py_ssize_t table_n = sizes[4], ids_n = sizes[5];
+    Lookup calls = {table, ids, sizes[4], sizes[5]};
     per = PyMem_Calloc(row_count ? row_count : 1, sizeof(Row));
     if (!per) {
         PyErr_NoMemory();
@@ -190,7 +197,7 @@ static PyObject *stream(PyObject *self, PyObject *args) {
         sum_add(&k->total, d);
         /* The kernel's launch call, if found and not after the kernel started. */
         int64_t call = -1;
-        Py_ssize_t at = call_of(corr[i], table, table_n, ids, ids_n);
+        Py_ssize_t at = corr[i] >= 0 ? lookup(&calls, corr[i]) : -1;
         if (at >= 0 && call_start[at] <= start) {
             call = call_start[at];
             int64_t latency = wrap_sub(start, call);
@@ -320,15 +327,7 @@ static PyObject *launch_calls(PyObject *self, PyObject *args) {
             corr = string_id[v];
         }
         if (corr < 0) continue;
-        Py_ssize_t lo = 0, hi = calls_n; /* a handful of launch APIs: found by search */
-        while (lo < hi) {
-            Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (calls[mid] < meta[i])
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        if (lo == calls_n || calls[lo] != meta[i]) continue;
+        if (search(calls, calls_n, meta[i]) < 0) continue; /* not a launch call */
         outs[0].at[outs[0].n++] = corr;
         outs[1].at[outs[1].n++] = wrap_add((int64_t)base_ns, floor_ns(off[i]));
     }

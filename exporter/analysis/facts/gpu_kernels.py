@@ -493,6 +493,9 @@ class _PlaneSetup:
     texts: StatTexts
     meta_stats: dict[int, tuple[int, int, int, bool]]
     by_details: bool
+    # (event metadata id, details, module and op codes) -> the reader's row, for the
+    # plane's lines: a stream's thousands of distinct kernels recur on the next stream.
+    rows: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
 
 
 class _Reader:
@@ -625,15 +628,16 @@ class _StreamLine:
     """Reduces a stream line's pieces (:class:`StatEvents`) to its kernels: per kernel
     its row, offset and duration (ps) and correlation id, and the events skipped.
 
-    Nothing is kept before :meth:`done`: a line the compiled core hands back to
+    Nothing is counted before :meth:`done`: a line the compiled core hands back to
     protobuf is reduced again from the start, by a fresh one
-    (event_stats.read_stat_events).
+    (event_stats.read_stat_events); the rows its pieces made are made again alike.
     """
 
     def __init__(
         self, reader: _Reader, ref: PlaneRef, plane: Plane, header: LineHeader, setup: _PlaneSetup
     ) -> None:
         self.reader, self.ref, self.plane, self.header = reader, ref, plane, header
+        self.setup = setup
         self.texts, self.meta_stats, self.by_details = (
             setup.texts, setup.meta_stats, setup.by_details)  # fmt: skip
         self.parts: list[tuple[np.ndarray, ...]] = []
@@ -667,7 +671,8 @@ class _StreamLine:
         columns_ = (meta, d, m, o, off[sel], dur[sel], corr)
         if not kernel.all():
             columns_ = tuple(c[kernel] for c in columns_)
-        self.parts.append(columns_)
+        if len(columns_[0]):  # kept as four columns, the piece's texts made its rows
+            self.parts.append((self._rows(*columns_[:4]), *columns_[4:]))
 
     def done(self) -> None:
         """The line was read whole: its kernels go into the reader's rows and device."""
@@ -676,28 +681,34 @@ class _StreamLine:
         reader.out.skipped += self.skipped
         if not self.parts:
             return
-        meta, d, m, o, off, dur, corr = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        rows, off, dur, corr = (np.concatenate(c) for c in zip(*self.parts, strict=True))
         self.parts = []
-        if not len(meta):
-            return
         device = reader.device(self.ref)
         device.streams += 1
         base_ns = reader.capture.line_start_ns(self.header.timestamp_ns)
-        reader._stream(device, base_ns, self._rows(meta, d, m, o), off, dur, corr)
+        reader._stream(device, base_ns, rows, off, dur, corr)
 
     def _rows(self, meta: np.ndarray, *codes: np.ndarray) -> np.ndarray:
         """Each kernel's row: one per distinct (kernel, details, module, op), made in the
-        order of their first kernels."""
+        order of their first kernels (a row is by its key: a line read again makes the
+        rows it made before, in the same order)."""
         key, first = first_seen([meta, *codes])
-        row_of = np.zeros(len(first), np.int64)
+        known = self.setup.rows
         texts = self.texts.texts
-        for k, at in enumerate(first.tolist()):
-            meta_id = int(meta[at])
-            found = self.plane.event_metadata.get(meta_id)
-            name = (found.name or found.display_name) if found else ""
-            row_of[k] = self.reader._row(name or f"<kernel {meta_id}>", texts[codes[0][at]],
-                                         texts[codes[1][at]], texts[codes[2][at]])  # fmt: skip
-        rows: np.ndarray = row_of[key]
+        row_of = []
+        # Each distinct row's columns gathered at once: one Python step per distinct
+        # kernel, a dictionary look-up where the plane has seen it.
+        for found in zip(*(c[first].tolist() for c in (meta, *codes)), strict=True):
+            row = known.get(found)
+            if row is None:
+                meta_id, d, m, o = found
+                entry = self.plane.event_metadata.get(meta_id)
+                name = (entry.name or entry.display_name) if entry else ""
+                row = known[found] = self.reader._row(
+                    name or f"<kernel {meta_id}>", texts[d], texts[m], texts[o]
+                )
+            row_of.append(row)
+        rows: np.ndarray = np.asarray(row_of, np.int64)[key]
         return rows
 
 
