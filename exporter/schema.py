@@ -40,7 +40,10 @@ Every step-log line carries ``kind`` and the run identity (``run_id``, ``workloa
 
 from __future__ import annotations
 
-from typing import Final
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Final
 
 __all__ = [
     "CAPTURES_DIR",
@@ -78,6 +81,7 @@ __all__ = [
     "TORCH_TRACE_META_SUFFIX",
     "TORCH_TRACE_SUFFIXES",
     "TRIGGERS",
+    "config_fingerprint",
 ]
 
 SCHEMA_VERSION: Final = 1
@@ -142,3 +146,15 @@ HOST_PROFILE_SOURCE: Final = "pyspy_cpu"  # the ``profile_source`` label of thos
 PHASE_LABEL: Final = "phase"  # sample label: which part of the loop the thread was in
 STEP_PHASE: Final = "step"  # the phase ``run.step()`` sets
 INGEST_FILE: Final = "ingest.json"  # under SIDECAR_DIR
+
+
+def config_fingerprint(configs: Mapping[str, Any] | None) -> str | None:
+    """A run's configuration in one short name: with the run's name, what makes two runs
+    the same workload, whose earlier runs' noise judges a comparison (docs/analysis.md,
+    "Each frame's own history"). The SHA-256 of the configs as canonical JSON (keys
+    sorted, no spaces, values JSON cannot hold as their ``str``), 16 hex digits; None
+    when the run gave no configs at all (unknown: it matches only another unknown)."""
+    if configs is None:
+        return None
+    text = json.dumps(configs, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

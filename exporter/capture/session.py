@@ -75,6 +75,9 @@ class SessionRecord(BaseModel):
     requester: str = "api"
     run_id: str | None = None
     workload: str | None = None  # the run's workload name (service_name in Pyroscope)
+    # schema.config_fingerprint of the run's configs: with the workload, which earlier
+    # sessions are the same workload's history (None: unknown).
+    config_fingerprint: str | None = None
     alert: dict[str, Any] | None = None
     name: str | None = None
     created: datetime = Field(default_factory=utcnow)

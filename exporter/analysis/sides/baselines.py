@@ -41,6 +41,11 @@ def check_name(value: str, what: str = "workload") -> str:
 
 # Earlier runs a session's step time is judged against (their reports' median step).
 HISTORY_RUNS = 10
+# Earlier runs whose captures give each frame's spread (each is read: its side cache,
+# else its capture). 8: with one capture a side, 8 earlier runs named a loop grown by
+# 10 % of the step in 33-38 % of orientations against 5 runs' 10 %, and no unchanged
+# pair had a verdict (bench/frame_history.py, docs/analysis.md).
+HISTORY_SIDES = 8
 REPORT = "analysis.json"
 
 
@@ -174,7 +179,7 @@ class BaselineStore:
         comparison judges the step time against (``compare_sides(history=...)``). Read
         from each ``analysis.json``, never by decoding a capture again.
         """
-        earlier = sorted(self._earlier(record), key=lambda r: (r.created, r.id), reverse=True)
+        earlier = self._same_workload_newest(record)
         medians: list[float] = []
         for r in earlier:
             if len(medians) >= limit:
@@ -189,9 +194,23 @@ class BaselineStore:
                 medians.append(float(median) * 1e6)
         return medians
 
+    def history_sessions(self, record: SessionRecord, limit: int = HISTORY_SIDES) -> list[str]:
+        """The newest ``limit`` earlier sessions of ``record``'s workload (the same name
+        and configuration) not started by an alert: the runs whose captures give each
+        frame's between-run spread (``compare_sides(history_sides=...)``)."""
+        return [r.id for r in self._same_workload_newest(record)[:limit]]
+
+    def _same_workload_newest(self, record: SessionRecord) -> list[SessionRecord]:
+        """Earlier sessions of the same workload and configuration, newest first."""
+        same = [
+            r for r in self._earlier(record) if r.config_fingerprint == record.config_fingerprint
+        ]
+        return sorted(same, key=lambda r: (r.created, r.id), reverse=True)
+
     def _earlier(self, record: SessionRecord) -> list[SessionRecord]:
         """Finished sessions of ``record``'s workload before it, not started by an alert,
-        of its kind: a torch.profiler trace and an XProf capture share no frames."""
+        of its kind: a torch.profiler trace and an XProf capture share no frames. (The
+        baseline may differ in configuration, the history not: ``history_sessions``.)"""
         workload = self.workload_of(record)
         if not workload:
             return []
