@@ -377,6 +377,7 @@ def evaluate(
                     "step_verdict": result.step_verdict.verdict,
                     "min_step_pct": stated.get("step_change_pct"),
                     "min_frame_pct": stated.get("frame_excess_pct"),
+                    "captures_for_5pct": stated.get("captures_for_5pct"),
                     "measured_k": measured,
                 })  # fmt: skip
     report: dict[str, Any] = {}
