@@ -75,8 +75,9 @@ store_option = click.option(
     "--history",
     multiple=True,
     metavar="SPEC",
-    help="An earlier run of the same workload (repeat; 3 or more): their spread of step "
-    "time replaces the backend's measured noise.",
+    help="An earlier run of the same workload, one capture (repeat, or run:<id>~N; 3 or "
+    "more): their spread between runs judges the step time and each frame, in place of "
+    "the fixed floors with one capture a side.",
 )
 @store_option
 @click.option("--from", "time_from", help="Pyroscope sides: start (now-1h, Unix s, ISO 8601).")

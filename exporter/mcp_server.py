@@ -285,15 +285,19 @@ class ProfileTools:
         head: str | Sequence[str],
         kind: str | None = None,
         top: int = 20,
+        history: str | Sequence[str] = (),
     ) -> Any:
-        """``mlprof compare --base ... --head ... --format json`` (several a side: replicates)."""
+        """``mlprof compare --base ... --head ... --format json`` (several a side: replicates;
+        ``history``: earlier runs of the workload, ``--history``)."""
         from exporter.pipeline.job import COMPARE_JSON
 
         bases = [base] if isinstance(base, str) else list(base)
         heads = [head] if isinstance(head, str) else list(head)
+        earlier = [history] if isinstance(history, str) else list(history)
         options = ["--top", str(top), *(["--kind", kind] if kind else [])]
         options += [f"--base={self._spec(b, 'base', pyroscope=True)}" for b in bases]
         options += [f"--head={self._spec(h, 'head', pyroscope=True)}" for h in heads]
+        options += [f"--history={self._spec(e, 'history')}" for e in earlier]
         return self._in_child("compare", [], options, COMPARE_JSON)
 
     def top_ops(self, session: str, limit: int = 20) -> dict[str, Any]:
@@ -551,9 +555,16 @@ def build_server(tools: ProfileTools, *, allow_capture: bool = False) -> Any:
         head: Sides,
         kind: Kind = None,
         top: Annotated[int, Field(ge=1, le=1000, description="Entries per list")] = 20,
+        history: Annotated[
+            list[str] | None,
+            Field(
+                description="Earlier runs of the workload (session ids or run:<id>~N; 3+): "
+                "their spread judges the step and each frame"
+            ),
+        ] = None,
     ) -> JSON:
         """Compare HEAD against BASE (`mlprof compare --format json`): step verdict, regressions."""
-        return answer(lambda: tools.compare(base, head, kind, top))
+        return answer(lambda: tools.compare(base, head, kind, top, history or ()))
 
     @server.tool(annotations=read_only)
     def top_ops(session: Input, limit: Annotated[int, Field(ge=1, le=1000)] = 20) -> JSON:

@@ -158,7 +158,8 @@ def compare(
 ) -> Comparison:
     """Compare HEAD against BASE; each side is one spec or several (replicates: one
     capture each, whose spread is the between-run noise). ``history``: earlier runs of
-    the workload, whose median steps judge the step time."""
+    the workload (``run:<id>~N`` for a run's N newest), one capture each: their median
+    steps judge the step time, and each frame's spread between them joins the noise."""
     from exporter.analysis.compare.comparison import compare_sides
     from exporter.analysis.sides.load import load_side
 
@@ -167,33 +168,15 @@ def compare(
     base_sides = [load_side(spec, kind, context) for spec in _replicates(base, context)]
     read_as = head_kind(base_sides[0], kind)
     head_sides = [load_side(spec, read_as, context) for spec in _replicates(head, context)]
-    medians = [history_median_ns(spec, read_as, context) for spec in history] or None
+    history_specs = _replicates(history, context)
+    earlier = [load_side(spec, read_as, context) for spec in history_specs]
+    for spec, side in zip(history_specs, earlier, strict=True):
+        if not side.step_ns:
+            raise InputError(f"--history {spec}: no step markers, so no step time")
     try:
-        return compare_sides(base_sides, head_sides, history=medians)
+        return compare_sides(base_sides, head_sides, history_sides=earlier)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-
-
-def history_median_ns(spec: str, kind: Kind | None, context: SideContext) -> float:
-    """The median step of an earlier run: its report's, else read from its captures."""
-    from exporter.analysis.sides.load import load_side
-    from exporter.capture.inputs import resolve_input
-
-    path = resolve_input(spec, context.store) if not spec.startswith(RUN_PREFIX) else None
-    if path is not None and path.is_dir():
-        from exporter.json_limits import load_json_object
-        from exporter.regular_files import MAX_JSON_BYTES, read_regular
-
-        try:  # the report is the store's file: read as the store's files are, bounded
-            data = read_regular(path / "analysis.json", MAX_JSON_BYTES)
-            report = load_json_object(data, "analysis.json")
-            return float(report["facts"]["steps"]["median_ms"]) * 1e6
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # no report, an old or partial one: read the captures instead
-    side = load_side(spec, kind, context)
-    if not side.step_ns:
-        raise InputError(f"--history {spec}: no step markers, so no step time")
-    return float(sorted(side.step_ns)[len(side.step_ns) // 2])
 
 
 def comparison_document(comparison: Comparison, fmt: str, top: int = 20) -> bytes:

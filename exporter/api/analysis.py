@@ -176,6 +176,9 @@ async def get_compare(
     request: Request,
     base: Annotated[list[str], Query(description="A base side (repeat: replicates)")],
     head: Annotated[list[str], Query(description="A head side (repeat: replicates)")],
+    history: Annotated[
+        list[str] | None, Query(description="An earlier run of the workload (repeat; 3+)")
+    ] = None,
     kind: str | None = Query(None, pattern="^(device|host|memory)$"),
     top: int = Query(20, ge=1, le=500),
     time_from: str | None = Query(None, alias="from"),
@@ -184,20 +187,24 @@ async def get_compare(
     """Compare two sides (JSON, or the differential flame graph with ``Accept: text/html``).
 
     Each side is a session id, ``run:<id>`` (``~N``: its N newest sessions) or
-    ``pyroscope:{...}``; repeat ``base``/``head`` for several captures a side.
+    ``pyroscope:{...}``; repeat ``base``/``head`` for several captures a side, and
+    ``history`` for earlier runs of the workload whose spread judges the changes.
     """
     from exporter import usecases
     from exporter.pipeline.job import COMPARE_HTML, COMPARE_JSON, ChildLimits, in_child
 
     sidecar = _sidecar(request)
-    if len(base) + len(head) > MAX_SIDES:
-        raise HTTPException(422, f"at most {MAX_SIDES} sides in all (base and head)")
+    history = history or []
+    if len(base) + len(head) + len(history) > MAX_SIDES:
+        raise HTTPException(422, f"at most {MAX_SIDES} sides in all (base, head and history)")
     bases = [_side(sidecar, value, "base") for value in base]
     heads = [_side(sidecar, value, "head") for value in head]
+    earlier = [_side(sidecar, value, "history") for value in history]
     settings = sidecar.settings
     context = usecases.side_context(settings, time_from=time_from, time_until=until)
     options = ["--top", str(top), *(["--kind", kind] if kind else [])]
     options += [f"--base={b}" for b in bases] + [f"--head={h}" for h in heads]
+    options += [f"--history={e}" for e in earlier]
     wanted = COMPARE_HTML if _wants_html(request) else COMPARE_JSON
     pool = _compare_pool(request)
     if not pool.admit():

@@ -600,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--base", action="append", default=[], help="compare: a BASE replicate")
     parser.add_argument("--head", action="append", default=[], help="compare: a HEAD replicate")
-    parser.add_argument("--history", action="append", default=[], help="compare: earlier run")
+    parser.add_argument("--history", action="append", default=[], help="an earlier run")
     parser.add_argument("--shown-as", help="analyze: the name the user gave the input")
     parser.add_argument("--frames", help="subtree: JSON list of frame names, root first")
     parser.add_argument("--limit", type=int, default=50, help="subtree: children shown")
@@ -677,6 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 memory_samples=samples,
                 history=json.loads(ns.history_ns) if ns.history_ns else None,
                 replicates=ns.replicate,
+                history_specs=ns.history,
             )
             report.links = json.loads(ns.links) if ns.links else {}
             _write_bytes(out, REPORT_JSON, usecases.report_document(report, "json"))

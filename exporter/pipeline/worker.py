@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, urlencode
 
+from exporter.analysis.compare.noise import MIN_HISTORY
 from exporter.analysis.sides.baselines import BaselineStore
 from exporter.capture.session import SessionRecord
 from exporter.capture.store import SessionStore
@@ -305,6 +306,7 @@ class ReportWorker:
                 history = self.baselines.history(record)
                 if history:
                     args += ["--history-ns", json.dumps(history)]
+                args += [f"--history={path}" for path in self._history_dirs(record)]
             samples = self._memory_samples(record)
             if samples:
                 args += ["--memory-samples", json.dumps(samples)]
@@ -484,6 +486,14 @@ class ReportWorker:
             for name in names:  # streamed to disk: a capture is never whole in memory
                 self.store.copy_file(session_id, name, copy / name)
             yield copy
+
+    def _history_dirs(self, record: SessionRecord) -> list[Path]:
+        """The workload's earlier sessions whose captures give each frame's spread: on a
+        local store only (on a bucket each would be copied first; there the reports'
+        median steps alone judge the step time, ``--history-ns``)."""
+        dirs = [self.store.local_dir(sid) for sid in self.baselines.history_sessions(record)]
+        found = [d for d in dirs if d is not None]
+        return found if len(found) >= MIN_HISTORY else []
 
     @contextlib.contextmanager
     def _local_baseline(self, session_id: str | None) -> Iterator[Path | None]:

@@ -149,11 +149,12 @@ def test_replicates_a_side_answer_alike_through_every_door(
     assert answer(by_mcp) == answer(by_cli)
 
 
-def test_earlier_runs_judge_the_step_alike_through_the_cli_and_the_job_child(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+def test_earlier_runs_judge_the_changes_alike_through_every_door(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # --history: each earlier run's median step (its report's, else its captures') sets
-    # the step noise instead of the backend's measured floor.
+    # --history: the earlier runs' median steps set the step noise instead of the
+    # backend's fixed floor, and each frame's spread between them is its between-run
+    # noise (issue 29, item 3); the API and MCP tools take the same.
     from exporter.config import load_settings
     from exporter.pipeline.job import COMPARE_JSON, ChildLimits, in_child
     from exporter.usecases import side_context
@@ -168,9 +169,18 @@ def test_earlier_runs_judge_the_step_alike_through_the_cli_and_the_job_child(
     options = ["--base=base", "--head=slow", *[f"--history={h}" for h in history]]
     found = in_child("compare", [], context, ChildLimits(), options, read=[COMPARE_JSON])
     by_child = json.loads(found[COMPARE_JSON])
+    query = "base=base&head=slow&" + "&".join(f"history={h}" for h in history)
+    by_api = api(tmp_path, store, f"/api/v1/compare?{query}")
+    assert by_api.status_code == 200, by_api.text
+    by_mcp = ProfileTools(str(store)).compare("base", "slow", history=history)
 
     assert by_cli["step_verdict"]["noise_source"] == "3 earlier runs", by_cli["step_verdict"]
+    between = by_cli["noise"]["between_runs"]
+    assert (between["source"], between["history_runs"]) == ("history", 3)
+    assert by_cli["min_detectable"]["history_runs"] == 3
     assert answer(by_child) == answer(by_cli)
+    assert answer(by_api.json()) == answer(by_cli)
+    assert answer(by_mcp) == answer(by_cli)
 
 
 def test_sessions_are_listed_alike_with_or_without_a_sidecar(

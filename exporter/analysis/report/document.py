@@ -274,6 +274,7 @@ def analyze(
     memory_samples: Sequence[dict[str, Any]] = (),
     history: Sequence[float] | None = None,
     replicates: Sequence[str] = (),
+    history_specs: Sequence[str] = (),
 ) -> Report:
     """Analyse what ``spec`` names; compare against ``baseline`` when one is given.
 
@@ -283,6 +284,8 @@ def analyze(
     ``xprof``: run the XProf converters whose facts the capture can have, unless it is
     over ``xprof_max_mb`` (default: the setting ``MLPROF_REPORT_XPROF_MAX_CAPTURE_MB``).
     ``history``: earlier runs' median step (ns); their spread judges the step time.
+    ``history_specs``: earlier runs of the workload (one capture each), whose frames'
+    spread between them joins the comparison's between-run noise.
     """
     context = context or SideContext()
     paths, described = capture_paths(spec, context)
@@ -307,12 +310,15 @@ def analyze(
         bases = [_load_kinds(one, kinds, context, facts) for one in base_specs]
         read = [k for k in kinds if all(k in b for b in bases)]
         heads = [_load_kinds(one, read, context, facts) for one in head_specs]
+        # An earlier run that cannot be read is left out of the history, not the report.
+        earlier = [_load_kinds(one, read, context, CaptureFacts()) for one in history_specs]
         timings["load_s"] = round(time.perf_counter() - started, 3)
         pairs: dict[str, tuple[list[Side], list[Side]]] = {
             k: ([b[k] for b in bases], [h[k] for h in heads])
             for k in read
             if all(k in h for h in heads)
         }
+        histories: dict[str, list[Side]] = {k: [e[k] for e in earlier if k in e] for k in pairs}
         if "device" in pairs and "host" in pairs:
             # The step view first: what explains the step, device work and host phases.
             joined = (
@@ -321,10 +327,15 @@ def analyze(
             )
             if all(side.scope == "step" for side in [*joined[0], *joined[1]]):
                 pairs = {"step": joined, **pairs}
+                steps = [join_step_view(e["device"], e["host"]) for e in earlier
+                         if "device" in e and "host" in e]  # fmt: skip
+                histories["step"] = [e for e in steps if e.scope == "step"]
         for kind, (base_sides, head_sides) in pairs.items():
             begun = time.perf_counter()
             try:
-                comparisons[kind] = compare_sides(base_sides, head_sides, history=history)
+                comparisons[kind] = compare_sides(
+                    base_sides, head_sides, history=history, history_sides=histories[kind]
+                )
             except ValueError as exc:
                 facts.unavailable[f"baseline_{kind}"] = str(exc)
             timings[f"compare_{kind}_s"] = round(time.perf_counter() - begun, 3)

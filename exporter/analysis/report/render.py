@@ -114,9 +114,13 @@ def comparison_text(comparison: Comparison, top: int = 20) -> str:
         between = noise["between_runs"]
         if between["measured"]:
             nb, nh = between["replicates"]
+            runs = between.get("history_runs") or 0
+            among = f"the {nb} + {nh} captures" + (
+                f" and {runs} earlier runs of the workload" if runs else ""
+            )
             out.append(
-                f"  a regression: q < {noise['fdr_alpha']:g} (Student's t between the {nb} + "
-                f"{nh} captures, each against the rest of its own work; new work: Mann-Whitney "
+                f"  a regression: q < {noise['fdr_alpha']:g} (Student's t between {among}, "
+                f"each against the rest of its own work; new work: Mann-Whitney "
                 f"U across steps; Benjamini-Hochberg) and excess >= "
                 f"{noise['min_new_step_pct']:g} % of the step for new work, >= "
                 f"{between['min_replicate_step_pct']:g} % and "
