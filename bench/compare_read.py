@@ -11,8 +11,9 @@ processes taken in turn (CPU seconds of the read in process, median of ``--repea
   windows' sum from the same pass (``windowed_flamegraphs(total=True)``);
 - ``before``: the read as issue 33 found it, replayed in the same run: host step
   annotations read event by event (the twin), lines whose events overlap nested by the
-  ``split`` rule's Python loop (the twin of ``_treegraphs.split``), self time split
-  across the windows in numpy (``nesting.window_self``), a CPU capture's
+  ``split`` rule's Python loop (the twin of ``_treegraphs.split``), segments' nodes
+  and their self time split across the windows in numpy (``FrameTree.assign``,
+  ``nesting.window_self``), a CPU capture's
   XLA events read through protobuf (``xla_host``'s twin), graphs built node by node per
   window
   (``graphs_by_node``, kept as the reference) and the whole
@@ -60,6 +61,7 @@ def _before() -> None:
     steps._host_step_columns = steps._host_step_events  # host steps read event by event
     nesting._compiled_split = None  # the split rule's Python loop (its twin)
     nesting._compiled_window_self = None  # self time per window in numpy (its twin)
+    xplane.segment_nodes = lambda *_: None  # type: ignore[assignment]  # assign's numpy
     xla_host._column_rows = xla_host._parsed_rows  # a CPU capture's XLA events by protobuf
     windowed = steps.windowed_flamegraphs
 

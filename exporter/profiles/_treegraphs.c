@@ -488,6 +488,153 @@ done:
     return result;
 }
 
+/* segment_nodes(parent, depth, tuples, max_depth, cut) -> (parent, tuple, level, node)
+ *
+ * The frame-tree node of each of a line's nested segments, as FrameTree.assign finds
+ * them in numpy level by level (its twin, xplane.py; tests/unit/test_segment_nodes.py
+ * holds them equal through the graphs): a segment's node is (its parent segment's node,
+ * its tuple), ``cut`` at depth ``max_depth``, its parent's node deeper, and its parent's
+ * node (the root at the top) where its tuple is -1 (folded). Nodes are numbered here in
+ * the order segments reach them, node 0 the line's root; the caller interns them in its
+ * own tree level by level, as assign does (a node's level: the least depth reaching it).
+ * Returns (parent, tuple, level) of nodes 1.. and each segment's node, int64 array
+ * bytes; None where a tuple lies outside 0..2**31 (the caller's numpy handles it). A
+ * parent not before its segment is ValueError. Nodes are at most one per segment. */
+typedef struct {
+    int64_t *parent, *tuple, *level;
+    Py_ssize_t count, capacity;
+    int64_t *slots;  /* node index per slot, -1 empty: at most half full */
+    size_t mask;
+} Interned;
+
+static inline size_t pair_slot(const Interned *t, int64_t parent, int64_t tuple) {
+    uint64_t x = ((uint64_t)parent << 32 ^ (uint64_t)tuple) * 0x9E3779B97F4A7C15ULL;
+    return (size_t)(x ^ x >> 29) & t->mask;
+}
+
+static int interned_grow(Interned *t) {
+    Py_ssize_t capacity = t->capacity * 2;
+    int64_t **cols[3] = {&t->parent, &t->tuple, &t->level};
+    for (int c = 0; c < 3; c++) {
+        int64_t *more = PyMem_Realloc(*cols[c], (size_t)capacity * sizeof(int64_t));
+        if (more == NULL) return -1;
+        *cols[c] = more;
+    }
+    int64_t *slots = PyMem_Malloc((size_t)capacity * 2 * sizeof(int64_t));
+    if (slots == NULL) return -1;
+    PyMem_Free(t->slots);
+    t->slots = slots;
+    t->capacity = capacity;
+    t->mask = (size_t)capacity * 2 - 1;
+    memset(slots, 0xff, (size_t)capacity * 2 * sizeof(int64_t));
+    for (Py_ssize_t k = 0; k < t->count; k++) {
+        size_t at = pair_slot(t, t->parent[k], t->tuple[k]);
+        while (slots[at] >= 0) at = (at + 1) & t->mask;
+        slots[at] = k;
+    }
+    return 0;
+}
+
+/* The node of (parent, tuple), found or made at ``level``; -1 when out of memory. */
+static int64_t intern_pair(Interned *t, int64_t parent, int64_t tuple, int64_t level) {
+    size_t at = pair_slot(t, parent, tuple);
+    for (int64_t there; (there = t->slots[at]) >= 0; at = (at + 1) & t->mask) {
+        if (t->parent[there] == parent && t->tuple[there] == tuple) {
+            if (level < t->level[there]) t->level[there] = level;
+            return there;
+        }
+    }
+    if (t->count == t->capacity) {
+        if (interned_grow(t) < 0) return -1;
+        at = pair_slot(t, parent, tuple);
+        while (t->slots[at] >= 0) at = (at + 1) & t->mask;
+    }
+    int64_t made = t->count++;
+    t->parent[made] = parent, t->tuple[made] = tuple, t->level[made] = level;
+    t->slots[at] = made;
+    return made;
+}
+
+static PyObject *segment_nodes(PyObject *self, PyObject *args) {
+    PyObject *objs[3];
+    long long max_depth, cut;
+    if (!PyArg_ParseTuple(args, "OOOLL:segment_nodes", &objs[0], &objs[1], &objs[2],
+                          &max_depth, &cut))
+        return NULL;
+    Py_buffer views[3];
+    Py_ssize_t lens[3];
+    int got;
+    PyObject *result = NULL, *local_bytes = NULL;
+    Interned t = {0};
+    for (got = 0; got < 3; got++) {
+        if (int64_view(objs[got], &views[got], &lens[got]) < 0) goto done;
+    }
+    Py_ssize_t n = lens[0];
+    if (lens[1] != n || lens[2] != n) {
+        PyErr_SetString(PyExc_ValueError, "segment_nodes: arrays of different lengths");
+        goto done;
+    }
+    if (cut < 0 || cut >= ((long long)1 << 31)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    const int64_t *parent = views[0].buf, *depth = views[1].buf, *tuple = views[2].buf;
+    t.capacity = 512;
+    t.mask = 1023;
+    t.parent = PyMem_Malloc(512 * sizeof(int64_t));
+    t.tuple = PyMem_Malloc(512 * sizeof(int64_t));
+    t.level = PyMem_Malloc(512 * sizeof(int64_t));
+    t.slots = PyMem_Malloc(1024 * sizeof(int64_t));
+    local_bytes = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!t.parent || !t.tuple || !t.level || !t.slots || !local_bytes) {
+        if (local_bytes != NULL) PyErr_NoMemory();
+        goto done;
+    }
+    memset(t.slots, 0xff, 1024 * sizeof(int64_t));
+    t.count = 1;  /* the root */
+    t.parent[0] = -1, t.tuple[0] = -1, t.level[0] = -1;
+    int64_t *local = (int64_t *)PyBytes_AS_STRING(local_bytes);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t up = parent[i];
+        if (up >= i || up < -1) {
+            PyErr_SetString(PyExc_ValueError, "segment_nodes: a segment's parent is not before it");
+            goto done;
+        }
+        int64_t above = up >= 0 ? local[up] : 0;
+        int64_t tid = depth[i] == max_depth ? cut : tuple[i];
+        if (depth[i] > max_depth || (tid == -1 && depth[i] < max_depth)) {
+            local[i] = above;  /* deeper than the cap: the cap's node; folded: the parent's */
+            continue;
+        }
+        if (tid < 0 || tid >= ((int64_t)1 << 31)) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if ((local[i] = intern_pair(&t, above, tid, depth[i])) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    Py_ssize_t made = t.count - 1;
+    PyObject *cols[3];
+    const int64_t *sources[3] = {t.parent + 1, t.tuple + 1, t.level + 1};
+    for (int c = 0; c < 3; c++) {
+        cols[c] = PyBytes_FromStringAndSize((const char *)sources[c], made * 8);
+    }
+    if (cols[0] && cols[1] && cols[2]) {
+        result = Py_BuildValue("(OOOO)", cols[0], cols[1], cols[2], local_bytes);
+    }
+    for (int c = 0; c < 3; c++) Py_XDECREF(cols[c]);
+done:
+    Py_XDECREF(local_bytes);
+    PyMem_Free(t.parent);
+    PyMem_Free(t.tuple);
+    PyMem_Free(t.level);
+    PyMem_Free(t.slots);
+    for (int c = 0; c < got; c++) PyBuffer_Release(&views[c]);
+    return result;
+}
+
 /* split(start, end, reorder_above, budget) -> (start, end, event, parent, depth)
  *
  * The ``split`` rule of exporter/profiles/nesting.py, compiled: its twin is
@@ -710,6 +857,7 @@ static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS, "Nest a line's events by the split rule (see above)."},
     {"rows", rows, METH_VARARGS, "The rows graphs_by_frame makes frames from (see above)."},
     {"window_self", window_self, METH_VARARGS, "Self time per (node, window) (see above)."},
+    {"segment_nodes", segment_nodes, METH_VARARGS, "Each segment's frame-tree node (see above)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -41,7 +41,14 @@ from exporter.profiles.flamegraph import FlameGraph, Frame, FrameKey
 from exporter.profiles.frames import FrameLabel
 from exporter.profiles.xspace import compiled_core
 
-__all__ = ["FRAME_SLOTS", "frame_maker", "graphs_by_frame", "graphs_by_node", "kept_windows"]
+__all__ = [
+    "FRAME_SLOTS",
+    "frame_maker",
+    "graphs_by_frame",
+    "graphs_by_node",
+    "kept_windows",
+    "segment_nodes",
+]
 
 try:  # the frame maker compiled (exporter/profiles/_treegraphs.c), where it was built
     from exporter.profiles import _treegraphs  # type: ignore[attr-defined]
@@ -64,6 +71,21 @@ def frame_maker() -> Any | None:
     if _treegraphs is None or set(Frame.__slots__) != set(_SLOT_NAMES):
         return None
     return _treegraphs if compiled_core() is not None else None
+
+
+def segment_nodes(
+    parent: np.ndarray, depth: np.ndarray, tuple_ids: np.ndarray, max_depth: int, cut: int
+) -> tuple[bytes, bytes, bytes, bytes] | None:
+    """A line's node table and each segment's node in it (``_treegraphs.segment_nodes``,
+    the compiled twin of ``FrameTree.assign``), or None where it is not built or leaves
+    the line to numpy."""
+    if _treegraphs is None:
+        return None
+    columns = (np.ascontiguousarray(c, np.int64) for c in (parent, depth, tuple_ids))
+    found: tuple[bytes, bytes, bytes, bytes] | None = _treegraphs.segment_nodes(
+        *columns, max_depth, cut
+    )
+    return found
 
 
 def kept_windows(

@@ -51,7 +51,7 @@ from exporter.profiles.event_stats import (
 from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.frames import FrameLabel, label_native, parse_python_tracer
 from exporter.profiles.nesting import FAR, Nested, aggregate, dense_index, nest, window_self
-from exporter.profiles.tree_graphs import graphs_by_frame, kept_windows
+from exporter.profiles.tree_graphs import graphs_by_frame, kept_windows, segment_nodes
 from exporter.profiles.xspace import (
     DEVICE_PLANE_RE,
     HOST_PLANE,
@@ -213,6 +213,15 @@ class FrameTree:
         graph built from them, are the numpy path's.
         """
         parent_b, tuple_b, level_b, self_b, root_self = tree
+        made = self._intern(parent_b, tuple_b, level_b, root)[1:]
+        sums = np.frombuffer(self_b, np.int64)
+        if root_self is not None:
+            made = np.append(made, root)
+            sums = np.append(sums, root_self)
+        self._parts.append((made, np.zeros(len(made), np.int64), sums))
+
+    def _intern(self, parent_b: bytes, tuple_b: bytes, level_b: bytes, root: int) -> np.ndarray:
+        """This tree's node of each node of a compiled node table (index 0 the root)."""
         parents = np.frombuffer(parent_b, np.int64).tolist()
         tuples = np.frombuffer(tuple_b, np.int64).tolist()
         levels = np.frombuffer(level_b, np.int64).tolist()
@@ -221,12 +230,7 @@ class FrameTree:
         for _, group in groupby(by_level, key=levels.__getitem__):
             for i in sorted(group, key=lambda i: (nodes[parents[i]], tuples[i])):
                 nodes[i + 1] = self.node(nodes[parents[i]], tuples[i])
-        made = np.asarray(nodes[1:], np.int64)
-        sums = np.frombuffer(self_b, np.int64)
-        if root_self is not None:
-            made = np.append(made, root)
-            sums = np.append(sums, root_self)
-        self._parts.append((made, np.zeros(len(made), np.int64), sums))
+        return np.asarray(nodes, np.int64)
 
     def add_line(self, base_ns: int, nested: Nested, tuple_ids: np.ndarray, root: int) -> None:
         """Add one line's segments (times in ps after ``base_ns``) below node ``root``."""
@@ -250,7 +254,13 @@ class FrameTree:
             nodes = np.array([self.node(root, t) for t in tuples.tolist()], np.int64)
             self._parts.append((nodes, np.zeros(len(nodes), np.int64), sums))
             return
-        node = self.assign(nested, tuple_ids, root)
+        found = None
+        if self.core is not None:  # assign's nodes, compiled (tree_graphs.segment_nodes)
+            found = segment_nodes(nested.parent, nested.depth, tuple_ids, MAX_EVENT_DEPTH, self.cut)
+        if found is not None:
+            node = self._intern(*found[:3], root)[np.frombuffer(found[3], np.int64)]
+        else:
+            node = self.assign(nested, tuple_ids, root)
         if self.windows_ns is None:
             windows = np.array([[-FAR, FAR]], np.int64)
         else:
