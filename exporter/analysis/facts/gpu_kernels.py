@@ -369,8 +369,7 @@ def _call_table(ids: np.ndarray) -> np.ndarray | None:
     return table
 
 
-@dataclass(frozen=True, slots=True)
-class _Calls:
+class _Calls(NamedTuple):  # cheaper to define than a dataclass (the import is on the cold path)
     """The launch calls of a capture: correlation ids (sorted), start ns, and the
     :func:`_call_table` of the ids where they are dense."""
 
