@@ -424,8 +424,10 @@ class ProfileTools:
         targets: Sequence[str] = (),
         run_id: str | None = None,
         name: str | None = None,
+        captures: int = 1,
     ) -> Any:
-        """``mlprof capture --no-wait --json``: ask the sidecar for a trace of targets."""
+        """``mlprof capture --no-wait --json``: ask the sidecar for a trace of targets
+        (``captures``: that many captures one after another, each its own replicate)."""
         from exporter.api.client import ApiClient
 
         if self.api_url is None:
@@ -436,6 +438,7 @@ class ProfileTools:
             "kind": "trace",
             "duration_ms": duration_ms,
             "name": name,
+            "captures": captures,
         }
         return ApiClient(self.api_url, self.token).post("/api/v1/captures", body)
 
@@ -622,8 +625,17 @@ def build_server(tools: ProfileTools, *, allow_capture: bool = False) -> Any:
             ] = [],  # noqa: B006
             run_id: str | None = None,
             name: str | None = None,
+            captures: Annotated[
+                int,
+                Field(
+                    ge=1,
+                    le=16,
+                    description="Captures one after another (replicates of "
+                    "the run for a comparison's between-run noise)",
+                ),
+            ] = 1,
         ) -> JSON:
             """Ask the sidecar for an XProf trace of known targets; answers the new session."""
-            return answer(lambda: tools.capture(duration_ms, targets, run_id, name))
+            return answer(lambda: tools.capture(duration_ms, targets, run_id, name, captures))
 
     return server

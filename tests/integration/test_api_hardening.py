@@ -271,3 +271,29 @@ def test_a_stalled_loop_makes_readyz_not_ready(tmp_path: Path) -> None:
             release.set()
     finally:
         release.set()
+
+
+def test_the_mcp_capture_tool_asks_for_several_captures(api: Api) -> None:
+    """MCP's ``capture`` takes ``captures`` as the API and ``mlprof capture --captures``
+    do: the session holds that many traces of the target (before, the tool sent none and
+    a baseline taken through it had no replicates)."""
+    from exporter.mcp_server import ProfileTools
+
+    port = api.profiler.port
+    write_live_run(api.shared, "mcp-reps-1", "mcp-reps", port, pid=103)
+    address = f"127.0.0.1:{port}"
+    wait_until(
+        lambda: address in httpx.get(f"{api.url}/api/v1/targets", timeout=5).text,
+        timeout=30, what="the profiler listener among the targets",
+    )  # fmt: skip
+    tools = ProfileTools(str(api.store), api_url=api.url)
+    started = tools.capture(duration_ms=50, targets=[address], captures=2)
+    session_id = started["session_id"]
+    record = wait_until(
+        lambda: (r := httpx.get(f"{api.url}{CAPTURES}/{session_id}", timeout=5).json())
+        and r["status"] != "running" and r,
+        timeout=60, what="the MCP capture session to end",
+    )  # fmt: skip
+    assert record["status"] == "done", record
+    assert record["options"]["captures"] == 2, record["options"]
+    assert sum(len(t["files"]) for t in record["targets"]) == 2, record["targets"]
