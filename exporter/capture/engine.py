@@ -307,6 +307,9 @@ class CaptureEngine:
         session_id = new_session_id(request.name)
         runs = {t.run_id for t in unique}
         workloads = {t.workload for t in unique}
+        # One configuration only when every target says the same (as for the workload):
+        # a session mixing two is no configuration's history.
+        fingerprints = {t.config_fingerprint for t in unique}
         record = SessionRecord(
             id=session_id,
             kind=request.kind,
@@ -314,6 +317,7 @@ class CaptureEngine:
             requester=request.requester,
             run_id=runs.pop() if len(runs) == 1 else None,
             workload=workloads.pop() if len(workloads) == 1 else None,
+            config_fingerprint=fingerprints.pop() if len(fingerprints) == 1 else None,
             alert=request.alert,
             name=request.name,
             options=options,

@@ -26,6 +26,7 @@ import httpx
 
 from exporter import schema
 from exporter.ascii_digits import parse_ascii_int
+from exporter.capture.fingerprints import fingerprint_of
 from exporter.config import parse_hostport
 from exporter.regular_files import read_regular
 
@@ -65,6 +66,9 @@ class ProfilerTarget:
     source: str  # static | local | dns | k8s; "static+local" when several found it
     accelerator: str | None = None  # tpu | gpu | cpu when known (chooses snapshot mode)
     workload: str | None = None  # the run's name (``workload`` label), when known
+    # The run's configuration (capture.fingerprints): with the workload, whose history
+    # a session of this target is.
+    config_fingerprint: str | None = None
 
     @property
     def address_host(self) -> str:
@@ -77,13 +81,16 @@ class ProfilerTarget:
         to a real one (the run's ``host``, a pod name).
         """
         named = self.host != self.address_host
+        # The workload and its configuration come from one discovery, never half each.
+        run = self if self.workload else other
         return replace(
             self,
             host=self.host if named or other.host == other.address_host else other.host,
             run_id=self.run_id or other.run_id,
             source=f"{self.source}+{other.source}",
             accelerator=self.accelerator or other.accelerator,
-            workload=self.workload or other.workload,
+            workload=run.workload,
+            config_fingerprint=run.config_fingerprint,
         )
 
     def file_stem(self) -> str:
@@ -244,6 +251,7 @@ class LocalRunDiscovery:
             "local",
             str(backend) if backend else None,
             str(info["name"]) if info.get("name") else None,
+            fingerprint_of(info),
         )
 
 
@@ -438,12 +446,15 @@ class TargetRegistry:
 
         Discoveries that are cheap to run (the shared dir) are run again first: the run
         that owns a profiler port may have changed since the last refresh. A target no
-        discovery knows any more keeps its address but loses its run and workload: whose
-        server answers there is not known.
+        discovery knows any more keeps its address but loses its run and workload (and
+        configuration): whose server answers there is not known.
         """
         self.refresh_cheap()
         known = {t.address: t for t in self.known()}
-        return [known.get(t.address) or replace(t, run_id=None, workload=None) for t in targets]
+        return [
+            known.get(t.address) or replace(t, run_id=None, workload=None, config_fingerprint=None)
+            for t in targets
+        ]
 
     def known(self) -> list[ProfilerTarget]:
         """Every known target, one per address."""

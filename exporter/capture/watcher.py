@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from exporter.capture.fingerprints import checked_fingerprint
 from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id, utcnow
 from exporter.capture.store import PROFILE_DIR, SessionStore
 from exporter.regular_files import open_directory, read_regular_at
@@ -117,6 +118,9 @@ class SessionWatcher:
         record = _read(session_fd, session_dir / SESSION_FILE)
         if record is None or record.status == "running":
             return False  # an engine capture still staging, or the SDK still writing
+        # The workload wrote it: a fingerprint that is not one (a path, a huge string)
+        # is unknown, never stored to be matched against.
+        record.config_fingerprint = checked_fingerprint(record.config_fingerprint)
         if not self._may_write(name, record):
             return False
         with os.scandir(session_fd) as listing:

@@ -40,6 +40,7 @@ from typing import Any, Final
 from pydantic import BaseModel, Field
 
 from exporter import schema
+from exporter.capture.fingerprints import FINGERPRINT_KEY, checked_fingerprint, fingerprint_of
 from exporter.capture.names import check_session_id
 from exporter.capture.session import SessionRecord, TargetResult
 from exporter.capture.store import SessionStore
@@ -244,7 +245,7 @@ class TorchTraceWatcher:
         if not isinstance(data, dict):
             return {}
         return {"run_id": data.get("run_id"), "workload": data.get("name"),
-                "host": data.get("host")}  # fmt: skip
+                "host": data.get("host"), FINGERPRINT_KEY: fingerprint_of(data)}  # fmt: skip
 
     def _record(
         self, name: str, info: os.stat_result, identity: dict[str, Any], session_id: str
@@ -259,6 +260,12 @@ class TorchTraceWatcher:
         if trigger not in TRIGGERS:  # the workload's string: a known label or none
             trigger = "programmatic"
         run_id = found.get("run_id")
+        fingerprint = checked_fingerprint(found.get(FINGERPRINT_KEY))
+        if fingerprint is None and identity and run_id:
+            # An identity from an SDK before the fingerprint: run.json, when it is the
+            # same run's, gives it (computed from its configs if it has none either).
+            run = self._run_identity()
+            fingerprint = run.get(FINGERPRINT_KEY) if run.get("run_id") == run_id else None
         host = str(found.get("host") or trace_stem(name).split(".")[0] or "unknown")
         return SessionRecord(
             id=session_id,
@@ -268,6 +275,7 @@ class TorchTraceWatcher:
             requester="sdk" if identity else "tensorboard_trace_handler",
             run_id=str(run_id) if run_id else None,
             workload=str(found["workload"]) if found.get("workload") else None,
+            config_fingerprint=fingerprint,
             name=str(identity.get("name") or trace_stem(name))[:128],
             created=stamp,
             started=stamp,

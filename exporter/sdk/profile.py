@@ -87,6 +87,7 @@ class Profile(contextlib.ContextDecorator):
             "requester": "sdk",
             "run_id": self.run.run_id,
             "workload": self.run.name,
+            "config_fingerprint": self.run.config_fingerprint,
             "name": self.name,
             "created": _iso(now),
             "started": _iso(now),

@@ -113,6 +113,19 @@ def _positive(name: str, value: float) -> float:
     return number
 
 
+def _config_fingerprint(configs: Mapping[str, Any]) -> str:
+    """``schema.config_fingerprint`` of the configs as ``run.json`` holds them.
+
+    Taken after a JSON round trip, so the sidecar computing it again from an older
+    SDK's ``run.json`` gets the same value, and keys JSON sorts badly (``{1: .., "a":
+    ..}``) are strings before they are sorted.
+    """
+    written = json.loads(json.dumps(configs, default=str))
+    fingerprint = schema.config_fingerprint(written)
+    assert fingerprint is not None  # a mapping always has one
+    return fingerprint
+
+
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -221,6 +234,9 @@ class Run:
         self.name = name
         self.shared_dir = shared_dir
         self.configs = dict(configs or {})
+        # With the name, which runs are the same workload (docs/analysis.md): the configs
+        # are fixed at the start, so it is computed once.
+        self.config_fingerprint = _config_fingerprint(self.configs)
         self.profiler_port = profiler_port
         self.run_id = run_id or os.environ.get("MLPROF_RUN_ID") or _new_run_id(name)
         self.host = host or socket.gethostname()
@@ -279,7 +295,7 @@ class Run:
         self._end_prefix = '{"kind":"end",' + self._writer.prefix[1:]
         self._mfu_prefix = '{"kind":"mfu_basis",' + self._writer.prefix[1:]
         self._mfu_record_prefix = self._record_prefix + '"name":"mfu","value":'
-        self._memory = MemoryProfiler(self.shared_dir, identity, interval_from_env())
+        self._memory = MemoryProfiler(self.shared_dir, self._file_identity(), interval_from_env())
         self._writer.on_tick.append(self._memory.tick)
         self._writer.on_tick.append(
             MemoryStatsSampler.for_writer_prefix(self._writer.prefix, self._writer.append).tick
@@ -492,8 +508,7 @@ class Run:
     def torch_trace_handler(self, name: str = "trace", use_gzip: bool = False) -> TorchTraceHandler:
         """An ``on_trace_ready`` for ``torch.profiler.profile``: each trace goes into the
         shared dir, and the sidecar takes it as a session (flame graphs, push, report)."""
-        identity = {"run_id": self.run_id, "workload": self.name, "host": self.host}
-        return TorchTraceHandler(self.shared_dir, identity, name, use_gzip)
+        return TorchTraceHandler(self.shared_dir, self._file_identity(), name, use_gzip)
 
     def torch_profile(self, name: str = "trace", use_gzip: bool = False, **kwargs: Any) -> Any:
         """``torch.profiler.profile(**kwargs)`` writing its traces for the sidecar:
@@ -505,6 +520,12 @@ class Run:
         self._writer.flush()
 
     # -- identity ----------------------------------------------------------------
+    def _file_identity(self) -> dict[str, str]:
+        """The identity written beside each trace and memory profile: the step log's,
+        and the configuration (not in every step line: the sidecar needs it per file)."""
+        return {"run_id": self.run_id, "workload": self.name, "host": self.host,
+                "config_fingerprint": self.config_fingerprint}  # fmt: skip
+
     def info(self) -> dict[str, Any]:
         """The content of ``run.json``."""
         now = time.time()
@@ -520,6 +541,7 @@ class Run:
             "software": _software(),
             "system": _system(),
             "configs": self.configs,
+            "config_fingerprint": self.config_fingerprint,
             "host_profiling": (
                 dataclasses.asdict(self.host_profiling) if self.host_profiling else None
             ),

@@ -33,7 +33,10 @@ class StandInProfiler:
 def test_a_trace_lands_with_its_identity_under_the_watched_name(
     tmp_path: Path, use_gzip: bool
 ) -> None:
-    with sdk.run(name="trainer", shared_dir=tmp_path, host="gpu-a", run_id="r-1") as run:
+    configs = {"lr": 0.1}
+    with sdk.run(
+        name="trainer", shared_dir=tmp_path, host="gpu-a", run_id="r-1", configs=configs
+    ) as run:
         handler = run.torch_trace_handler("train", use_gzip=use_gzip)
         prof = StandInProfiler()
         path = handler(prof)
@@ -51,6 +54,8 @@ def test_a_trace_lands_with_its_identity_under_the_watched_name(
     assert identity | {"pid": 0, "time": 0} == {
         "run_id": "r-1", "workload": "trainer", "host": "gpu-a", "pid": 0, "time": 0,
         "trigger": "programmatic", "name": "train",
+        # Whose history the sidecar's session of it is (docs/analysis.md).
+        "config_fingerprint": schema.config_fingerprint(configs),
     }  # fmt: skip
     leftovers = [p.name for p in path.parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []
