@@ -9,6 +9,7 @@ like any other. Sessions left unprocessed by a sidecar restart are picked up too
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from exporter.capture.fingerprints import checked_fingerprint
+from exporter.capture.fingerprints import FINGERPRINT_KEY, checked_fingerprint
 from exporter.capture.session import SESSION_FILE, SessionRecord, check_session_id, utcnow
 from exporter.capture.store import PROFILE_DIR, SessionStore
 from exporter.regular_files import open_directory, read_regular_at
@@ -118,9 +119,6 @@ class SessionWatcher:
         record = _read(session_fd, session_dir / SESSION_FILE)
         if record is None or record.status == "running":
             return False  # an engine capture still staging, or the SDK still writing
-        # The workload wrote it: a fingerprint that is not one (a path, a huge string)
-        # is unknown, never stored to be matched against.
-        record.config_fingerprint = checked_fingerprint(record.config_fingerprint)
         if not self._may_write(name, record):
             return False
         with os.scandir(session_fd) as listing:
@@ -225,9 +223,24 @@ class SessionWatcher:
 
 def _read(directory_fd: int, path: Path) -> SessionRecord | None:
     try:
-        return SessionRecord.model_validate_json(read_regular_at(directory_fd, path.name, path))
+        data = read_regular_at(directory_fd, path.name, path)
+        return SessionRecord.model_validate_json(_forged_fingerprint_unknown(data))
     except FileNotFoundError:
         return None
     except (ValidationError, ValueError, OSError, RecursionError) as exc:
         log.warning("%s: not a session record (%s)", path, exc)
         return None
+
+
+def _forged_fingerprint_unknown(data: bytes) -> bytes | str:
+    """The record with a ``config_fingerprint`` that is not one (a number, a path, a
+    huge string: the workload wrote it) made unknown: the session loses only that, and
+    nothing is stored to be matched against. Raises ValueError as ``json.loads`` does."""
+    raw = json.loads(data)
+    if not isinstance(raw, dict) or raw.get(FINGERPRINT_KEY) is None:
+        return data
+    fingerprint = checked_fingerprint(raw[FINGERPRINT_KEY])
+    if fingerprint is not None:
+        return data
+    raw[FINGERPRINT_KEY] = None
+    return json.dumps(raw)
