@@ -64,12 +64,18 @@ def _same(a: Any, b: Any) -> None:
 
 
 def _both(rows: np.ndarray, offs: np.ndarray, durs: np.ndarray, corrs: np.ndarray,
-          base_ns: int, row_count: int, calls: _Calls) -> Any:  # fmt: skip
-    columns = [np.asarray(c, np.int64) for c in (rows, offs, durs, corrs)]
-    want = _stream_numpy(*columns, base_ns, row_count, calls)
+          base_ns: int, row_count: int, calls: _Calls, cuts: int = 0) -> Any:  # fmt: skip
+    """The twin on the whole stream, the compiled pass on it and in pieces cut at
+    ``cuts`` random places (some empty)."""
+    columns = tuple(np.asarray(c, np.int64) for c in (rows, offs, durs, corrs))
+    want = _stream_numpy([columns], base_ns, row_count, calls)
+    at = sorted(random.Random(cuts).choices(range(len(rows) + 1), k=cuts))
+    pieces = [tuple(c[lo:hi] for c in columns) for lo, hi in zip([0, *at], [*at, len(rows)],
+                                                                   strict=True)]  # fmt: skip
     with use_decoder("compiled"):
-        found = _stream_pass(*columns, base_ns, row_count, calls)
-    _same(found, want)
+        _same(_stream_pass([columns], base_ns, row_count, calls), want)
+        _same(_stream_pass(pieces, base_ns, row_count, calls), want)
+    _same(_stream_numpy(pieces, base_ns, row_count, calls), want)
     return want
 
 
@@ -103,7 +109,7 @@ def test_a_stream_pass_equals_its_numpy_twin(shape: str, seed: int) -> None:
     durs = rng.integers(1, 5_000_000, n)
     calls = _calls(rng, n, shape)
     corrs = np.where(rng.random(n) < 0.8, np.arange(1, n + 1), rng.integers(-5, 2 * n + 5, n))
-    found = _both(rows, offs, durs, corrs, 1_700_000_000_000_000_000, row_count, calls)
+    found = _both(rows, offs, durs, corrs, 1_700_000_000_000_000_000, row_count, calls, seed)
     assert sum(count for _, count, *_ in found.rows) == n
     if shape == "dense":
         assert found.correlated and len(found.wait_from)
@@ -125,8 +131,8 @@ def test_a_stream_pass_equals_its_twin_on_hostile_columns(seed: int) -> None:
     base_ns = int(rng.choice([0, -(10**18), INT64_MAX - 10, INT64_MIN + 10, 1 << 62]))
     ids = column() if seed % 3 else np.arange(n, dtype=np.int64)
     calls = _Calls.of(ids, column())
-    _both(rows, column(), column(), np.where(rng.random(n) < 0.5, rng.integers(0, n + 1, n),
-                                             column()), base_ns, row_count, calls)  # fmt: skip
+    corrs = np.where(rng.random(n) < 0.5, rng.integers(0, n + 1, n), column())
+    _both(rows, column(), column(), corrs, base_ns, row_count, calls, seed % 4)
 
 
 def test_a_stream_of_one_kernel_has_no_gap_and_an_empty_one_nothing() -> None:
@@ -144,11 +150,18 @@ def test_a_stream_of_one_kernel_has_no_gap_and_an_empty_one_nothing() -> None:
 def test_a_row_past_the_rows_is_refused_by_both() -> None:
     args = (np.asarray([0, 3]), np.asarray([0, 10]), np.asarray([5, 5]), np.asarray([-1, -1]))
     calls = _Calls.of(np.zeros(0, np.int64), np.zeros(0, np.int64))
-    columns = [np.asarray(c, np.int64) for c in args]
+    columns = [tuple(np.asarray(c, np.int64) for c in args)]
     with pytest.raises(ValueError, match="row"):
-        _stream_numpy(*columns, 0, 2, calls)
+        _stream_numpy(columns, 0, 2, calls)
     with use_decoder("compiled"), pytest.raises(ValueError, match="row"):
-        _stream_pass(*columns, 0, 2, calls)
+        _stream_pass(columns, 0, 2, calls)
+
+
+def test_a_piece_of_unequal_columns_is_refused() -> None:
+    calls = _Calls.of(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    one, two = np.zeros(1, np.int64), np.zeros(2, np.int64)
+    with use_decoder("compiled"), pytest.raises(ValueError, match="unequal"):
+        _stream_pass([(one, one, two, one)], 0, 1, calls)
 
 
 def test_per_row_sums_past_int64_are_exact() -> None:

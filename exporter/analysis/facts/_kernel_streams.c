@@ -130,41 +130,65 @@ static inline Py_ssize_t lookup(const Lookup *l, int64_t v) {
 }
 
 PyDoc_STRVAR(stream_doc,
-"stream(rows, offsets, durations, correlations, base_ns, row_count, table, call_ids,\n"
-"       call_starts, /)\n--\n\n"
-"One stream's kernels (int64 buffers of equal length: each kernel's row below\n"
-"``row_count``, offset and duration in ps, correlation id) on a line starting at\n"
-"``base_ns``; its launch calls by correlation id through ``table`` (call index by id,\n"
-"-1 none; empty: binary search of the sorted ``call_ids``) and their ``call_starts``.\n"
-"None when the kernels are not in start order (sort them, ask again); else (rows,\n"
-"latencies, correlated, first_ns, last_ns, busy_starts, busy_ends, wait_from, wait_to,\n"
-"gaps, launch_gaps): rows as (row, count, total, min, max) of durations (ns), latencies\n"
-"as (row, count, total, max) of start - call start, rows ascending; the rest int64\n"
-"array bytes, as gpu_kernels._stream_numpy computes them.");
+"stream(pieces, base_ns, row_count, table, call_ids, call_starts, /)\n--\n\n"
+"One stream's kernels, in ``pieces`` (a tuple of (rows, offsets, durations,\n"
+"correlations) tuples of int64 buffers of equal length, read one after the other: each\n"
+"kernel's row below ``row_count``, offset and duration in ps, correlation id) on a line\n"
+"starting at ``base_ns``; its launch calls by correlation id through ``table`` (call\n"
+"index by id, -1 none; empty: binary search of the sorted ``call_ids``) and their\n"
+"``call_starts``. None when the kernels are not in start order (sort them, ask again);\n"
+"else (rows, latencies, correlated, first_ns, last_ns, busy_starts, busy_ends,\n"
+"wait_from, wait_to, gaps, launch_gaps): rows as (row, count, total, min, max) of\n"
+"durations (ns), latencies as (row, count, total, max) of start - call start, rows\n"
+"ascending; the rest int64 array bytes, as gpu_kernels._stream_numpy computes them.");
+
+enum { PIECE_COLUMNS = 4 };
 
 static PyObject *stream(PyObject *self, PyObject *args) {
-    Py_buffer views[8] = {{0}};
+    PyObject *pieces;
+    Py_buffer views[3] = {{0}};
     long long base_ns;
     Py_ssize_t row_count;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*Lny*y*y*:stream", &views[0], &views[1], &views[2],
-                          &views[3], &base_ns, &row_count, &views[4], &views[5], &views[6]))
+    if (!PyArg_ParseTuple(args, "O!Lny*y*y*:stream", &PyTuple_Type, &pieces, &base_ns,
+                          &row_count, &views[0], &views[1], &views[2]))
         return NULL;
     PyObject *result = NULL, *rows_out = NULL, *latency_out = NULL;
     Out outs[6] = {{0}};
     Row *per = NULL;
-    Py_ssize_t n = 0, sizes[7];
-    for (int v = 0; v < 7; v++)
-        if (!int64s(&views[v], &sizes[v])) goto done;
-    n = sizes[0];
-    if (sizes[1] != n || sizes[2] != n || sizes[3] != n || sizes[6] != sizes[5] ||
-        row_count < 0 || n >= (Py_ssize_t)1 << 31) {
-        PyErr_SetString(PyExc_ValueError, "stream: columns of unequal length or too long");
+    Py_ssize_t parts = PyTuple_GET_SIZE(pieces), held = 0, n = 0, sizes[3];
+    Py_buffer *pv = PyMem_Calloc(parts * PIECE_COLUMNS + 1, sizeof(Py_buffer));
+    Py_ssize_t *lengths = PyMem_Calloc(parts + 1, sizeof(Py_ssize_t));
+    if (!pv || !lengths) {
+        PyErr_NoMemory();
         goto done;
     }
-    const int64_t *row = views[0].buf, *off = views[1].buf, *dur = views[2].buf,
-                  *corr = views[3].buf, *table = views[4].buf, *ids = views[5].buf,
-                  *call_start = views[6].buf;
-    Lookup calls = {table, ids, sizes[4], sizes[5]};
+    for (int v = 0; v < 3; v++)
+        if (!int64s(&views[v], &sizes[v])) goto done;
+    for (Py_ssize_t p = 0; p < parts; p++) {
+        PyObject *piece = PyTuple_GET_ITEM(pieces, p);
+        if (!PyTuple_Check(piece) || PyTuple_GET_SIZE(piece) != PIECE_COLUMNS) {
+            PyErr_SetString(PyExc_ValueError, "stream: a piece is a tuple of four columns");
+            goto done;
+        }
+        for (int c = 0; c < PIECE_COLUMNS; c++) {
+            Py_ssize_t length;
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(piece, c), &pv[held], PyBUF_C_CONTIGUOUS) < 0)
+                goto done;
+            if (!int64s(&pv[held++], &length)) goto done;
+            if (c && length != lengths[p]) {
+                PyErr_SetString(PyExc_ValueError, "stream: columns of unequal length");
+                goto done;
+            }
+            lengths[p] = length;
+        }
+        n += lengths[p];
+    }
+    if (sizes[2] != sizes[1] || row_count < 0 || n >= (Py_ssize_t)1 << 31) {
+        PyErr_SetString(PyExc_ValueError, "stream: calls of unequal length or too many kernels");
+        goto done;
+    }
+    const int64_t *call_start = views[2].buf;
+    Lookup calls = {views[0].buf, views[1].buf, sizes[0], sizes[1]};
     per = PyMem_Calloc(row_count ? row_count : 1, sizeof(Row));
     if (!per) {
         PyErr_NoMemory();
@@ -176,56 +200,62 @@ static PyObject *stream(PyObject *self, PyObject *args) {
         if (!out_open(&outs[o], o < 2 ? n : (n ? n - 1 : 0))) goto done;
     int64_t correlated = 0, first = 0, reach = 0, open_from = 0, previous = 0;
     int sorted = 1, bad_row = 0;
+    Py_ssize_t seen = 0; /* kernels before this one */
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t r = row[i];
-        if (r < 0 || r >= row_count) {
-            bad_row = 1;
-            break;
-        }
-        int64_t d = floor_ns(dur[i]), start = wrap_add((int64_t)base_ns, floor_ns(off[i]));
-        int64_t end = wrap_add(start, d);
-        if (i && start < previous) {
-            sorted = 0;
-            break;
-        }
-        previous = start;
-        Row *k = &per[r];
-        if (!k->count || d < k->low) k->low = d;
-        if (!k->count || d > k->high) k->high = d;
-        k->count++;
-        sum_add(&k->total, d);
-        /* The kernel's launch call, if found and not after the kernel started. */
-        int64_t call = -1;
-        Py_ssize_t at = corr[i] >= 0 ? lookup(&calls, corr[i]) : -1;
-        if (at >= 0 && call_start[at] <= start) {
-            call = call_start[at];
-            int64_t latency = wrap_sub(start, call);
-            if (!k->latency_count || latency > k->latency_high) k->latency_high = latency;
-            k->latency_count++;
-            sum_add(&k->latency_total, latency);
-            correlated++;
-        }
-        if (!i) {
-            first = open_from = start;
-            reach = end;
-            continue;
-        }
-        int64_t gap = wrap_sub(start, reach); /* reach: the latest end before this one */
-        if (start > reach) { /* a new busy interval */
-            outs[0].at[outs[0].n++] = open_from;
-            outs[1].at[outs[1].n++] = reach;
-            open_from = start;
-        }
-        if (gap > 0) {
-            outs[4].at[outs[4].n++] = gap;
-            if (call >= 0) {
-                outs[2].at[outs[2].n++] = call > reach ? call : reach;
-                outs[3].at[outs[3].n++] = start;
-                if (call <= reach) outs[5].at[outs[5].n++] = gap;
+    for (Py_ssize_t p = 0; p < parts && sorted && !bad_row; p++) {
+        const Py_buffer *piece = pv + p * PIECE_COLUMNS;
+        const int64_t *row = piece[0].buf, *off = piece[1].buf, *dur = piece[2].buf,
+                      *corr = piece[3].buf;
+        for (Py_ssize_t i = 0; i < lengths[p]; i++, seen++) {
+            int64_t r = row[i];
+            if (r < 0 || r >= row_count) {
+                bad_row = 1;
+                break;
             }
+            int64_t d = floor_ns(dur[i]), start = wrap_add((int64_t)base_ns, floor_ns(off[i]));
+            int64_t end = wrap_add(start, d);
+            if (seen && start < previous) {
+                sorted = 0;
+                break;
+            }
+            previous = start;
+            Row *k = &per[r];
+            if (!k->count || d < k->low) k->low = d;
+            if (!k->count || d > k->high) k->high = d;
+            k->count++;
+            sum_add(&k->total, d);
+            /* The kernel's launch call, if found and not after the kernel started. */
+            int64_t call = -1;
+            Py_ssize_t at = corr[i] >= 0 ? lookup(&calls, corr[i]) : -1;
+            if (at >= 0 && call_start[at] <= start) {
+                call = call_start[at];
+                int64_t latency = wrap_sub(start, call);
+                if (!k->latency_count || latency > k->latency_high) k->latency_high = latency;
+                k->latency_count++;
+                sum_add(&k->latency_total, latency);
+                correlated++;
+            }
+            if (!seen) {
+                first = open_from = start;
+                reach = end;
+                continue;
+            }
+            int64_t gap = wrap_sub(start, reach); /* reach: the latest end before this one */
+            if (start > reach) { /* a new busy interval */
+                outs[0].at[outs[0].n++] = open_from;
+                outs[1].at[outs[1].n++] = reach;
+                open_from = start;
+            }
+            if (gap > 0) {
+                outs[4].at[outs[4].n++] = gap;
+                if (call >= 0) {
+                    outs[2].at[outs[2].n++] = call > reach ? call : reach;
+                    outs[3].at[outs[3].n++] = start;
+                    if (call <= reach) outs[5].at[outs[5].n++] = gap;
+                }
+            }
+            if (end > reach) reach = end;
         }
-        if (end > reach) reach = end;
     }
     if (n && sorted && !bad_row) {
         outs[0].at[outs[0].n++] = open_from;
@@ -277,7 +307,10 @@ done:
     Py_XDECREF(latency_out);
     for (int o = 0; o < 6; o++) Py_XDECREF(outs[o].bytes);
     PyMem_Free(per);
-    for (int v = 0; v < 7; v++)
+    for (Py_ssize_t h = 0; h < held; h++) PyBuffer_Release(&pv[h]);
+    PyMem_Free(pv);
+    PyMem_Free(lengths);
+    for (int v = 0; v < 3; v++)
         if (views[v].obj) PyBuffer_Release(&views[v]);
     return result;
 }

@@ -416,34 +416,48 @@ class _StreamPass(NamedTuple):
 _NO_TABLE: Final = np.zeros(0, np.int64)
 
 
+_Piece = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # rows, offsets, durations, corr
+
+
 def _stream_pass(
-    rows: np.ndarray, offs: np.ndarray, durs: np.ndarray, corrs: np.ndarray, base_ns: int,
-    row_count: int, calls: _Calls,
-) -> _StreamPass:  # fmt: skip
-    """One stream's kernels (rows below ``row_count``, offsets and durations in ps,
-    correlation ids) on a line starting at ``base_ns``: per row the kernels' durations
-    and launch latencies, and the stream's busy intervals, gaps and launch waits, in one
-    compiled pass where it is built (:func:`_stream_numpy` is its twin)."""
+    pieces: Sequence[_Piece], base_ns: int, row_count: int, calls: _Calls
+) -> _StreamPass:
+    """One stream's kernels, in pieces read one after the other (rows below
+    ``row_count``, offsets and durations in ps, correlation ids) on a line starting at
+    ``base_ns``: per row the kernels' durations and launch latencies, and the stream's
+    busy intervals, gaps and launch waits, in one compiled pass over the pieces where it
+    is built (:func:`_stream_numpy` is its twin)."""
     core = _passes()
     if core is None:
-        return _stream_numpy(rows, offs, durs, corrs, base_ns, row_count, calls)
-    rows, offs, durs, corrs = (np.ascontiguousarray(c, np.int64) for c in (rows, offs, durs, corrs))
+        return _stream_numpy(pieces, base_ns, row_count, calls)
     table = _NO_TABLE if calls.table is None else calls.table
-    found = core.stream(rows, offs, durs, corrs, base_ns, row_count, table, calls.ids, calls.starts)
+    given = tuple(tuple(np.ascontiguousarray(c, np.int64) for c in piece) for piece in pieces)
+    found = core.stream(given, base_ns, row_count, table, calls.ids, calls.starts)
     if found is None:  # not in start order (a stream's kernels mostly are): sorted first
-        order = np.argsort(base_ns + offs // _PS_PER_NS, kind="stable")
-        found = core.stream(rows[order], offs[order], durs[order], corrs[order], base_ns,
-                            row_count, table, calls.ids, calls.starts)  # fmt: skip
+        joined = _joined(pieces)
+        order = np.argsort(base_ns + joined[1] // _PS_PER_NS, kind="stable")
+        whole = (tuple(np.ascontiguousarray(c[order], np.int64) for c in joined),)
+        found = core.stream(whole, base_ns, row_count, table, calls.ids, calls.starts)
     per_row, latencies, correlated, first, last, *arrays = found
     return _StreamPass(per_row, latencies, correlated, first, last,
                        *(np.frombuffer(a, np.int64) for a in arrays))  # fmt: skip
 
 
+def _joined(pieces: Sequence[_Piece]) -> _Piece:
+    if len(pieces) == 1:
+        return pieces[0]
+    if not pieces:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty, empty
+    rows, offs, durs, corrs = (np.concatenate(c) for c in zip(*pieces, strict=True))
+    return rows, offs, durs, corrs
+
+
 def _stream_numpy(
-    rows: np.ndarray, offs: np.ndarray, durs: np.ndarray, corrs: np.ndarray, base_ns: int,
-    row_count: int, calls: _Calls,
-) -> _StreamPass:  # fmt: skip
-    """:func:`_stream_pass`'s twin, in numpy."""
+    pieces: Sequence[_Piece], base_ns: int, row_count: int, calls: _Calls
+) -> _StreamPass:
+    """:func:`_stream_pass`'s twin, in numpy (the pieces joined)."""
+    rows, offs, durs, corrs = _joined(pieces)
     if len(rows) and (rows.min() < 0 or rows.max() >= row_count):
         raise ValueError("stream: a row past row_count")
     empty = np.zeros(0, np.int64)
@@ -604,9 +618,8 @@ class _Reader:
                              reduce).done()  # fmt: skip
         return device
 
-    def _stream(self, device: _Device, base_ns: int, rows: np.ndarray, offs: np.ndarray,
-                durs: np.ndarray, corrs: np.ndarray) -> None:  # fmt: skip
-        found = _stream_pass(rows, offs, durs, corrs, base_ns, len(self._rows), self.calls)
+    def _stream(self, device: _Device, base_ns: int, pieces: Sequence[_Piece]) -> None:
+        found = _stream_pass(pieces, base_ns, len(self._rows), self.calls)
         for row, count, total, low, high in found.rows:
             self._rows[row].add(count, total, low, high)
         for row, count, total, high in found.latencies:
@@ -616,7 +629,7 @@ class _Reader:
         lo, hi = found.first_ns, found.last_ns
         device.first_ns = lo if device.first_ns is None else min(device.first_ns, lo)
         device.last_ns = hi if device.last_ns is None else max(device.last_ns, hi)
-        if len(rows) < 2:  # no gap
+        if sum(len(piece[0]) for piece in pieces) < 2:  # no gap
             return
         self.out.gaps_ns.append(found.gaps)
         device.launch.append((found.wait_from, found.wait_to))
@@ -639,7 +652,7 @@ class _StreamLine:
         self.setup = setup
         self.texts, self.meta_stats, self.by_details = (
             setup.texts, setup.meta_stats, setup.by_details)  # fmt: skip
-        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.parts: list[_Piece] = []
         self.skipped = 0
 
     def add(self, piece: StatEvents, columns: Sequence[int]) -> None:
@@ -680,12 +693,11 @@ class _StreamLine:
         reader.out.skipped += self.skipped
         if not self.parts:
             return
-        rows, off, dur, corr = (np.concatenate(c) for c in zip(*self.parts, strict=True))
-        self.parts = []
+        parts, self.parts = self.parts, []
         device = reader.device(self.ref)
         device.streams += 1
         base_ns = reader.capture.line_start_ns(self.header.timestamp_ns)
-        reader._stream(device, base_ns, rows, off, dur, corr)
+        reader._stream(device, base_ns, parts)  # the pieces as they are: not joined
 
     def _rows(self, meta: np.ndarray, *codes: np.ndarray) -> np.ndarray:
         """Each kernel's row: one per distinct (kernel, details, module, op), made in the
