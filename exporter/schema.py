@@ -156,5 +156,8 @@ def config_fingerprint(configs: Mapping[str, Any] | None) -> str | None:
     when the run gave no configs at all (unknown: it matches only another unknown)."""
     if configs is None:
         return None
-    text = json.dumps(configs, sort_keys=True, separators=(",", ":"), default=str)
+    # Through JSON once first, as run.json holds them: keys become strings (sorting
+    # mixed keys such as 1 and "a" raised TypeError) and both sides hash the same text.
+    plain = json.loads(json.dumps(configs, default=str))
+    text = json.dumps(plain, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

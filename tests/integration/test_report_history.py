@@ -55,31 +55,32 @@ def add_session(
 
 def test_an_alert_report_is_judged_against_the_workloads_history(tmp_path: Path) -> None:
     store = SessionStore(tmp_path / "store")
-    for n in range(3):
-        add_session(store, f"good-{n}", n, "manual", "aaaa", seed=n)
-    add_session(store, "other-config", 5, "manual", "bbbb", seed=7)
-    add_session(store, "alert", 10, "alert", "aaaa", slowdown=1.3, seed=9)
+    good = [f"good-{n}" for n in range(8)]  # one capture a side: 8 runs judge frames
+    for n, session_id in enumerate(good):
+        add_session(store, session_id, n, "manual", "aaaa", seed=n)
+    add_session(store, "other-config", 9, "manual", "bbbb", seed=17)
+    add_session(store, "alert", 10, "alert", "aaaa", slowdown=1.3, seed=19)
     worker = ReportWorker(store, ReportSettings(xprof=False))
-    for session_id in ("good-0", "good-1", "good-2", "other-config", "alert"):
+    for session_id in [*good, "other-config", "alert"]:
         assert worker.process(session_id) is not None, session_id
 
     report = json.loads(store.fs.cat_file(f"{store.session_dir('alert')}/analysis.json"))
     # The newest earlier session is the baseline, whatever its configuration ...
     assert report["baseline"]["session"] == "other-config", report["baseline"]["reason"]
-    # ... but only the same configuration's runs are history: 3, not 4.
+    # ... but only the same configuration's runs are history: 8, not 9.
     for kind, comparison in report["baseline"]["comparisons"].items():
         between = comparison["noise"]["between_runs"]
-        assert (between["source"], between["history_runs"]) == ("history", 3), kind
-        assert "3 earlier runs" in comparison["min_detectable"]["basis"], kind
+        assert (between["source"], between["history_runs"]) == ("history", 8), kind
+        assert "8 earlier runs" in comparison["min_detectable"]["basis"], kind
 
 
 def test_too_short_a_history_leaves_the_fixed_floors(tmp_path: Path) -> None:
     store = SessionStore(tmp_path / "store")
-    for n in range(2):
+    for n in range(3):
         add_session(store, f"good-{n}", n, "manual", "aaaa", seed=n)
     add_session(store, "alert", 10, "alert", "aaaa", slowdown=1.3, seed=9)
     worker = ReportWorker(store, ReportSettings(xprof=False))
-    for session_id in ("good-0", "good-1", "alert"):
+    for session_id in ("good-0", "good-1", "good-2", "alert"):
         assert worker.process(session_id) is not None, session_id
     report = json.loads(store.fs.cat_file(f"{store.session_dir('alert')}/analysis.json"))
     assert report["baseline"]["comparisons"], report["baseline"]

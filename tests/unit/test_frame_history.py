@@ -86,6 +86,19 @@ def test_one_capture_a_side_is_judged_against_the_history(seed: int) -> None:
     assert ("fusion.2", "self") in verdicts(reverse.improvements)
 
 
+def test_with_one_capture_a_side_fewer_than_8_runs_judge_only_the_step() -> None:
+    base, head = capture(1), capture(2)
+    five = [capture(10 + i) for i in range(5)]
+    judged = compare_sides(base, head, history_sides=five)
+    assert judged.to_json()["noise"]["between_runs"]["source"] == "fixed floors"
+    assert judged.step_verdict.noise_source == "5 earlier runs"
+    assert any("until 8 earlier runs" in n for n in judged.notes)
+    # With replicates, 3 runs join the replicates' spread.
+    replicated = compare_sides([base, capture(3)], [head, capture(4)], history_sides=five[:3])
+    between = replicated.to_json()["noise"]["between_runs"]
+    assert (between["source"], between["history_runs"]) == ("replicates and history", 3)
+
+
 def test_fewer_than_three_earlier_runs_leave_the_floors() -> None:
     base, head = capture(1), capture(2)
     judged = compare_sides(base, head, history_sides=[capture(3), capture(4)])

@@ -340,3 +340,10 @@ def test_a_torch_trace_takes_a_well_formed_fingerprint_or_none(
     assert record.workload == "w" and record.config_fingerprint == want
     stored = store.read_record(record.id)
     assert stored is not None and stored.config_fingerprint == want
+
+
+def test_the_fingerprint_of_mixed_keys_is_that_of_their_json() -> None:
+    """Keys of several types (1 and "a") cannot be sorted: the configs are hashed as
+    run.json holds them (keys as strings), not refused with a TypeError."""
+    assert schema.config_fingerprint({1: 2, "a": 3}) == schema.config_fingerprint({"1": 2, "a": 3})
+    assert schema.config_fingerprint({"a": (1, 2)}) == schema.config_fingerprint({"a": [1, 2]})

@@ -735,6 +735,13 @@ def compare_sides(
         earlier = []
     if history is None and earlier:
         history = [float(np.median(s.step_ns)) for s in earlier]
+    if earlier and not replicated and len(earlier) < noise.MIN_HISTORY_ALONE:
+        notes.append(
+            f"{len(earlier)} earlier runs judge the step time; with one capture a side the "
+            f"frames keep the fixed floors until {noise.MIN_HISTORY_ALONE} earlier runs (fewer "
+            "named less than the floors do)"
+        )
+        earlier = []
     # The frames' between-run noise is measured: by replicates, the history, or both.
     measured = replicated or bool(earlier and all(r.steps for r in [*base_reps, *head_reps]))
     if per_step and len(base_reps) + len(head_reps) >= 3 and not replicated:

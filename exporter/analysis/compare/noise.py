@@ -59,6 +59,7 @@ __all__ = [
     "MEMORY_NOISE_FLOOR_PTS",
     "MIN_GROWN_STEP_PCT",
     "MIN_HISTORY",
+    "MIN_HISTORY_ALONE",
     "MIN_NEW_STEP_PCT",
     "MIN_RELATIVE_CHANGE",
     "MIN_STEPS",
@@ -148,6 +149,15 @@ MIN_HISTORY: Final = 3
 # the history 6 of 40 orientations of unchanged pairs were "slower" or "faster"
 # (bench/frame_history.py, docs/analysis.md "Each frame's own history").
 HISTORY_FLOOR_PCT: Final = 2.0
+# Earlier runs needed before, with one capture a side, their spread judges each frame in
+# place of the fixed floors (with replicates MIN_HISTORY adds them to the replicates'
+# spread). bench/frame_history.py, transformer, one capture a side, both orientations,
+# 40 pairs per cell (docs/analysis.md, "Each frame's own history"): a loop grown by 10 %
+# of the step named in 0 / 10 / 46 % with 3 / 5 / 8 earlier runs against the floors'
+# 6 %, the data phase +10 % in 1 / 8 / 16 % against 15 %, and no unchanged pair with a
+# frame verdict either way (0-1 of 80); from 2 captures a side 3 runs already help (the
+# grown loop 0 -> 39 % of orientations, 8 runs 91 %).
+MIN_HISTORY_ALONE: Final = 8
 # Without steps: the largest share change of a single frame between captures of the
 # same unchanged workload, measured on this project's CPU captures (see
 # docs/analysis.md, "Noise floor"): self shares of host frames moved by up to this many
