@@ -373,6 +373,11 @@ def evaluate(
                     "orientation": orientation,
                     "detected": hit,
                     "any": any_verdict(result),
+                    "verdict_frames": [
+                        e.to_json()["frame"]
+                        for e in (*result.regressions[:3], *result.improvements[:3])
+                        if e.regression
+                    ],
                     "step_change_pct": result.step_verdict.change_pct,
                     "step_verdict": result.step_verdict.verdict,
                     "min_step_pct": stated.get("step_change_pct"),
