@@ -58,6 +58,7 @@ __all__ = [
     "ReportEvent",
     "ReportSettings",
     "ReportWorker",
+    "config_from_shared_dir",
     "report_worker_from_settings",
     "workload_from_shared_dir",
 ]
@@ -130,13 +131,16 @@ class ReportWorker:
         *,
         shared_dir: Path | None = None,
         workload_of: Callable[[SessionRecord], str | None] | None = None,
+        config_of: Callable[[SessionRecord], str | None] | None = None,
         meter: Meter | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or ReportSettings()
         self.shared_dir = shared_dir
         self.workload_of = workload_of or (lambda record: record.workload)
-        self.baselines = BaselineStore(store, self.workload_of)
+        self.baselines = BaselineStore(
+            store, self.workload_of, config_of or (lambda record: record.config_fingerprint)
+        )
         self.on_report: list[Callable[[ReportEvent], object]] = []
         # Sessions the session processor holds: it makes their reports in its own child
         # (session_job), with their conversion, so the hook leaves them to it.
@@ -590,25 +594,47 @@ class ReportWorker:
         self._queue.put((-1, -1, "", Future()))
 
 
+def _run_info(shared_dir: Path, record: SessionRecord) -> dict[str, Any] | None:
+    """The identity file of the record's run in the shared dir (``runs/<run_id>.json``)."""
+    from exporter import schema
+
+    run_id = record.run_id or next((t.run_id for t in record.targets if t.run_id), None)
+    if not run_id:
+        return None
+    try:
+        path = shared_dir / schema.RUNS_DIR / f"{run_id}.json"
+        # The workload's file: regular, no link under the shared dir, bounded.
+        data = read_regular(path, MAX_RUN_FILE_BYTES, below=shared_dir)
+        return load_json_object(data, str(path))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def workload_from_shared_dir(shared_dir: Path) -> Callable[[SessionRecord], str | None]:
     """A record's workload: its own, else the name in the run's identity file."""
-    from exporter import schema
 
     def workload_of(record: SessionRecord) -> str | None:
         if record.workload:
             return record.workload
-        run_id = record.run_id or next((t.run_id for t in record.targets if t.run_id), None)
-        if not run_id:
-            return None
-        try:
-            path = shared_dir / schema.RUNS_DIR / f"{run_id}.json"
-            # The workload's file: regular, no link under the shared dir, bounded.
-            data = read_regular(path, MAX_RUN_FILE_BYTES, below=shared_dir)
-            return str(load_json_object(data, str(path))["name"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        info = _run_info(shared_dir, record)
+        return str(info["name"]) if info is not None and "name" in info else None
 
     return workload_of
+
+
+def config_from_shared_dir(shared_dir: Path) -> Callable[[SessionRecord], str | None]:
+    """A record's configuration fingerprint: its own, else the run's identity file's,
+    when the record took its workload from there too (a target found by DNS, k8s or a
+    static list carries no run file's identity)."""
+    from exporter.capture.fingerprints import fingerprint_of
+
+    def config_of(record: SessionRecord) -> str | None:
+        if record.config_fingerprint or record.workload:
+            return record.config_fingerprint
+        info = _run_info(shared_dir, record)
+        return fingerprint_of(info) if info is not None else None
+
+    return config_of
 
 
 def report_worker_from_settings(
@@ -628,5 +654,6 @@ def report_worker_from_settings(
         ),
         shared_dir=settings.shared_dir,
         workload_of=workload_from_shared_dir(settings.shared_dir),
+        config_of=config_from_shared_dir(settings.shared_dir),
         meter=meter,
     )

@@ -347,3 +347,35 @@ def test_the_fingerprint_of_mixed_keys_is_that_of_their_json() -> None:
     run.json holds them (keys as strings), not refused with a TypeError."""
     assert schema.config_fingerprint({1: 2, "a": 3}) == schema.config_fingerprint({"1": 2, "a": 3})
     assert schema.config_fingerprint({"a": (1, 2)}) == schema.config_fingerprint({"a": [1, 2]})
+
+
+def test_sessions_named_only_by_their_run_file_keep_to_its_configuration(
+    tmp_path: Path,
+) -> None:
+    """A target found by DNS, k8s or a static list carries no run identity: the report
+    worker reads the workload from ``runs/<run_id>.json``, and now its fingerprint too
+    (before, all such sessions of one name were each other's history)."""
+    from datetime import UTC, datetime, timedelta
+
+    from exporter.capture.session import TargetResult
+    from exporter.pipeline.worker import config_from_shared_dir, workload_from_shared_dir
+
+    shared, store = tmp_path / "shared", SessionStore(tmp_path / "store")
+    other = CONFIGS | {"lr": 1e-3}
+    start = datetime.now(UTC) - timedelta(hours=1)
+    for n, configs in enumerate((CONFIGS, other, CONFIGS, other, CONFIGS)):
+        _run_file(shared, f"run-{n}", 9000 + n, 100 + n, configs=configs)
+        target = TargetResult(address=f"10.0.0.{n}:9012", host="h", run_id=f"run-{n}",
+                              status="ok", files=[])  # fmt: skip
+        store.write_record(SessionRecord(id=f"s-{n}", status="done", run_id=f"run-{n}",
+                                         created=start + timedelta(minutes=n),
+                                         targets=[target]))  # fmt: skip
+    baselines = BaselineStore(
+        store, workload_from_shared_dir(shared), config_from_shared_dir(shared)
+    )
+    today = store.read_record("s-4")
+    assert today is not None and today.config_fingerprint is None
+    assert baselines.history_sessions(today) == ["s-2", "s-0"]
+    assert BaselineStore(store, workload_from_shared_dir(shared)).history_sessions(today) == [
+        "s-3", "s-2", "s-1", "s-0",
+    ]  # fmt: skip

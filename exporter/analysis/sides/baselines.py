@@ -60,17 +60,20 @@ class Baseline:
 class BaselineStore:
     """Baseline marks in the session store; ``choose`` picks a session's baseline.
 
-    ``workload_of`` names a record's workload (the sidecar reads it from the run's
-    identity in the shared dir when the record has none).
+    ``workload_of`` names a record's workload and ``config_of`` its configuration's
+    fingerprint (the sidecar reads both from the run's identity in the shared dir when
+    the record has none).
     """
 
     def __init__(
         self,
         store: SessionStore,
         workload_of: Callable[[SessionRecord], str | None] = lambda record: record.workload,
+        config_of: Callable[[SessionRecord], str | None] = lambda r: r.config_fingerprint,
     ) -> None:
         self.store = store
         self.workload_of = workload_of
+        self.config_of = config_of
         self.root = posixpath.join(store.root, BASELINES_DIR)
 
     def _path(self, name: str, run: bool = False) -> str:
@@ -202,9 +205,8 @@ class BaselineStore:
 
     def _same_workload_newest(self, record: SessionRecord) -> list[SessionRecord]:
         """Earlier sessions of the same workload and configuration, newest first."""
-        same = [
-            r for r in self._earlier(record) if r.config_fingerprint == record.config_fingerprint
-        ]
+        config = self.config_of(record)
+        same = [r for r in self._earlier(record) if self.config_of(r) == config]
         return sorted(same, key=lambda r: (r.created, r.id), reverse=True)
 
     def _earlier(self, record: SessionRecord) -> list[SessionRecord]:
