@@ -375,6 +375,7 @@ static PyObject *window_self(PyObject *self, PyObject *args) {
     int got;
     PyObject *result = NULL;
     Pair *pairs = NULL;
+    Py_ssize_t *span_of = NULL;
     uint64_t *dense = NULL;
     uint8_t *present = NULL;
     for (got = 0; got < 6; got++) {
@@ -389,14 +390,17 @@ static PyObject *window_self(PyObject *self, PyObject *args) {
     const int64_t *node = views[3].buf, *w_start = views[4].buf, *w_end = views[5].buf;
     int64_t max_node = 0;
     Py_ssize_t total = 0;
+    /* Each segment's first and last window, found once (both passes read them). */
+    span_of = PyMem_Malloc((size_t)(n ? n : 1) * 2 * sizeof(Py_ssize_t));
+    if (span_of == NULL) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (node[i] < 0 || parent[i] < -1 || parent[i] >= n) {
             PyErr_SetString(PyExc_ValueError, "window_self: a node or parent out of range");
             goto done;
         }
         if (node[i] > max_node) max_node = node[i];
-        Py_ssize_t first = first_end_after(w_end, k, start[i]);
-        Py_ssize_t last = first_start_from(w_start, k, end[i]) - 1;
+        Py_ssize_t first = span_of[2 * i] = first_end_after(w_end, k, start[i]);
+        Py_ssize_t last = span_of[2 * i + 1] = first_start_from(w_start, k, end[i]) - 1;
         if (last >= first) total += (last - first + 1) * (parent[i] >= 0 ? 2 : 1);
     }
     if (k && max_node > (INT64_MAX - k) / k) {
@@ -417,8 +421,7 @@ static PyObject *window_self(PyObject *self, PyObject *args) {
     }
     Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t first = first_end_after(w_end, k, start[i]);
-        Py_ssize_t last = first_start_from(w_start, k, end[i]) - 1;
+        Py_ssize_t first = span_of[2 * i], last = span_of[2 * i + 1];
         for (Py_ssize_t j = first; j <= last; j++) {
             int64_t lo = start[i] > w_start[j] ? start[i] : w_start[j];
             int64_t hi = end[i] < w_end[j] ? end[i] : w_end[j];
@@ -482,6 +485,7 @@ static PyObject *window_self(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(NNN)", out[0], out[1], out[2]);
 done:
     PyMem_Free(pairs);
+    PyMem_Free(span_of);
     PyMem_Free(dense);
     PyMem_Free(present);
     for (int c = 0; c < got; c++) PyBuffer_Release(&views[c]);
