@@ -506,6 +506,7 @@ class _PlaneSetup:
     texts: StatTexts
     meta_stats: dict[int, tuple[int, int, int, bool]]
     by_details: bool
+    meta_has_stats: bool  # some event metadata gives its events a stat above
     # (event metadata id, details, module and op codes) -> the reader's row, for the
     # plane's lines: a stream's thousands of distinct kernels recur on the next stream.
     rows: dict[tuple[int, int, int, int], int] = field(default_factory=dict)
@@ -583,7 +584,10 @@ class _Reader:
         for meta_id, meta in plane.event_metadata.items():
             d, m, o, copy, _ = ids.read(meta.stats, names, _NO_STATS)
             meta_stats[meta_id] = (texts.code(d), texts.code(m), texts.code(o), copy)
-        found = self._setups[ref] = _PlaneSetup(columns, texts, meta_stats, details_id >= 0)
+        found = self._setups[ref] = _PlaneSetup(
+            columns, texts, meta_stats, details_id >= 0,
+            any(stats != (0, 0, 0, False) for stats in meta_stats.values()),
+        )  # fmt: skip
         return found
 
     def wanted(self, ref: PlaneRef, plane: Plane) -> dict[int, int]:
@@ -667,17 +671,20 @@ class _StreamLine:
         meta = piece.ids[sel]
         if not len(meta):
             return
-        metas, of_meta = dense_index(meta)
-        per_meta = np.array([self.meta_stats.get(m, (0, 0, 0, False)) for m in metas.tolist()],
-                            np.int64).reshape(-1, 4)  # fmt: skip
         d, m, o = (self.texts.column(piece, columns[c])[sel] for c in (_DETAILS, _MODULE, _OP))
-        # An event's own stat wins; without one, its metadata's (looked up only then).
-        d, m, o = (codes if codes.min() >= 0 else
-                   np.where(codes >= 0, codes, per_meta[:, i][of_meta])
-                   for i, codes in enumerate((d, m, o)))  # fmt: skip
         copy = piece.kinds[columns[_COPY]][sel] != 0
-        if per_meta[:, 3].any():
-            copy |= per_meta[:, 3][of_meta] != 0
+        if self.setup.meta_has_stats:
+            metas, of_meta = dense_index(meta)
+            per_meta = np.array([self.meta_stats.get(m, (0, 0, 0, False))
+                                 for m in metas.tolist()], np.int64).reshape(-1, 4)  # fmt: skip
+            # An event's own stat wins; without one, its metadata's (looked up only then).
+            d, m, o = (codes if codes.min() >= 0 else
+                       np.where(codes >= 0, codes, per_meta[:, i][of_meta])
+                       for i, codes in enumerate((d, m, o)))  # fmt: skip
+            if per_meta[:, 3].any():
+                copy |= per_meta[:, 3][of_meta] != 0
+        else:  # CUPTI's metadata carry no stats: an event without one has none
+            d, m, o = (codes if codes.min() >= 0 else np.maximum(codes, 0) for codes in (d, m, o))
         kernel = d != 0 if self.by_details else ~copy
         corr = int_column(piece, columns[_CORRELATION])[sel]
         columns_ = (meta, d, m, o, off[sel], dur[sel], corr)
