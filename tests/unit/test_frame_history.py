@@ -203,3 +203,17 @@ def test_the_history_step_noise_is_a_prediction_bound() -> None:
     head = capture(1, {"op": 1.3e7}, 0.0)
     judged = compare_sides(base, head, history=history).step_verdict
     assert judged.noise_source == "3 earlier runs" and judged.verdict == "unchanged"
+
+
+def test_replicates_pool_the_histories_step_spread() -> None:
+    """2 + 2 captures give Student's t 2 degrees of freedom on the step: 5 earlier runs
+    of the same spread add 4, and the smallest step change called shrinks (before, the
+    history was ignored once a side had replicates)."""
+    base, head = [capture(1), capture(2)], [capture(3), capture(4)]
+    alone = compare_sides(base, head).step_verdict
+    pooled = compare_sides(base, head, history_sides=[capture(10 + i) for i in range(5)])
+    verdict = pooled.step_verdict
+    assert "and 5 earlier runs" in verdict.noise_source
+    assert verdict.noise_pct < alone.noise_pct
+    mirrored = compare_sides(head, base, history_sides=[capture(10 + i) for i in range(5)])
+    assert mirrored.step_verdict.p_value == pytest.approx(verdict.p_value)

@@ -568,7 +568,8 @@ def _step_verdict(
         return StepVerdict(None, None, None, None, noise_pct, source, "unknown", None,
                            replicates=shape)  # fmt: skip
     if sum(shape) >= 3 and all(len(g) for g in [*base_groups, *head_groups]):
-        return _replicate_step_verdict(base_groups, head_groups)
+        earlier = history if history is not None and len(history) >= noise.MIN_HISTORY else ()
+        return _replicate_step_verdict(base_groups, head_groups, earlier)
     b, h = np.asarray(base_ns, float), np.asarray(head_ns, float)
     b_med, h_med = float(np.median(b)), float(np.median(h))
     if b_med <= 0 or h_med <= 0:
@@ -613,14 +614,19 @@ def _log_median_within(groups: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.
 
 
 def _replicate_step_verdict(
-    base_groups: Sequence[Sequence[int]], head_groups: Sequence[Sequence[int]]
+    base_groups: Sequence[Sequence[int]],
+    head_groups: Sequence[Sequence[int]],
+    history: Sequence[float] = (),
 ) -> StepVerdict:
-    """Student's t on the captures' log median steps (see the module doc)."""
+    """Student's t on the captures' log median steps (see the module doc); ``history``:
+    earlier runs' median steps, whose spread joins the captures' (pooled, N - 1 more
+    degrees of freedom)."""
     mb, wb = _log_median_within(base_groups)
     mh, wh = _log_median_within(head_groups)
     nb, nh = len(mb), len(mh)
-    df = nb + nh - 2
-    sd = _pooled_sd([mb, mh], float(np.concatenate([wb, wh]).mean()))
+    earlier = np.log(np.maximum(np.asarray(history, float), 1.0))
+    df = nb + nh - 2 + max(len(earlier) - 1, 0)
+    sd = _pooled_sd([mb, mh, earlier], float(np.concatenate([wb, wh]).mean()))
     se = sd * math.sqrt(1 / nb + 1 / nh)
     d = float(mh.mean() - mb.mean())
     p = float(student_t_two_sided(d / se, df)) if se > 0 else (0.0 if d else 1.0)
@@ -638,7 +644,9 @@ def _replicate_step_verdict(
         100 * math.expm1(d),
         (100 * math.expm1(d - half), 100 * math.expm1(d + half)),
         round(detectable, 2),
-        f"measured between the {nb} + {nh} captures (Student's t on their log median steps)",
+        f"measured between the {nb} + {nh} captures"
+        + (f" and {len(earlier)} earlier runs" if len(earlier) else "")
+        + " (Student's t on their log median steps)",
         verdict,
         None,
         replicates=(nb, nh),
