@@ -34,6 +34,10 @@ compare time against reading the same captures once (the reference, same run).
     .venv/bin/python bench/detection.py --shapes transformer          # ~25 min on 2 cores
     .venv/bin/python bench/detection.py --quick                       # ~3 min
     .venv/bin/python bench/detection.py --keep /tmp/caps --captures-only  # captures alone
+    .venv/bin/python bench/detection.py --keep /tmp/g5 --variants grown --ks 5 --units 'grown 5=16'
+
+Judge from a clean export of a commit when others edit the comparison in the same
+checkout: the first line printed names the code that judged.
 """
 
 from __future__ import annotations
