@@ -21,6 +21,11 @@ facts <= 0.1 (issue 33 on 500 k; issue 32 on 2 M).
 
     .venv/bin/python bench/gpu_capture_speed.py            # 500 k and 2 M kernels, minutes
     .venv/bin/python bench/gpu_capture_speed.py --quick    # 50 k kernels, seconds
+    .venv/bin/python bench/gpu_capture_speed.py --repeat 5 # medians of 5 processes each
+
+On a machine shared with other work one process's CPU seconds vary by a tenth or more
+(XProf's too): ``--repeat`` takes each figure as the median of that many fresh
+processes, XProf's and mlprof's interleaved.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,7 +127,12 @@ def _cli(path: Path, out: Path) -> dict[str, float]:
     return {"facts_s": json.loads(out.read_text())["timings"]["facts_s"], "process_cpu_s": cpu}
 
 
-def bench(name: str, folder: Path) -> dict[str, Any]:
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric figure's median over the runs (the kernel counts are equal)."""
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def bench(name: str, folder: Path, repeat: int = 1) -> dict[str, Any]:
     from exporter.testing.synthetic_gpu import write_gpu_capture
 
     path = folder / f"gpu-{name}.xplane.pb"
@@ -131,9 +142,11 @@ def bench(name: str, folder: Path) -> dict[str, Any]:
     copy = folder / "xprof" / path.name  # XProf writes caches beside its input
     copy.parent.mkdir(exist_ok=True)
     shutil.copyfile(path, copy)
-    xprof = _child("xprof", copy)
-    device = _child("device", path)
-    facts = _child("facts", path)
+    runs: dict[str, list[dict[str, Any]]] = {"xprof": [], "device": [], "facts": []}
+    for _ in range(repeat):  # interleaved: a busy spell weighs on each alike
+        for kind, done in runs.items():
+            done.append(_child(kind, copy if kind == "xprof" else path))
+    xprof, device, facts = (_median(runs[kind]) for kind in ("xprof", "device", "facts"))
     cli = _cli(path, folder / f"report-{name}.json")
     assert facts["kernels"] == xprof["kernels"] == kernels, (facts, xprof, kernels)
     ref = xprof["cpu_s"]
@@ -163,6 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="50 k kernels only")
     parser.add_argument("--size", choices=SIZES, action="append", help="only these sizes")
+    parser.add_argument("--repeat", type=int, default=1, help="medians of N processes each")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -170,11 +184,11 @@ def main() -> None:
         return
     sizes = args.size or (["50k"] if args.quick else ["500k", "2M"])
     print(f"decoder: {os.environ.get('MLPROF_DECODER', 'compiled')}; malloc: "
-          f"{os.environ.get('MLPROF_MALLOC') or 'keep'}; CPU seconds; "
-          "ratios to XProf kernel_stats CPU in the same run")  # fmt: skip
+          f"{os.environ.get('MLPROF_MALLOC') or 'keep'}; CPU seconds (medians of "
+          f"{max(1, args.repeat)}); ratios to XProf kernel_stats CPU in the same run")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="mlprof-gpu-bench-") as tmp:
         for name in sizes:
-            found = bench(name, Path(tmp))
+            found = bench(name, Path(tmp), max(1, args.repeat))
             print(
                 f"{name}: {found['kernels']} kernels, {found['mb']} MB | XProf kernel_stats "
                 f"{found['xprof_kernel_stats_cpu_s']} s ({found['xprof_peak_mib']} MiB) | "
