@@ -25,6 +25,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,56 @@ static int set_slot(PyObject *descr, PyObject *obj, PyObject *value) {
     return set(descr, obj, value);
 }
 
+/* The slots a made frame's values go to: written straight at the descriptors' offsets
+ * when each is a plain object slot of the class (what __slots__ makes: what the
+ * descriptor's own setter does, less its call and checks per value), else through the
+ * descriptors. */
+typedef struct {
+    PyObject *descrs;
+    Py_ssize_t offset[SLOTS];
+    int direct;
+} Slots;
+
+static void slots_init(Slots *s, PyObject *descrs, PyTypeObject *type) {
+    s->descrs = descrs;
+    s->direct = 1;
+    for (int k = 0; k < SLOTS; k++) {
+        PyObject *d = PyTuple_GET_ITEM(descrs, k);
+        if (Py_TYPE(d) != &PyMemberDescr_Type || !PyType_IsSubtype(type, PyDescr_TYPE(d))) {
+            s->direct = 0;
+            return;
+        }
+        PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) {
+            s->direct = 0;
+            return;
+        }
+        s->offset[k] = member->offset;
+    }
+}
+
+static inline int put(const Slots *s, int k, PyObject *obj, PyObject *value) {
+    if (!s->direct) return set_slot(PyTuple_GET_ITEM(s->descrs, k), obj, value);
+    PyObject **at = (PyObject **)((char *)obj + s->offset[k]);
+    PyObject *old = *at;
+    Py_INCREF(value);
+    *at = value;
+    Py_XDECREF(old);
+    return 0;
+}
+
+/* ``frame`` into its parent's children under ``key``, whose hash is worked out once per
+ * key (a key is made in many windows; a tuple's hash is not cached by CPython). */
+static int add_child(PyObject *dict, PyObject *key, PyObject *frame, Py_hash_t *hash) {
+#if PY_VERSION_HEX < 0x030D0000
+    if (*hash == -1 && (*hash = PyObject_Hash(key)) == -1) return -1;
+    return _PyDict_SetItem_KnownHash(dict, key, frame, *hash);
+#else
+    (void)hash;
+    return PyDict_SetItem(dict, key, frame);
+#endif
+}
+
 static PyObject *make(PyObject *self, PyObject *args) {
     PyTypeObject *type;
     PyObject *descrs, *roots, *keys, *arrays[5];
@@ -80,14 +131,20 @@ static PyObject *make(PyObject *self, PyObject *args) {
         }
         n = len;
     }
+    Slots slots;
+    slots_init(&slots, descrs, type);
+    Py_hash_t *hashes = NULL;  /* each key's hash, -1 until its first frame is made */
     PyObject **children = NULL;  /* each made row's children dict (borrowed from it) */
     /* The frames form a tree (no cycle to collect), and the collector, started by every
      * few hundred allocations, would walk the growing heap again and again: without it
      * the loop is five times faster. */
     int collecting = PyGC_Disable();
     if (ok) {
+        Py_ssize_t n_keys = PyList_GET_SIZE(keys);
         children = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(PyObject *));
-        if (children == NULL) { PyErr_NoMemory(); ok = 0; }
+        hashes = PyMem_Malloc((size_t)(n_keys ? n_keys : 1) * sizeof(Py_hash_t));
+        if (children == NULL || hashes == NULL) { PyErr_NoMemory(); ok = 0; }
+        for (Py_ssize_t k = 0; ok && k < n_keys; k++) hashes[k] = -1;
     }
     if (ok) {
         const int64_t *window = views[0].buf, *frame = views[1].buf, *own = views[2].buf;
@@ -112,14 +169,11 @@ static PyObject *make(PyObject *self, PyObject *args) {
                     PyErr_SetString(PyExc_ValueError, "make: a key is not (name, file, line)");
                     ok = 0;
                 } else if (dict == NULL || obj == NULL ||
-                           set_slot(PyTuple_GET_ITEM(descrs, NAME), obj,
-                                    PyTuple_GET_ITEM(key, 0)) < 0 ||
-                           set_slot(PyTuple_GET_ITEM(descrs, FILE_), obj,
-                                    PyTuple_GET_ITEM(key, 1)) < 0 ||
-                           set_slot(PyTuple_GET_ITEM(descrs, LINE), obj,
-                                    PyTuple_GET_ITEM(key, 2)) < 0 ||
-                           set_slot(PyTuple_GET_ITEM(descrs, CHILDREN), obj, dict) < 0 ||
-                           PyDict_SetItem(children[parent[i]], key, obj) < 0) {
+                           put(&slots, NAME, obj, PyTuple_GET_ITEM(key, 0)) < 0 ||
+                           put(&slots, FILE_, obj, PyTuple_GET_ITEM(key, 1)) < 0 ||
+                           put(&slots, LINE, obj, PyTuple_GET_ITEM(key, 2)) < 0 ||
+                           put(&slots, CHILDREN, obj, dict) < 0 ||
+                           add_child(children[parent[i]], key, obj, &hashes[frame[i]]) < 0) {
                     ok = 0;
                 }
                 children[i] = dict;  /* borrowed from here on: the frame holds it */
@@ -137,13 +191,12 @@ static PyObject *make(PyObject *self, PyObject *args) {
             }
             if (ok) {
                 value = PyLong_FromLongLong(own[i]);
-                ok = value != NULL &&
-                     set_slot(PyTuple_GET_ITEM(descrs, SELF_VALUE), obj, value) == 0;
+                ok = value != NULL && put(&slots, SELF_VALUE, obj, value) == 0;
                 Py_XDECREF(value);
             }
             if (ok) {
                 value = PyLong_FromLongLong(total[i]);
-                ok = value != NULL && set_slot(PyTuple_GET_ITEM(descrs, TOTAL), obj, value) == 0;
+                ok = value != NULL && put(&slots, TOTAL, obj, value) == 0;
                 Py_XDECREF(value);
             }
             if (ok && frame[i] == 0) {  /* a root's children: alive as long as the root */
@@ -160,6 +213,7 @@ static PyObject *make(PyObject *self, PyObject *args) {
     }
     if (collecting) PyGC_Enable();
     PyMem_Free(children);
+    PyMem_Free(hashes);
     for (Py_ssize_t k = 0; k < got && k < 5; k++) PyBuffer_Release(&views[k]);
     if (!ok) return NULL;
     Py_RETURN_NONE;

@@ -135,6 +135,7 @@ class FrameTree:
         self.tuples: list[Labels] = []
         self._tuple_ids: dict[Labels, int] = {}
         self._op_tuples: dict[tuple[_OpInfo, str | None, _OpInfo | None], int] = {}
+        self._labels: dict[str, FrameLabel] = {}
         self.cut = self.tuple_id((FrameLabel(CUT_FRAME),))
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.core = compiled_core()  # nesting and whole-line self time in C, else numpy
@@ -151,7 +152,12 @@ class FrameTree:
         key = (info, program, outer)
         found = self._op_tuples.get(key)
         if found is None:
-            found = self._op_tuples[key] = self.tuple_id(_op_labels(info, program, outer))
+            names = _op_labels(info, program, outer)
+            # One label per distinct name (the program, scopes and categories repeat in
+            # most ops): made once, not once per op.
+            labels = tuple(self._labels.get(x) or self._labels.setdefault(x, FrameLabel(x))
+                           for x in names)  # fmt: skip
+            found = self._op_tuples[key] = self.tuple_id(labels)
         return found
 
     def node(self, parent: int, tuple_id: int) -> int:
@@ -351,8 +357,8 @@ def _op_info(plane: Plane, meta_id: int, names: dict[int, str]) -> _OpInfo:
     return _OpInfo(program_id, tuple(p for p in scope.split("/") if p), category, op)
 
 
-def _op_labels(info: _OpInfo, program: str | None, outer: _OpInfo | None) -> Labels:
-    """The frames an op adds: program (at the top), name scope, category, op.
+def _op_labels(info: _OpInfo, program: str | None, outer: _OpInfo | None) -> tuple[str, ...]:
+    """The names of the frames an op adds: program (at the top), name scope, category, op.
 
     A nested op (a ``while`` body's fusion) sits below its enclosing op with only the
     part of its name scope that extends the enclosing op's.
@@ -366,7 +372,7 @@ def _op_labels(info: _OpInfo, program: str | None, outer: _OpInfo | None) -> Lab
             shared += 1
         scope = scope[shared:]
     head = (program,) if program is not None else ()
-    return tuple(FrameLabel(x) for x in (*head, *scope, info.category, info.name))
+    return (*head, *scope, info.category, info.name)
 
 
 def _program_name(name: str) -> str:
