@@ -229,3 +229,23 @@ def test_the_compiled_rows_refuse_ids_out_of_range() -> None:
             rows(frame_of, f_parent, node, window)
     with pytest.raises(ValueError, match="int64"):
         core.rows(*[np.zeros(2, np.int32)] * 5, 1)
+
+
+def test_the_compiled_maker_writes_slots_only_of_its_own_class() -> None:
+    # The maker writes a frame's slots at the descriptors' offsets only where they are
+    # the class's own object slots; another class's descriptors go through their setter,
+    # which refuses an object they do not belong to (no write into the wrong layout).
+    core = tree_graphs.frame_maker()
+    assert core is not None, "exporter.profiles._treegraphs was not built"
+
+    class Other:
+        __slots__ = ("a", "b", "c", "d", "e", "f")
+
+    rows = [np.array([0, 0], np.int64), np.array([0, 1], np.int64), np.array([1, 2], np.int64),
+            np.array([3, 2], np.int64), np.array([0, 0], np.int64)]  # fmt: skip
+    keys = [("root", "", 0), ("a", "", 0)]
+    with pytest.raises(TypeError):
+        core.make(Other, tree_graphs._SLOTS, [FlameGraph().root], keys, *rows)
+    slots = tuple(getattr(Other, name) for name in Other.__slots__)
+    with pytest.raises(TypeError):
+        core.make(Frame, slots, [FlameGraph().root], keys, *rows)
