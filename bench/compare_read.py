@@ -8,15 +8,16 @@ processes taken in turn (CPU seconds of the read in process, median of ``--repea
 
 - ``now``: the product as it is: per-step graphs built frame by frame for all windows
   at once (``exporter.profiles.tree_graphs.graphs_by_frame``), the whole graph as the
-  windows' sum from the same pass (``windowed_flamegraphs(total=True)``);
+  windows' sum from the same pass (``windowed_flamegraphs(total=True)``), the windows'
+  nodes, self time and the ``split`` rule compiled (``_treegraphs.c``), a CPU capture's
+  XLA events from the compiled core's stat columns;
 - ``before``: the read as issue 33 found it, replayed in the same run: host step
   annotations read event by event (the twin), lines whose events overlap nested by the
   ``split`` rule's Python loop (the twin of ``_treegraphs.split``), segments' nodes
   and their self time split across the windows in numpy (``FrameTree.assign``,
-  ``nesting.window_self``), a CPU capture's
-  XLA events read through protobuf (``xla_host``'s twin), graphs built node by node per
-  window
-  (``graphs_by_node``, kept as the reference) and the whole
+  ``nesting.window_self``), a CPU capture's XLA events read through protobuf
+  (``xla_host``'s twin), graphs built node by node per window (``graphs_by_node``, kept
+  as the reference) and the whole
   graph merged from every window's graph, or past 200 steps (cycles sampled) a
   whole-capture conversion and a second pass for the sampled cycles;
 - ``whole``: the compiled whole-capture conversion of the same file (device and host
