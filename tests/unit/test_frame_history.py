@@ -30,12 +30,14 @@ def capture(
     wobble: float = 0.2,
     extra: dict[str, float] | None = None,
     phase: tuple[str, float] | None = None,
+    slower: float = 1.0,
 ) -> Side:
     """One process: ``ops`` under ``jit_step`` (ns per step), each moved by its own
     log-normal factor (``wobble``) and the machine's speed; ``extra``: ns per step added
-    to an op; ``phase``: a frame beside the program, (name, ns per step)."""
+    to an op; ``phase``: a frame beside the program, (name, ns per step); ``slower``: the
+    machine's speed divided by this."""
     rng = random.Random(seed)
-    speed = rng.uniform(0.7, 1.5)
+    speed = rng.uniform(0.7, 1.5) * slower
     moved = {op: rng.lognormvariate(0, wobble) for op in ops}
     graphs = []
     for _ in range(12):
@@ -217,3 +219,18 @@ def test_replicates_pool_the_histories_step_spread() -> None:
     assert verdict.noise_pct < alone.noise_pct
     mirrored = compare_sides(head, base, history_sides=[capture(10 + i) for i in range(5)])
     assert mirrored.step_verdict.p_value == pytest.approx(verdict.p_value)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_change_between_machines_of_other_speeds_is_named_both_ways(seed: int) -> None:
+    """The base's processes ran x4 slower than the head's, whose fusion.2 grew by 30 % of
+    the step: in ms it still took less than on the slow base. Forward it was a
+    regression; read backwards, the improvement had to take fewer ms than its base too,
+    and went unnamed. Both orientations are judged beyond the machine's scale alike."""
+    slow = [capture(100 * seed + i, wobble=0.05, slower=4.0) for i in range(4)]
+    grown = [capture(100 * seed + 50 + i, wobble=0.05, extra={"fusion.2": 3e6}) for i in range(4)]
+    forward, reverse = compare_sides(slow, grown), compare_sides(grown, slow)
+    assert ("fusion.2", "self") in verdicts(forward.regressions)
+    assert ("fusion.2", "self") in verdicts(reverse.improvements)
+    named = next(e for e in reverse.improvements if e.frame.name == "fusion.2")
+    assert named.head_ms > named.base_ms and named.excess_ms < 0  # more ms, beaten scale

@@ -966,9 +966,13 @@ def compare_sides(
                 )
             # Of its own time, in ratio terms both ways (x1.1 grown is x1/1.1 shrunk).
             ratio = None if before == 0 or after == 0 else float(after / (s * before))
+            # Judged beyond the machine's scale both ways alike: an improvement needed
+            # fewer ms than the base as well, a regression no more ms, so a grown loop
+            # between processes of different speeds was named 96 % forward and 12 %
+            # read backwards (bench/detection.py, 8 a side, issue 29's "both
+            # orientations alike").
             large = bool(
                 not wait
-                and (sign > 0 or after < before)  # an improvement took less time, not only
                 and sign * step_pct >= floor_pct
                 and (ratio is None or abs(math.log(ratio)) >= math.log1p(noise.MIN_RELATIVE_CHANGE))
                 and (test is None or sign * test[2] > 0)
@@ -1022,9 +1026,13 @@ def compare_sides(
         (lambda e: e.excess_ms) if per_step else (lambda e: e.delta_pts)
     )
     regressions = _ranked(frames, key_self, key_total, entry, rank_by, grow=True)
-    # An improvement is a frame that took less time, not one that grew less than the
-    # machine's scale.
-    shrank_self, shrank_total = np.minimum(hs - bs, 0.0), np.minimum(ht - bt, 0.0)
+    # An improvement: with steps, work that shrank beyond the machine's scale (the mirror
+    # of a regression; its ms may have grown on a slower machine: excess_ms says by how
+    # much it beat the scale); as shares, a frame that took less.
+    if per_step:
+        shrank_self, shrank_total = np.minimum(ex_self, 0.0), np.minimum(ex_total, 0.0)
+    else:
+        shrank_self, shrank_total = np.minimum(hs - bs, 0.0), np.minimum(ht - bt, 0.0)
     improvements = _ranked(
         frames,
         np.where(shrank_self < 0, key_self, 0.0),
