@@ -56,6 +56,18 @@ static int set_slot(PyObject *descr, PyObject *obj, PyObject *value) {
     return set(descr, obj, value);
 }
 
+/* ``count`` new bytes objects of ``rows`` int64 values each, into out (0), or none (-1). */
+static int new_columns(PyObject **out, int count, Py_ssize_t rows) {
+    for (int c = 0; c < count; c++) {
+        out[c] = PyBytes_FromStringAndSize(NULL, rows * 8);
+        if (out[c] == NULL) {
+            for (int k = 0; k < c; k++) Py_CLEAR(out[k]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The slots a made frame's values go to: written straight at the descriptors' offsets
  * when each is a plain object slot of the class (what __slots__ makes: what the
  * descriptor's own setter does, less its call and checks per value), else through the
@@ -363,14 +375,9 @@ static PyObject *rows(PyObject *self, PyObject *args) {
             }
         }
     }
-    PyObject *out[5] = {NULL};
-    for (int c = 0; c < 5; c++) {
-        out[c] = PyBytes_FromStringAndSize((const char *)cols[c], n_rows * 8);
-        if (out[c] == NULL) {
-            for (int j = 0; j < c; j++) Py_DECREF(out[j]);
-            goto done;
-        }
-    }
+    PyObject *out[5];
+    if (new_columns(out, 5, n_rows) < 0) goto done;
+    for (int c = 0; c < 5; c++) memcpy(PyBytes_AS_STRING(out[c]), cols[c], (size_t)n_rows * 8);
     result = Py_BuildValue("(NNNNN)", out[0], out[1], out[2], out[3], out[4]);
 done:
     for (int c = 0; c < 5; c++) PyMem_Free(cols[c]);
@@ -507,14 +514,8 @@ static PyObject *window_self(PyObject *self, PyObject *args) {
         qsort(pairs, (size_t)m, sizeof(Pair), by_key);
         for (Py_ssize_t i = 0; i < m; i++) distinct += i == 0 || pairs[i].key != pairs[i - 1].key;
     }
-    PyObject *out[3] = {NULL};
-    for (int c = 0; c < 3; c++) {
-        out[c] = PyBytes_FromStringAndSize(NULL, distinct * 8);
-        if (out[c] == NULL) {
-            for (int j = 0; j < c; j++) Py_DECREF(out[j]);
-            goto done;
-        }
-    }
+    PyObject *out[3];
+    if (new_columns(out, 3, distinct) < 0) goto done;
     int64_t *o_node = (int64_t *)PyBytes_AS_STRING(out[0]);
     int64_t *o_window = (int64_t *)PyBytes_AS_STRING(out[1]);
     int64_t *o_sum = (int64_t *)PyBytes_AS_STRING(out[2]);
@@ -871,14 +872,8 @@ static PyObject *split(PyObject *self, PyObject *args) {
         if (s->end[i] > s->start[i]) kept++;
         keep_index[i] = kept - 1;  /* numpy's cumsum(keep) - 1 */
     }
-    PyObject *out[5] = {NULL};
-    for (int c = 0; c < 5; c++) {
-        out[c] = PyBytes_FromStringAndSize(NULL, kept * 8);
-        if (out[c] == NULL) {
-            for (int k = 0; k < c; k++) Py_DECREF(out[k]);
-            goto done;
-        }
-    }
+    PyObject *out[5];
+    if (new_columns(out, 5, kept) < 0) goto done;
     int64_t *o_start = (int64_t *)PyBytes_AS_STRING(out[0]);
     int64_t *o_end = (int64_t *)PyBytes_AS_STRING(out[1]);
     int64_t *o_item = (int64_t *)PyBytes_AS_STRING(out[2]);
