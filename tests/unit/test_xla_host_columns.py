@@ -14,11 +14,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 from exporter.analysis.sides import xla_host
 from exporter.errors import InputError
 from exporter.profiles import xspace
+from exporter.profiles.flamegraph import FlameGraph
 from exporter.profiles.xplane import parse_xspace
 from exporter.proto import xplane_pb2
 
@@ -131,3 +133,53 @@ def test_a_uint64_run_id_is_not_the_int64_of_its_bits() -> None:
     twin = _read(data, "python")
     assert twin[4] == [("jit_step(1)", "op.2"), (xla_host.UNKNOWN_PROGRAM, "op.2")]
     assert _read(data, "compiled") == twin
+
+
+def _shape(graph: FlameGraph) -> list[Any]:
+    head = (graph.sample_type, graph.unit, graph.profile_name, graph.time_nanos,
+            graph.duration_nanos, graph.comments)  # fmt: skip
+    return [head, *((d, n.name, n.file, n.line, n.self_value, n.total) for d, n in graph._walk())]
+
+
+def test_the_graphs_are_those_made_a_path_at_a_time() -> None:
+    # xla_host.graphs builds each window's graph with the frame builder (compiled maker,
+    # or its twin); FlameGraph.add of each path in order is the reference: same frames,
+    # values, totals and children's order, whole and per window (empty windows too).
+    rng = random.Random(8)
+    built = 0
+    for seed in range(120):
+        data = _space(seed)
+        with xspace.use_decoder(rng.choice(["compiled", "python"])):
+            events = xla_host.xla_host_events(parse_xspace(data, "c.xplane.pb"))
+            if not len(events):
+                continue
+            lo, hi = int(events.start.min()), int(events.end.max())
+            edges = sorted(rng.sample(range(lo - 5, hi + 5), min(2 * rng.randint(1, 6), hi - lo)))
+            spans = list(zip(edges[::2], edges[1::2], strict=False))
+            for windows in (None, spans):
+                got = xla_host.graphs(events, windows, 17)
+                per_window = _reference_sums(events, windows)
+                template = FlameGraph(sample_type="device_time", unit="nanoseconds",
+                                      profile_name="device")  # fmt: skip
+                expected = xla_host._graphs_one_by_one(events.paths, per_window,
+                                                       len(per_window), template)  # fmt: skip
+                for graph, (start, _) in zip(expected, windows or [(0, 0)], strict=True):
+                    graph.time_nanos = max(start, 17) if windows is not None else 17
+                assert [_shape(g) for g in got] == [_shape(g) for g in expected]
+                built += sum(g.node_count for g in got)
+    assert built > 500
+
+
+def _reference_sums(events: xla_host.XlaEvents, windows: Any) -> np.ndarray:
+    """Each window's time per path, the plain way (overlap added to the path, taken from
+    its parent's path)."""
+    spans = windows if windows is not None else [(-(1 << 62), 1 << 62)]
+    out = np.zeros((len(spans), len(events.paths)))
+    for i in range(len(events)):
+        for w, (lo, hi) in enumerate(spans):
+            part = min(int(events.end[i]), hi) - max(int(events.start[i]), lo)
+            if part > 0:
+                out[w, events.path_index[i]] += part
+                if events.parent[i] >= 0:
+                    out[w, events.path_index[events.parent[i]]] -= part
+    return out

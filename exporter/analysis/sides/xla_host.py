@@ -37,6 +37,8 @@ from exporter.profiles.event_stats import (
     read_stat_events,
 )
 from exporter.profiles.flamegraph import FlameGraph
+from exporter.profiles.frames import FrameLabel
+from exporter.profiles.tree_graphs import graphs_by_frame
 from exporter.profiles.xplane import Capture
 from exporter.profiles.xspace import Plane, compiled_core, line_header, read_line
 
@@ -380,16 +382,37 @@ def graphs(
             np.concatenate(keys), weights=np.concatenate(weights), minlength=n_windows * n_paths
         )
     per_window = total.reshape(n_windows, n_paths)
+    template = FlameGraph(sample_type="device_time", unit="nanoseconds", profile_name="device")
+    wins, found = np.nonzero(per_window > 0)  # by window, then path: the order frames come
+    ns = np.round(per_window[wins, found])  # half to even, as round() does
+    # Totals past int64 ns (the builder's are int64), or a float residue that rounds to 0
+    # (a frame of no time, which add() makes and the builder leaves out): only hostile
+    # input, a value at a time.
+    if len(ns) and (float(ns.sum()) >= _INT64 or ns.min() < 1):
+        out = _graphs_one_by_one(events.paths, per_window, n_windows, template)
+    else:
+        # Each path a node below the root (its frames the path's labels), its time per
+        # window the node's: the frame builder makes each window's frames once, in the
+        # order FlameGraph.add would (by path, ancestors first), with the same totals.
+        parent = [-1] + [0] * n_paths
+        tuple_of = [-1, *range(n_paths)]
+        labels = [tuple(FrameLabel(name) for name in path) for path in events.paths]
+        values = (found.astype(np.int64) + 1, wins.astype(np.int64), ns.astype(np.int64))
+        out = graphs_by_frame(parent, tuple_of, labels, template, values, n_windows)
+    for graph, (lo, _) in zip(out, spans, strict=True):
+        graph.time_nanos = max(lo, time_nanos) if windows is not None else time_nanos
+    return out
+
+
+def _graphs_one_by_one(
+    paths: list[tuple[str, ...]], per_window: np.ndarray, n_windows: int, template: FlameGraph
+) -> list[FlameGraph]:
+    """:func:`graphs`' frames added a path at a time (for sums past int64 ns)."""
     out = []
-    for w, (lo, _) in enumerate(spans):
-        graph = FlameGraph(
-            sample_type="device_time",
-            unit="nanoseconds",
-            profile_name="device",
-            time_nanos=max(lo, time_nanos) if windows is not None else time_nanos,
-        )
+    for w in range(n_windows):
+        graph = template.copy()
         row = per_window[w]
         for index in np.flatnonzero(row > 0).tolist():
-            graph.add(events.paths[index], round(float(row[index])))
+            graph.add(paths[index], round(float(row[index])))
         out.append(graph)
     return out
