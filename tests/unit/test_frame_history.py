@@ -31,11 +31,12 @@ def capture(
     extra: dict[str, float] | None = None,
     phase: tuple[str, float] | None = None,
     slower: float = 1.0,
+    jitter: float = 0.03,
 ) -> Side:
     """One process: ``ops`` under ``jit_step`` (ns per step), each moved by its own
     log-normal factor (``wobble``) and the machine's speed; ``extra``: ns per step added
     to an op; ``phase``: a frame beside the program, (name, ns per step); ``slower``: the
-    machine's speed divided by this."""
+    machine's speed divided by this; ``jitter``: each step's own wobble."""
     rng = random.Random(seed)
     speed = rng.uniform(0.7, 1.5) * slower
     moved = {op: rng.lognormvariate(0, wobble) for op in ops}
@@ -44,9 +45,9 @@ def capture(
         graph = FlameGraph(sample_type="device_time", unit="nanoseconds")
         for op, ns in ops.items():
             value = (ns * moved[op] + (extra or {}).get(op, 0.0)) * speed
-            graph.add(["jit_step", op], round(value * (1 + rng.uniform(-0.03, 0.03))))
+            graph.add(["jit_step", op], round(value * (1 + rng.uniform(-jitter, jitter))))
         if phase is not None:
-            graph.add([phase[0]], round(phase[1] * speed * (1 + rng.uniform(-0.03, 0.03))))
+            graph.add([phase[0]], round(phase[1] * speed * (1 + rng.uniform(-jitter, jitter))))
         graphs.append(graph)
     whole = FlameGraph(sample_type="device_time", unit="nanoseconds")
     for g in graphs:
@@ -234,3 +235,18 @@ def test_a_change_between_machines_of_other_speeds_is_named_both_ways(seed: int)
     assert ("fusion.2", "self") in verdicts(reverse.improvements)
     named = next(e for e in reverse.improvements if e.frame.name == "fusion.2")
     assert named.head_ms > named.base_ms and named.excess_ms < 0  # more ms, beaten scale
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_capture_a_side_judges_both_orientations_alike(seed: int) -> None:
+    """New work of 1.008 % of the step, just past the device view's 1 % floor. As a share
+    of the base step alone, read backwards (removed work) the base is the side with the
+    work, whose longer step made it 0.998 %: named forward, not backward. The floors are
+    now judged against the geometric mean of both sides' steps."""
+    base = capture(10 * seed, wobble=0.0, jitter=0.001)
+    added = capture(10 * seed + 1, wobble=0.0, jitter=0.001, phase=("jit_extra", 0.1008e6))
+    forward, reverse = compare_sides(base, added), compare_sides(added, base)
+    assert ("jit_extra", "self") in verdicts(forward.regressions)
+    assert ("jit_extra", "self") in verdicts(reverse.improvements)
+    shown = next(e for e in forward.regressions if e.frame.name == "jit_extra")
+    assert shown.step_pct == pytest.approx(1.008, abs=0.01)  # still a share of the base step

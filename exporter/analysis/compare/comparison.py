@@ -827,7 +827,18 @@ def compare_sides(
 
     scale = scale_of(bs, hs) if per_step and base_step_ns > 0 else None
     s = scale if scale is not None else 1.0
-    expected_step = s * base_step_ns
+    expected_step = s * base_step_ns  # what step_pct shows a share of
+    # What the floors are judged against: the geometric mean of the base step at the
+    # head's speed and the head's own, so that read backwards a change is the same
+    # share, negated. Of the base step alone, a loop grown by 10 % of the step was a
+    # verdict in 20 % of comparisons forward and none backward at one capture a side
+    # (the grown side's longer step made its share smaller; bench/frame_history.py).
+    head_step_ns = float(np.median(head.step_ns)) if per_step and head.step_ns else 0.0
+    if step is not None and step.head_median_ms is not None:
+        head_step_ns = step.head_median_ms * 1e6
+    judged_step = expected_step
+    if expected_step > 0 and head_step_ns > 0:
+        judged_step = math.sqrt(expected_step * head_step_ns)
     # Excess per frame and basis: head minus the base scaled to the head's speed.
     ex_self, ex_total = hs - s * bs, ht - s * bt
     # A total is the sum of its frames less its waits: a program's own excess.
@@ -850,7 +861,7 @@ def compare_sides(
         # Only frames that could be large are tested: the others cannot be regressions,
         # and testing them would weaken the correction across frames.
         def could(excess: np.ndarray) -> np.ndarray:
-            rows = np.flatnonzero(np.abs(excess) / expected_step * 100 >= small)
+            rows = np.flatnonzero(np.abs(excess) / judged_step * 100 >= small)
             return rows[~waits[rows] & (rows > 0)]
 
         eligible_self, eligible_total = could(ex_self), could(ex_total)
@@ -877,7 +888,7 @@ def compare_sides(
             # op's rest, made them look faster, and an op beside it was a verdict in 10
             # of 48 comparisons at 4 captures a side (0 set aside; bench/frame_history.py).
             called = result.q_values[: len(eligible_self)] < noise.FDR_ALPHA
-            big = np.abs(ex_self[eligible_self]) / expected_step * 100 >= small
+            big = np.abs(ex_self[eligible_self]) / judged_step * 100 >= small
             changed = np.zeros(len(tree.frames), bool)
             changed[eligible_self[called & big]] = True
             if changed.any():
@@ -948,6 +959,7 @@ def compare_sides(
         # A thread's (or a wait's) total is no work of its own: its frames are judged.
         wait = bool(waits[i]) and (basis == "self" or len(frame.stack()) <= 2)
         step_pct = 100 * excess / expected_step if expected_step > 0 else 0.0
+        judged_pct = 100 * excess / judged_step if judged_step > 0 else 0.0
         if per_step:
             significant = bool(verdict_possible and test is not None and test[1] < noise.FDR_ALPHA)
             sign = 1.0 if excess > 0 else -1.0
@@ -973,7 +985,7 @@ def compare_sides(
             # orientations alike").
             large = bool(
                 not wait
-                and sign * step_pct >= floor_pct
+                and sign * judged_pct >= floor_pct
                 and (ratio is None or abs(math.log(ratio)) >= math.log1p(noise.MIN_RELATIVE_CHANGE))
                 and (test is None or sign * test[2] > 0)
             )
