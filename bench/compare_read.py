@@ -16,8 +16,9 @@ processes taken in turn (CPU seconds of the read in process, median of ``--repea
   ``split`` rule's Python loop (the twin of ``_treegraphs.split``), segments' nodes
   and their self time split across the windows in numpy (``FrameTree.assign``,
   ``nesting.window_self``), a CPU capture's XLA events read through protobuf
-  (``xla_host``'s twin), graphs built node by node per window (``graphs_by_node``, kept
-  as the reference) and the whole
+  (``xla_host``'s twin), an op's frame labels made for each op, graphs built node by
+  node per window (``graphs_by_node``, kept as the reference; the CPU device view's
+  too) and the whole
   graph merged from every window's graph, or past 200 steps (cycles sampled) a
   whole-capture conversion and a second pass for the sampled cycles;
 - ``whole``: the compiled whole-capture conversion of the same file (device and host
@@ -64,6 +65,17 @@ def _before() -> None:
     nesting._compiled_window_self = None  # self time per window in numpy (its twin)
     xplane.segment_nodes = lambda *_: None  # type: ignore[assignment]  # assign's numpy
     xla_host._column_rows = xla_host._parsed_rows  # a CPU capture's XLA events by protobuf
+    xla_host.graphs_by_frame = tree_graphs.graphs_by_node  # type: ignore[assignment]
+
+    def op_tuple(self: Any, info: Any, program: Any, outer: Any) -> int:
+        key = (info, program, outer)  # an op's labels made for each op, as they were
+        found: int | None = self._op_tuples.get(key)
+        if found is None:
+            names = xplane._op_labels(info, program, outer)
+            found = self._op_tuples[key] = self.tuple_id(tuple(map(xplane.FrameLabel, names)))
+        return found
+
+    xplane.FrameTree.op_tuple = op_tuple  # type: ignore[method-assign]
     windowed = steps.windowed_flamegraphs
 
     def read(capture: Any, kind: Any, cycles: Any) -> tuple[Any, list[Any]]:
