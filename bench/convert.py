@@ -15,7 +15,15 @@ that XProf's own tools read. For each size, in fresh child processes:
 Then two real JAX CPU captures (``tests/integration/analysis_workload.py compute``, a few
 thousand host events, and ``bench/python_traced_workload.py``, ~47k with the Python
 tracer on): ``mlprof flamegraph --kind host`` as a whole process against XProf's
-``trace_viewer`` as a whole process, taken in turn, wall and CPU.
+``trace_viewer`` as a whole process (the interpreter, its import and the conversion,
+nothing else), taken in turn, wall and CPU, with the start-up floors of the same run: the
+bare interpreter and ``import numpy`` (one OpenBLAS thread, as the CLI runs it), which
+the host graph's decoder and nesting need.
+
+Child processes compile each module once into a private bytecode cache, as an installed
+package has its ``.pyc`` files: this tree runs with ``PYTHONDONTWRITEBYTECODE=1``, so a
+module edited since its ``.pyc`` was written would otherwise be compiled again in every
+measured process (10 ms for ``xplane.py``). Each figure's first process is a warm-up.
 
 Every figure prints with its ratio to XProf measured in the same run. Targets: at least
 3M events/s in process on the large capture, faster than XProf's ``op_profile``; issue
@@ -24,7 +32,7 @@ processes), the real capture's host graph CLI faster than ``trace_viewer``.
 
     .venv/bin/python bench/convert.py            # both sizes and the real capture, minutes
     .venv/bin/python bench/convert.py --quick    # the small size only, seconds
-    .venv/bin/python bench/convert.py --real     # the real captures only (issue 33)
+    .venv/bin/python bench/convert.py --real --repeat 15   # the real captures only (issue 33)
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +55,13 @@ TARGET_EVENTS_PER_S = 3_000_000
 TARGET_CLI_VS_OP_PROFILE = 0.1  # issue 20: whole-process CPU, large capture
 SIZES = {"small": 47_000, "large": 2_000_000}
 XPROF_TOOLS = ("op_profile", "trace_viewer")
+# XProf's converter as a whole process: the interpreter, its import, one tool.
+_XPROF_PROCESS = """import sys
+from xprof.convert import raw_to_tool_data
+options = {"use_saved_result": False}
+data, _ = raw_to_tool_data.xspace_to_tool_data([sys.argv[1]], sys.argv[2], options)
+sys.exit(0 if data else "xprof produced no data")
+"""
 
 
 def _status_mib(field: str) -> float:
@@ -126,17 +142,29 @@ def _child(args: list[str], env: dict[str, str] | None = None) -> dict[str, floa
     return out
 
 
-def _cli(path: Path, out: Path, *extra: str) -> tuple[float, float]:
-    """(CPU seconds (user + sys), wall seconds) of a whole ``mlprof flamegraph`` process."""
+def _process(args: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(CPU seconds (user + sys), wall seconds) of a whole ``python ARGS`` process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "flamegraph", str(path), "-o", str(out), *extra],
-        check=True, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [sys.executable, *args], check=True, capture_output=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )  # fmt: skip
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def _cli(path: Path, out: Path, *extra: str) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of a whole ``mlprof flamegraph`` process."""
+    return _process(["-m", "exporter.cli", "flamegraph", str(path), "-o", str(out), *extra])
+
+
+def _xprof_process(path: Path, tool: str, tmp: Path) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of XProf's ``tool`` on a copy of ``path``, a whole process."""
+    copy = Path(tempfile.mkdtemp(dir=tmp)) / path.name  # a fresh dir: XProf caches beside it
+    shutil.copy(path, copy)
+    return _process(["-c", _XPROF_PROCESS, str(copy), tool])
 
 
 def _cli_cpu(path: Path, out: Path) -> float:
@@ -176,6 +204,7 @@ def bench_size(name: str, events: int, repeat: int, tmp: Path) -> bool:
     ours = runs[0]
     rate = ours["events"] / cpu  # CPU time: the wall clock of a shared machine lies
     growth = max(r["peak_rss_mib"] - r["baseline_rss_mib"] for r in runs)
+    _cli(path, tmp / name / "out.folded")  # warm-up: the bytecode cache
     cli = statistics.median(_cli_cpu(path, tmp / name / "out.folded") for _ in range(repeat))
     pure = [_child(["mlprof", str(path)], {"MLPROF_DECODER": "python"}) for _ in range(repeat)]
     pure_cpu = statistics.median(r["cpu_seconds"] for r in pure)
@@ -234,31 +263,37 @@ def _real_capture(script: str, args: list[str]) -> Path:
 
 def bench_real_cpu_capture(name: str, path: Path, repeat: int, tmp: Path) -> bool:
     """The host graph CLI on a real JAX CPU capture against XProf's ``trace_viewer``,
-    both whole processes, taken in turn (a shared machine's load drifts over both)."""
+    both whole processes, and the start-up floors, taken in turn (a shared machine's load
+    drifts over all of them); the first round is a warm-up."""
     ours = _child(["mlprof", str(path)])
     print(
         f"\n[real JAX CPU capture: {name}] {ours['events']:,.0f} events, "
         f"{path.stat().st_size / 2**10:.0f} KiB"
     )
-    runs, refs = [], []
-    for i in range(repeat):
-        runs.append(_cli(path, tmp / "real.folded", "--kind", "host"))
-        copy = tmp / f"real-xprof-{name}-{i}" / path.name  # a fresh dir: XProf caches beside it
-        copy.parent.mkdir(parents=True)
-        shutil.copy(path, copy)
-        refs.append(_child(["xprof", str(copy), "trace_viewer"]))
-    cli_cpu = statistics.median(r[0] for r in runs)
-    cli_wall = statistics.median(r[1] for r in runs)
-    ref_wall = statistics.median(r["process_seconds"] for r in refs)
-    ref_cpu = statistics.median(r["process_cpu_seconds"] for r in refs)
-    print(
-        f"mlprof flamegraph --kind host: {cli_wall:.3f}s wall, {cli_cpu:.3f}s CPU (whole "
-        f"process, median of {repeat})"
-    )
-    print(
-        f"xprof trace_viewer          : {ref_wall:.3f}s wall, {ref_cpu:.3f}s CPU (whole "
-        f"process); mlprof/xprof wall {cli_wall / ref_wall:.2f}, CPU {cli_cpu / ref_cpu:.2f}"
-    )
+    processes: dict[str, Callable[[], tuple[float, float]]] = {
+        "mlprof flamegraph --kind host": lambda: _cli(path, tmp / "real.folded", "--kind", "host"),
+        "xprof trace_viewer": lambda: _xprof_process(path, "trace_viewer", tmp),
+        "floor: python -c pass": lambda: _process(["-c", "pass"]),
+        "floor: import numpy": lambda: _process(
+            ["-c", "import numpy"], {"OPENBLAS_NUM_THREADS": "1"}
+        ),
+    }
+    runs: dict[str, list[tuple[float, float]]] = {label: [] for label in processes}
+    for i in range(repeat + 1):
+        for label, run in processes.items():
+            measured = run()
+            if i:
+                runs[label].append(measured)
+    ref_cpu = statistics.median(cpu for cpu, _ in runs["xprof trace_viewer"])
+    ref_wall = statistics.median(wall for _, wall in runs["xprof trace_viewer"])
+    for label, figures in runs.items():
+        cpu = statistics.median(c for c, _ in figures)
+        wall = statistics.median(w for _, w in figures)
+        print(
+            f"{label:<29}: {wall:.3f}s wall, {cpu:.3f}s CPU (whole process, median of "
+            f"{repeat}); /trace_viewer wall {wall / ref_wall:.2f}, CPU {cpu / ref_cpu:.2f}"
+        )
+    cli_wall = statistics.median(wall for _, wall in runs["mlprof flamegraph --kind host"])
     return cli_wall < ref_wall
 
 
@@ -289,6 +324,9 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     sizes = {"small": SIZES["small"]} if args.quick else {} if args.real else SIZES
     with tempfile.TemporaryDirectory(prefix="mlprof-bench-") as tmp:
+        # Read by the children only (this process read both at its start).
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "bytecode")
         verdicts = [bench_size(n, e, args.repeat, Path(tmp)) for n, e in sizes.items()]
         if not args.quick:
             verdicts += bench_real_cpu_captures(args.repeat, Path(tmp))

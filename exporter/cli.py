@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+# What only the sidecar commands use (logging, subprocess, shutil, signal, threading,
+# the schema's hashlib and json) is imported in them: ``mlprof flamegraph``'s process
+# on a small capture is mostly start-up (tests/unit/test_flamegraph_startup.py holds it).
 import contextlib
-import logging
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,11 +15,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from exporter import __version__, schema
+from exporter import __version__
 from exporter.cli_output import check_output, write_output
 from exporter.errors import ConfigError, InputError, MlprofError
 
 if TYPE_CHECKING:  # settings (pydantic) load when a command needs them, not at start-up
+    import subprocess
+
     from exporter.config import Settings
     from exporter.profiles.pprof import InflateLimits
 
@@ -91,6 +91,8 @@ def _settings(config_file: Path | None, **overrides: Any) -> Settings:
 
 
 def _configure_logging(level: str) -> None:
+    import logging
+
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -184,6 +186,8 @@ def serve(
     config_file: Path | None, listen: str | None, shared_dir: str | None, store: str | None
 ) -> None:
     """Run the sidecar: /metrics, health, API, and background collection."""
+    import logging
+
     settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
     _configure_logging(settings.log_level)
     _check_startup(settings, config_file, listen=listen, shared_dir=shared_dir, store=store)
@@ -216,6 +220,11 @@ def demo(
     steps: int,
 ) -> None:
     """Run the demo JAX workload and the sidecar together with embedded defaults."""
+    import subprocess
+    import threading
+
+    from exporter import schema
+
     settings = _settings(config_file, listen=listen, shared_dir=shared_dir, store=store)
     _check_startup(settings, config_file, listen=listen, shared_dir=shared_dir, store=store)
     from exporter.demo.first_step import FirstStep
@@ -310,6 +319,8 @@ def _mlprof_command() -> str:
     ``make demo`` runs ``.venv/bin/mlprof`` without activating the venv: a printed
     ``mlprof capture`` would answer "command not found".
     """
+    import shutil
+
     mine = Path(sys.executable).parent / "mlprof"
     if not mine.is_file():
         return f"{sys.executable} -m exporter.cli"
@@ -353,6 +364,9 @@ def _stop_workload(workload: subprocess.Popen[bytes]) -> None:
     10 s grace): the demo forwards the signal at once, and the workload finishes its
     step and writes its end record.
     """
+    import signal
+    import subprocess
+
     for sig, grace_s in ((signal.SIGINT, 10.0), (signal.SIGTERM, 30.0)):
         if workload.poll() is not None:
             return
@@ -516,6 +530,7 @@ def _live_step_logs(shared_dir: Path) -> list[str]:
 
     The SDK's heartbeat is its step log's modification time, as local discovery reads it.
     """
+    from exporter import schema
     from exporter.capture.targets import LIVE_HEARTBEAT_S
 
     now = time.time()
@@ -549,6 +564,9 @@ def _live_step_logs(shared_dir: Path) -> list[str]:
 )  # fmt: skip
 def fake_tpu(chips: int | None, listen: str, script_file: Path | None, basic: bool) -> None:
     """Serve libtpu's runtime-metrics gRPC service with scripted values (no TPU needed)."""
+    import signal
+    import threading
+
     from exporter.faketpu import BASIC_METRICS, FakeTpuRuntime, default_script, load_script
 
     script = load_script(script_file, chips) if script_file else default_script(chips or 4)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -605,6 +604,8 @@ def load_capture(path: Path) -> Capture:
 
 def _merged(path: Path) -> BinaryIO:
     """``path``'s records merged into one XSpace, in an unnamed temporary file."""
+    import tempfile  # here, as riegeli: it loads shutil, random and the compressors
+
     from exporter.profiles import riegeli
 
     merged = tempfile.TemporaryFile(prefix="mlprof-xspace-")  # noqa: SIM115 (the caller closes it)
