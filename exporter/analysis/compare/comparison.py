@@ -569,7 +569,7 @@ def _step_verdict(
                            replicates=shape)  # fmt: skip
     if sum(shape) >= 3 and all(len(g) for g in [*base_groups, *head_groups]):
         earlier = history if history is not None and len(history) >= noise.MIN_HISTORY else ()
-        return _replicate_step_verdict(base_groups, head_groups, earlier)
+        return _replicate_step_verdict(base_groups, head_groups, earlier, noise_pct)
     b, h = np.asarray(base_ns, float), np.asarray(head_ns, float)
     b_med, h_med = float(np.median(b)), float(np.median(h))
     if b_med <= 0 or h_med <= 0:
@@ -617,10 +617,12 @@ def _replicate_step_verdict(
     base_groups: Sequence[Sequence[int]],
     head_groups: Sequence[Sequence[int]],
     history: Sequence[float] = (),
+    floor_pct: float = 0.0,
 ) -> StepVerdict:
     """Student's t on the captures' log median steps (see the module doc); ``history``:
     earlier runs' median steps, whose spread joins the captures' (pooled, N - 1 more
-    degrees of freedom)."""
+    degrees of freedom). Below :data:`~exporter.analysis.compare.noise.MIN_STEP_DF`
+    degrees of freedom a verdict must also pass ``floor_pct``, the one-capture floor."""
     mb, wb = _log_median_within(base_groups)
     mh, wh = _log_median_within(head_groups)
     nb, nh = len(mb), len(mh)
@@ -634,8 +636,12 @@ def _replicate_step_verdict(
     detectable = max(
         100 * math.expm1(student_t_critical(noise.FDR_ALPHA, df) * se), noise.MIN_STEP_CHANGE_PCT
     )
+    least = noise.MIN_STEP_CHANGE_PCT
+    if df < noise.MIN_STEP_DF:
+        least = max(least, floor_pct)
+        detectable = max(detectable, floor_pct)
     verdict: Verdict = "unchanged"
-    if p < noise.FDR_ALPHA and abs(d) >= math.log1p(noise.MIN_STEP_CHANGE_PCT / 100):
+    if p < noise.FDR_ALPHA and abs(d) >= math.log1p(least / 100):
         verdict = "slower" if d > 0 else "faster"
     b_ms, h_ms = math.exp(float(mb.mean())) / 1e6, math.exp(float(mh.mean())) / 1e6
     return StepVerdict(
@@ -646,7 +652,13 @@ def _replicate_step_verdict(
         round(detectable, 2),
         f"measured between the {nb} + {nh} captures"
         + (f" and {len(earlier)} earlier runs" if len(earlier) else "")
-        + " (Student's t on their log median steps)",
+        + " (Student's t on their log median steps"
+        + (
+            f"; with {df} degrees of freedom, also beyond the one-capture floor"
+            if df < noise.MIN_STEP_DF
+            else ""
+        )
+        + ")",
         verdict,
         None,
         replicates=(nb, nh),

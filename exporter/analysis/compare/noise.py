@@ -64,6 +64,7 @@ __all__ = [
     "MIN_RELATIVE_CHANGE",
     "MIN_STEPS",
     "MIN_STEP_CHANGE_PCT",
+    "MIN_STEP_DF",
     "REPLICATE_MIN_STEP_PCT",
     "SHARE_NOISE_FLOOR_PTS",
     "STEP_NOISE_PCT",
@@ -131,6 +132,13 @@ STEP_NOISE_SOURCE: Final = {
 # says: captures that agree to 0.1 % make a 0.5 % change significant, and no reader acts
 # on it. A choice, not a measurement.
 MIN_STEP_CHANGE_PCT: Final = 1.0
+# With replicates, the fewest degrees of freedom for Student's t on the step alone;
+# below, a step verdict must also pass the one-capture floor (STEP_NOISE_PCT or the
+# history's). Process speeds on a shared machine are bimodal (a busy or a quiet spell),
+# which the t test on 2 + 2 log medians does not expect: 14 of 240 orientations of
+# unchanged 2 + 2 comparisons were "slower" or "faster" (5.8 %; bench/detection.py,
+# /tmp/det6-grown5, 40 unchanged transformer captures at load 2-7), none with the floor.
+MIN_STEP_DF: Final = 4
 # With replicates, the smallest excess (% of the step) of work that grew for a frame's
 # verdict: the between-capture test decides above it. bench/detection.py (transformer,
 # changes of a fixed size in every capture, load 10-33, both orientations,
