@@ -79,10 +79,12 @@ def test_steps_rise_and_duty_cycle_falls_when_input_slows(
         what="a high duty cycle at full speed",
     )
     (shared / "demo-input-delay").write_text("0.3")
+    # Below 0.35 and below what full speed showed: on a loaded machine full speed itself
+    # read 0.35 (CI: the same 0.3499 was taken for both, before the knob took effect).
     slow = wait_until(
         lambda: (
             (d := scrape(f"{url}/metrics").get("accelerator_duty_cycle")) is not None
-            and d < 0.35
+            and d < min(0.35, 0.8 * fast)
             and d
         ),
         timeout=60,
