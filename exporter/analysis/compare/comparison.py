@@ -1082,7 +1082,7 @@ def compare_sides(
     if per_step and not measured:
         notes.append(
             "one capture a side: no measured between-run noise, fixed floors stand in for it "
-            "(give several captures a side, or 3 or more earlier runs as history, to measure it)"
+            "(give several captures a side, or 8 or more earlier runs as history, to measure it)"
         )
     comparison = Comparison(
         base.kind,
@@ -1368,7 +1368,7 @@ def _min_detectable(
             "frame_excess_ms": round(frame_pct / 100 * expected_step_ns / 1e6, 4),
             "basis": "one capture a side: the fixed floors of the "
             f"{view} view stand in for the unmeasured between-run noise; give 2 or more "
-            "captures a side (or 3 or more earlier runs as history) to measure it",
+            "captures a side (or 8 or more earlier runs as history) to measure it",
         }
         return out
     df = nb + nh - 2 + max(len(earlier) - 1, 0)
