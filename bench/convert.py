@@ -17,8 +17,9 @@ thousand host events, and ``bench/python_traced_workload.py``, ~47k with the Pyt
 tracer on): ``mlprof flamegraph --kind host`` as a whole process against XProf's
 ``trace_viewer`` as a whole process (the interpreter, its import and the conversion,
 nothing else), taken in turn, wall and CPU, with the start-up floors of the same run: the
-bare interpreter and ``import numpy`` (one OpenBLAS thread, as the CLI runs it), which
-the host graph's decoder and nesting need.
+bare interpreter, ``import numpy`` (one OpenBLAS thread, as the CLI runs it; the host
+graph's columns and nesting are numpy arrays) and that plus click and the XSpace schema
+(protobuf parses a plane's metadata): the libraries the command cannot start without.
 
 Child processes compile each module once into a private bytecode cache, as an installed
 package has its ``.pyc`` files: this tree runs with ``PYTHONDONTWRITEBYTECODE=1``, so a
@@ -270,12 +271,14 @@ def bench_real_cpu_capture(name: str, path: Path, repeat: int, tmp: Path) -> boo
         f"\n[real JAX CPU capture: {name}] {ours['events']:,.0f} events, "
         f"{path.stat().st_size / 2**10:.0f} KiB"
     )
+    one_blas_thread = {"OPENBLAS_NUM_THREADS": "1"}  # as the CLI imports numpy
     processes: dict[str, Callable[[], tuple[float, float]]] = {
         "mlprof flamegraph --kind host": lambda: _cli(path, tmp / "real.folded", "--kind", "host"),
         "xprof trace_viewer": lambda: _xprof_process(path, "trace_viewer", tmp),
         "floor: python -c pass": lambda: _process(["-c", "pass"]),
-        "floor: import numpy": lambda: _process(
-            ["-c", "import numpy"], {"OPENBLAS_NUM_THREADS": "1"}
+        "floor: import numpy": lambda: _process(["-c", "import numpy"], one_blas_thread),
+        "floor: + click, xplane_pb2": lambda: _process(
+            ["-c", "import numpy, click, exporter.proto.xplane_pb2"], one_blas_thread
         ),
     }
     runs: dict[str, list[tuple[float, float]]] = {label: [] for label in processes}
