@@ -4,7 +4,9 @@ A compare (and a replicate comparison reads 8 or more captures a side) decodes e
 capture once into the step view's sides: device and host, each a whole graph and one
 graph per step cycle (``exporter.analysis.sides.load.capture_side``, as
 ``_decode_capture_kinds`` calls it, the side cache aside). Measured, in fresh child
-processes taken in turn (CPU seconds of the read in process, median of ``--repeat``):
+processes taken in turn (CPU seconds of the read in process, median of ``--repeat``),
+each with glibc keeping freed blocks as ``mlprof compare`` runs (``exporter.heap``;
+``MLPROF_MALLOC=default`` measures with glibc's defaults):
 
 - ``now``: the product as it is: per-step graphs built frame by frame for all windows
   at once (``exporter.profiles.tree_graphs.graphs_by_frame``), the whole graph as the
@@ -98,7 +100,10 @@ def worker(mode: str, path: Path) -> dict[str, float]:
     """One read in this fresh process (imports and a first read before the clock)."""
     sys.path.insert(0, str(ROOT))
     from exporter.analysis.sides.load import capture_side
+    from exporter.heap import keep_freed_memory
     from exporter.profiles.xplane import device_flamegraph, host_flamegraph, load_capture
+
+    keep_freed_memory()  # as `mlprof compare` does (exporter.heap), every mode alike
 
     if mode == "before":
         _before()

@@ -204,11 +204,11 @@ static PyObject *make(PyObject *self, PyObject *args) {
             if (ok) {
                 value = PyLong_FromLongLong(own[i]);
                 ok = value != NULL && put(&slots, SELF_VALUE, obj, value) == 0;
-                Py_XDECREF(value);
-            }
-            if (ok) {
-                value = PyLong_FromLongLong(total[i]);
-                ok = value != NULL && put(&slots, TOTAL, obj, value) == 0;
+                if (ok && total[i] != own[i]) {  /* a leaf's total is its self: one int */
+                    Py_DECREF(value);
+                    value = PyLong_FromLongLong(total[i]);
+                }
+                ok = ok && value != NULL && put(&slots, TOTAL, obj, value) == 0;
                 Py_XDECREF(value);
             }
             if (ok && frame[i] == 0) {  /* a root's children: alive as long as the root */
