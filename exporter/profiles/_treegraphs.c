@@ -276,10 +276,10 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     Py_ssize_t lens[5];
     int got = 0;
     PyObject *result = NULL;
-    Entry *entries = NULL, *sorted_entries = NULL;
+    Entry *entries = NULL;
     Py_ssize_t *per_window = NULL;
     int64_t *made_in = NULL, *row_of = NULL, *chain = NULL;
-    int64_t *cols[5] = {NULL};  /* window, frame, own, total, parent of each row */
+    int64_t *cols[5];  /* window, frame, own, total, parent of each row: the result's */
     for (got = 0; got < 5; got++) {
         if (int64_view(objs[got], &views[got], &lens[got]) < 0) goto done;
     }
@@ -302,37 +302,36 @@ static PyObject *rows(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    entries = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Entry));
-    sorted_entries = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Entry));
     per_window = PyMem_Calloc((size_t)count + 1, sizeof(Py_ssize_t));
     made_in = PyMem_Malloc((size_t)(n_frames ? n_frames : 1) * sizeof(int64_t));
     row_of = PyMem_Malloc((size_t)(n_frames ? n_frames : 1) * sizeof(int64_t));
     chain = PyMem_Malloc((size_t)(n_frames ? n_frames : 1) * sizeof(int64_t));
-    if (!entries || !sorted_entries || !per_window || !made_in || !row_of || !chain) {
+    if (!per_window || !made_in || !row_of || !chain) {
         PyErr_NoMemory();
         goto done;
     }
+    /* Windows in order (a stable counting sort: values come node by node, so each
+     * window's nodes are in order already), nodes in order in each (sorted where they are
+     * not; equal pairs add to one frame). Values without time have no frame of their own
+     * (as the twin keeps ns > 0). */
     Py_ssize_t m = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (ns[i] <= 0) continue;  /* no time: no frame of its own (as the twin keeps ns > 0) */
+        if (ns[i] <= 0) continue;
         if (node[i] < 0 || node[i] >= n_nodes || window[i] < 0 || window[i] >= count) {
             PyErr_SetString(PyExc_ValueError, "rows: a node or window out of range");
             goto done;
         }
-        entries[m].window = window[i];
-        entries[m].node = node[i];
-        entries[m].ns = ns[i];
+        per_window[window[i] + 1]++;
         m++;
     }
-    /* Windows in order (a stable counting sort: values come node by node, so each
-     * window's nodes are in order already), nodes in order in each (sorted where they are
-     * not; equal pairs add to one frame). */
-    for (Py_ssize_t i = 0; i < m; i++) per_window[entries[i].window + 1]++;
+    entries = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(Entry));
+    if (entries == NULL) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t w = 0; w < count; w++) per_window[w + 1] += per_window[w];
-    for (Py_ssize_t i = 0; i < m; i++) sorted_entries[per_window[entries[i].window]++] = entries[i];
-    Entry *swap = entries;
-    entries = sorted_entries;
-    sorted_entries = swap;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ns[i] <= 0) continue;
+        Entry *at = &entries[per_window[window[i]]++];
+        at->window = window[i], at->node = node[i], at->ns = ns[i];
+    }
     for (Py_ssize_t lo = 0, hi; lo < m; lo = hi) {
         int in_order = 1;
         for (hi = lo + 1; hi < m && entries[hi].window == entries[lo].window; hi++) {
@@ -340,26 +339,27 @@ static PyObject *rows(PyObject *self, PyObject *args) {
         }
         if (!in_order) qsort(entries + lo, (size_t)(hi - lo), sizeof(Entry), by_window_node);
     }
+    /* The rows counted by one walk, then made by a second straight into the result. */
+    Py_ssize_t n_rows = 0;
     for (Py_ssize_t f = 0; f < n_frames; f++) made_in[f] = -1;
-    Py_ssize_t n_rows = 0, capacity = m + 16;
-    for (int c = 0; c < 5; c++) {
-        cols[c] = PyMem_Malloc((size_t)capacity * sizeof(int64_t));
-        if (cols[c] == NULL) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int64_t w = entries[i].window;
+        for (int64_t g = frame_of[entries[i].node]; g >= 0 && made_in[g] != w; g = f_parent[g]) {
+            made_in[g] = w;
+            n_rows++;
+        }
     }
+    PyObject *out[5];
+    if (new_columns(out, 5, n_rows) < 0) goto done;
+    for (int c = 0; c < 5; c++) cols[c] = (int64_t *)PyBytes_AS_STRING(out[c]);
+    for (Py_ssize_t f = 0; f < n_frames; f++) made_in[f] = -1;
+    n_rows = 0;
     Py_ssize_t window_start = 0;
     for (Py_ssize_t i = 0; i < m; i++) {
         int64_t w = entries[i].window;
         int64_t f = frame_of[entries[i].node];
         Py_ssize_t k = 0;
         for (int64_t g = f; g >= 0 && made_in[g] != w; g = f_parent[g]) chain[k++] = g;
-        if (n_rows + k > capacity) {
-            while (n_rows + k > capacity) capacity *= 2;
-            for (int c = 0; c < 5; c++) {
-                int64_t *more = PyMem_Realloc(cols[c], (size_t)capacity * sizeof(int64_t));
-                if (more == NULL) { PyErr_NoMemory(); goto done; }
-                cols[c] = more;
-            }
-        }
         if (k && chain[k - 1] == 0) window_start = n_rows;  /* the window's root: its first row */
         while (k--) {
             int64_t g = chain[k];
@@ -386,14 +386,9 @@ static PyObject *rows(PyObject *self, PyObject *args) {
             }
         }
     }
-    PyObject *out[5];
-    if (new_columns(out, 5, n_rows) < 0) goto done;
-    for (int c = 0; c < 5; c++) memcpy(PyBytes_AS_STRING(out[c]), cols[c], (size_t)n_rows * 8);
     result = Py_BuildValue("(NNNNN)", out[0], out[1], out[2], out[3], out[4]);
 done:
-    for (int c = 0; c < 5; c++) PyMem_Free(cols[c]);
     PyMem_Free(entries);
-    PyMem_Free(sorted_entries);
     PyMem_Free(per_window);
     PyMem_Free(made_in);
     PyMem_Free(row_of);
