@@ -51,6 +51,7 @@ from exporter.profiles.event_stats import (
     KIND_BYTES,
     KIND_DOUBLE,
     KIND_NONE,
+    KIND_REF,
     KIND_STR,
     KIND_UINT64,
     StatEvents,
@@ -181,13 +182,13 @@ def _step_value(kind: int, bits: int, strings: list[str]) -> object:
     """A step_num stat's value as protobuf reads it, from its column (event_stats)."""
     if kind == KIND_DOUBLE:
         return struct.unpack("<d", struct.pack("<q", bits))[0]
-    if kind == KIND_UINT64:
+    if kind in (KIND_UINT64, KIND_REF):  # unsigned fields: their int64 bits past 2**63
         return bits + (1 << 64) if bits < 0 else bits
     if kind == KIND_STR:
         return strings[bits]
     if kind == KIND_BYTES:
         return b""  # not a number, as any bytes value
-    return bits  # int64, ref, or a stat without a value (0, as protobuf's default)
+    return bits  # int64, or a stat without a value (0, as protobuf's default)
 
 
 def _step_rows(pieces: Iterator[StatEvents]) -> list[tuple[int, int, int, object]]:

@@ -199,7 +199,7 @@ def _encoded_steps_capture() -> Capture:
     encodings: list[dict[str, object]] = [
         {"int64_value": 3}, {"uint64_value": 4}, {"double_value": 5.0}, {"double_value": 5.5},
         {"str_value": "6"}, {"str_value": "-7"}, {"str_value": "x8"}, {"bytes_value": b"9"},
-        {"ref_value": 10}, {}, {"uint64_value": (1 << 64) - 1},
+        {"ref_value": 10}, {}, {"uint64_value": (1 << 64) - 1}, {"ref_value": (1 << 64) - 2},
     ]  # fmt: skip
     for number, thread in enumerate(("python", "worker")):
         line = host.line(thread, line_id=number + 1, timestamp_ns=1_000 + number)
@@ -241,4 +241,4 @@ def test_host_steps_from_columns_are_the_event_by_event_reading(which: str) -> N
         (windows, source), names = found["compiled"]
         assert source == "host_step_annotations" and names == {"step", "train"}
         numbered = sorted({w.step for w in windows if w.step is not None})
-        assert numbered == [-7, 0, 3, 4, 5, 6, 10, 12, (1 << 64) - 1]
+        assert numbered == [-7, 0, 3, 4, 5, 6, 10, 12, (1 << 64) - 2, (1 << 64) - 1]
