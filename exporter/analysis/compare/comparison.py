@@ -120,6 +120,10 @@ MAX_CAPTURES_NAMED: Final = 64
 # min_detectable states a figure up to this (% of the step); above, null ("not with these
 # captures": 2 + 2 captures give the t test 2 degrees of freedom).
 BEYOND_REACH_PCT: Final = 1000.0
+# The share of a comparison's time in frames that every earlier run ran, below which the
+# history's spread is not used (a history from before ops were renamed speaks for few of
+# today's frames). A choice: the frames it does not cover are judged without it.
+HISTORY_MIN_COVERAGE: Final = 0.9
 # Between runs, subtrees holding more than this share of the work on both sides are not
 # judged against the rest of it (see compare_sides).
 MAJORITY_SHARE: Final = 0.5
@@ -762,6 +766,18 @@ def compare_sides(
             "named less than the floors do)"
         )
         earlier = []
+    history_values = _History.aligned(tree, earlier) if earlier else None
+    if history_values is not None:
+        # Only frames every earlier run ran have a spread there (renamed ops after a
+        # code change have none): most of the time compared must be such frames.
+        weight = tree.base_self.mean(axis=1) + tree.head_self.mean(axis=1)
+        held = float(weight[history_values.covered()].sum() / max(float(weight.sum()), 1e-300))
+        if held < HISTORY_MIN_COVERAGE:
+            notes.append(
+                f"the {len(earlier)} earlier runs ran the frames of only {100 * held:.0f} % of "
+                "this comparison's time (renamed ops, another build?): their spread is not used"
+            )
+            earlier, history_values = [], None
     # The frames' between-run noise is measured: by replicates, the history, or both.
     measured = replicated or bool(earlier and all(r.steps for r in [*base_reps, *head_reps]))
     if per_step and len(base_reps) + len(head_reps) >= 3 and not replicated:
@@ -891,7 +907,6 @@ def compare_sides(
             share = np.minimum(bt / max(work_b, 1e-300), ht / max(work_h, 1e-300))
             held = (share > MAJORITY_SHARE) & ~(new_total | gone_total)
             eligible_total = eligible_total[~held[eligible_total]]
-            history_values = _History.aligned(tree, earlier) if earlier else None
             between = _ReplicateValues(tree, base_reps, head_reps, work, history_values)
             heavy = work[bs[work] >= SCALE_MIN_WEIGHT * bs[work].sum()]
             result = between.tests(eligible_self, eligible_total)
@@ -1164,6 +1179,14 @@ class _History:
         self_m[found], total_m[found] = own.base_self[rows[found]], own.base_total[rows[found]]
         return cls(sides, self_m, total_m)
 
+    def covered(self) -> np.ndarray:
+        """Per row: whether every earlier capture ran the frame (its own time > 0)."""
+        bounds = np.cumsum([0, *(len(s.steps) for s in self.sides)])
+        means = np.stack(
+            [self.self_m[:, a:b].mean(axis=1) for a, b in itertools.pairwise(bounds)], axis=1
+        )
+        return np.asarray((means > 0).all(axis=1))
+
 
 def _holders(tree: AlignedTree, row: int) -> list[int]:
     """The rows of ``row``'s frame and of every frame holding it (the root included)."""
@@ -1294,15 +1317,28 @@ class _ReplicateValues:
             ls, ws = logged(self_m, means_s, rest_s / ref_s[:, None])
             lt, wt = logged(total_m, means_t, rest_t / ref_t[:, None])
             self.sides[name] = (ls, lt, ws, wt)
+        # The rows the earlier runs all ran: only there does their spread count.
+        everywhere = np.ones(len(tree.frames), bool)
+        self.covered_self, self.covered_total = everywhere, everywhere
+        if "history" in blocks:
+            _, _, _, hist_s, hist_t = blocks["history"]
+            self.covered_self = np.asarray((hist_s > 0).all(axis=1))
+            self.covered_total = np.asarray((hist_t > 0).all(axis=1))
 
-    def between_variances(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """Per row: the variance between captures of its log self time (both sides' and
-        the history's pooled), and its degrees of freedom."""
-        groups = [self.sides[name][0][rows] for name in ("base", "head", "history")
-                  if name in self.sides]  # fmt: skip
-        df = sum(g.shape[1] - 1 for g in groups)
-        squares = sum(((g - g.mean(axis=1, keepdims=True)) ** 2).sum(axis=1) for g in groups)
-        return np.asarray(squares) / max(df, 1), df
+    def between_variances(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: the variance between captures of its log self time (both sides' and,
+        where the earlier runs all ran it, the history's pooled), and its degrees of
+        freedom."""
+        df = np.zeros(len(rows), np.int64)
+        squares = np.zeros(len(rows))
+        for name in ("base", "head", "history"):
+            if name not in self.sides:
+                continue
+            g = self.sides[name][0][rows]
+            counts = self.covered_self[rows] if name == "history" else np.ones(len(rows), bool)
+            df += np.where(counts, max(g.shape[1] - 1, 0), 0)
+            squares += np.where(counts, ((g - g.mean(axis=1, keepdims=True)) ** 2).sum(axis=1), 0)
+        return squares / np.maximum(df, 1), df
 
     def tests(self, rows_self: np.ndarray, rows_total: np.ndarray) -> noise.RankTests:
         def stacked(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -1314,7 +1350,8 @@ class _ReplicateValues:
 
         (b, bw), (h, hw) = stacked("base"), stacked("head")
         earlier = stacked("history")[0] if "history" in self.sides else None
-        return noise.replicate_tests(b, h, bw, hw, earlier)
+        covered = np.concatenate([self.covered_self[rows_self], self.covered_total[rows_total]])
+        return noise.replicate_tests(b, h, bw, hw, earlier, covered)
 
     def spread(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per row: the between-capture standard deviation of its log time per step, and

@@ -239,6 +239,7 @@ def replicate_tests(
     base_within: np.ndarray,
     head_within: np.ndarray,
     history: np.ndarray | None = None,
+    covered: np.ndarray | None = None,
 ) -> RankTests:
     """Student's t per row between replicates (``base``/``head``: rows x captures of each
     capture's mean), BH across rows; ``*_within``: each capture's variance of its mean
@@ -246,7 +247,9 @@ def replicate_tests(
     ``history`` (rows x earlier runs, the same values of the workload's earlier
     captures): their spread joins the between-capture variance and its degrees of
     freedom, so that one capture a side can be judged against the workload's own
-    run-to-run noise.
+    run-to-run noise; only in the rows ``covered`` says the earlier runs all ran (a
+    frame they never ran has no spread there, not a zero one). A row left with no
+    degree of freedom is not tested (p = 1).
 
     ``effect`` is Cliff's delta between the captures' values, as :func:`rank_tests`'s is
     between steps.
@@ -255,18 +258,25 @@ def replicate_tests(
     nb, nh = base.shape[1], head.shape[1]
     if history is None:
         history = np.zeros((len(base), 0))
-    df = nb + nh - 2 + max(history.shape[1] - 1, 0)
-    if not len(rows) or nb == 0 or nh == 0 or df < 1:
+    if covered is None:
+        covered = np.ones(len(base), bool)
+    earlier = history.shape[1] - 1 if history.shape[1] > 1 else 0
+    df = nb + nh - 2 + np.where(covered, earlier, 0)
+    if not len(rows) or nb == 0 or nh == 0 or df.max() < 1:
         empty = np.zeros(0)
         return RankTests(rows[:0], empty, empty, empty)
-    between = (_squares(base) + _squares(head) + _squares(history)) / df
+    squares = _squares(base) + _squares(head) + np.where(covered, _squares(history), 0.0)
+    between = squares / np.maximum(df, 1)
     within = np.concatenate([base_within, head_within], axis=1).mean(axis=1)
     variance = np.maximum(between, within)
     diff = head.mean(axis=1) - base.mean(axis=1)
     se = np.sqrt(variance * (1 / nb + 1 / nh))
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(se > 0, diff / se, np.where(diff == 0, 0.0, np.inf))
-    p = student_t_two_sided(t, df)
+    p = np.ones(len(rows))
+    for value in np.unique(df[df >= 1]).tolist():  # the t distribution per df
+        group = df == value
+        p[group] = student_t_two_sided(t[group], int(value))
     greater = (head[:, :, None] > base[:, None, :]).sum(axis=(1, 2))
     less = (head[:, :, None] < base[:, None, :]).sum(axis=(1, 2))
     effects = (greater - less) / (nb * nh)
