@@ -165,18 +165,30 @@ def compare(
 
     if not base or not head:
         raise ConfigError("compare: expected at least one BASE and one HEAD")
-    base_sides = [load_side(spec, kind, context) for spec in _replicates(base, context)]
+    base_specs, head_specs = _replicates(base, context), _replicates(head, context)
+    base_sides = [load_side(spec, kind, context) for spec in base_specs]
     read_as = head_kind(base_sides[0], kind)
-    head_sides = [load_side(spec, read_as, context) for spec in _replicates(head, context)]
+    head_sides = [load_side(spec, read_as, context) for spec in head_specs]
+    # A run compared is no earlier run of its own comparison (run:X~8 as history holds
+    # the base when the base is run:X's newest).
     history_specs = _replicates(history, context)
-    earlier = [load_side(spec, read_as, context) for spec in history_specs]
-    for spec, side in zip(history_specs, earlier, strict=True):
-        if not side.step_ns:
-            raise InputError(f"--history {spec}: no step markers, so no step time")
+    sides = {*base_specs, *head_specs}
+    earlier_specs = [spec for spec in history_specs if spec not in sides]
+    earlier = []
+    for spec in earlier_specs:
+        side = load_side(spec, read_as, context)
+        if side.kind != base_sides[0].kind or side.scope != base_sides[0].scope:
+            raise InputError(f"--history {spec}: a {side.scope or side.kind} side, not the "
+                             f"{base_sides[0].scope or base_sides[0].kind} compared")  # fmt: skip
+        earlier.append(side)
     try:
-        return compare_sides(base_sides, head_sides, history_sides=earlier)
+        comparison = compare_sides(base_sides, head_sides, history_sides=earlier)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    if len(earlier_specs) < len(history_specs):
+        left = len(history_specs) - len(earlier_specs)
+        comparison.notes.append(f"{left} of the history's runs are compared: left out of it")
+    return comparison
 
 
 def comparison_document(comparison: Comparison, fmt: str, top: int = 20) -> bytes:

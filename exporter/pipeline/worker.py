@@ -307,10 +307,15 @@ class ReportWorker:
                     "--baseline-reason",
                     baseline.reason,
                 ]
-                history = self.baselines.history(record)
+                compared = (
+                    {baseline.session_id, *(sid for sid, _ in plan.base_sessions)}
+                    if plan
+                    else {baseline.session_id}
+                )
+                history = self.baselines.history(record, exclude=compared)
                 if history:
                     args += ["--history-ns", json.dumps(history)]
-                args += [f"--history={path}" for path in self._history_dirs(record)]
+                args += [f"--history={path}" for path in self._history_dirs(record, compared)]
             samples = self._memory_samples(record)
             if samples:
                 args += ["--memory-samples", json.dumps(samples)]
@@ -491,11 +496,13 @@ class ReportWorker:
                 self.store.copy_file(session_id, name, copy / name)
             yield copy
 
-    def _history_dirs(self, record: SessionRecord) -> list[Path]:
-        """The workload's earlier sessions whose captures give each frame's spread: on a
-        local store only (on a bucket each would be copied first; there the reports'
-        median steps alone judge the step time, ``--history-ns``)."""
-        dirs = [self.store.local_dir(sid) for sid in self.baselines.history_sessions(record)]
+    def _history_dirs(self, record: SessionRecord, compared: set[str]) -> list[Path]:
+        """The workload's earlier sessions whose captures give each frame's spread, but
+        the ``compared`` ones: on a local store only (on a bucket each would be copied
+        first; there the reports' median steps alone judge the step time,
+        ``--history-ns``)."""
+        sessions = self.baselines.history_sessions(record, exclude=compared)
+        dirs = [self.store.local_dir(sid) for sid in sessions]
         found = [d for d in dirs if d is not None]
         return found if len(found) >= MIN_HISTORY else []
 

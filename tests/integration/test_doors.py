@@ -41,6 +41,7 @@ SESSIONS = [
     ("base-2", "run-a", 1.0),
     ("slow", "run-b", 1.5),
     ("slow-2", "run-b", 1.5),
+    ("base-3", "run-c", 1.0),
 ]
 # What a side's JSON says about where it was read: a door that serves others names a
 # local session by its directory, the CLI by the id it was given.
@@ -161,7 +162,8 @@ def test_earlier_runs_judge_the_changes_alike_through_every_door(
     from exporter.usecases import side_context
 
     _clean_env(monkeypatch)
-    history = ["base", "base-2", "slow-2"]
+    # "base" is a side: left out of its own comparison's history (a note says so).
+    history = ["base", "base-2", "base-3", "slow-2"]
     by_cli = cli(
         "compare", "base", "slow", *[f"--history={h}" for h in history],
         "--store", str(store), "--format", "json",
@@ -179,6 +181,7 @@ def test_earlier_runs_judge_the_changes_alike_through_every_door(
     between = by_cli["noise"]["between_runs"]
     assert (between["source"], between["history_runs"]) == ("fixed floors", 0)
     assert any("3 earlier runs judge the step time" in n for n in by_cli["notes"])
+    assert any("1 of the history's runs are compared" in n for n in by_cli["notes"])
     assert answer(by_child) == answer(by_cli)
     assert answer(by_api.json()) == answer(by_cli)
     assert answer(by_mcp) == answer(by_cli)

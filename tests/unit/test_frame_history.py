@@ -298,3 +298,13 @@ def test_a_history_of_other_frames_is_not_used() -> None:
 
 def named_both(comparison: Comparison) -> set[tuple[str, str]]:
     return verdicts(comparison.regressions) | verdicts(comparison.improvements)
+
+
+def test_history_medians_that_are_no_numbers_are_left_out() -> None:
+    """A report's median step of NaN, inf or 0 made the pooled spread NaN, and an
+    unchanged 2 + 2 pair "slower" (p read 0)."""
+    base, head = [capture(1), capture(2)], [capture(3), capture(4)]
+    good = [1.0e7, 1.1e7, 0.9e7, 1.05e7]
+    judged = compare_sides(base, head, history=[*good, float("nan"), float("inf"), 0.0])
+    clean = compare_sides(base, head, history=good)
+    assert judged.step_verdict.to_json() == clean.step_verdict.to_json()

@@ -485,8 +485,10 @@ class Comparison:
                     "source": self.noise_source,
                     "replicates": [len(self.base_replicates), len(self.head_replicates)],
                     "history_runs": self.history_runs,
-                    "method": "student's t between the captures, each against the rest of "
-                    "its own work (leave-one-out); benjamini-hochberg across frames"
+                    "method": "student's t between the captures"
+                    + (" and the earlier runs" if self.history_runs else "")
+                    + ", each against the rest of its own work (leave-one-out); "
+                    "benjamini-hochberg across frames"
                     if self.measured
                     else "not measured (one capture a side): the fixed floors stand in",
                     "min_replicate_step_pct": noise.REPLICATE_MIN_STEP_PCT,
@@ -658,7 +660,8 @@ def _replicate_step_verdict(
         + (f" and {len(earlier)} earlier runs" if len(earlier) else "")
         + " (Student's t on their log median steps"
         + (
-            f"; with {df} degrees of freedom, also beyond the one-capture floor"
+            f"; with {df} degrees of freedom, also beyond the one-capture floor: 3 "
+            "captures a side or 3 earlier runs lift it"
             if df < noise.MIN_STEP_DF
             else ""
         )
@@ -712,10 +715,14 @@ def compare_sides(
     measured step-time noise of the backend (one capture a side). ``history_sides``:
     earlier captures of the same workload, one per run; with
     :data:`~exporter.analysis.compare.noise.MIN_HISTORY` or more that hold steps, each
-    frame's spread between them joins the replicates' (or, one capture a side, stands
-    for it), and their median steps are the step history when ``history`` is not given.
+    frame's spread between them joins the replicates' (with one capture a side, from
+    :data:`~exporter.analysis.compare.noise.MIN_HISTORY_ALONE`, it stands for it), only
+    for the frames every one of them ran; their median steps are the step history when
+    ``history`` is not given.
     """
     base_reps, head_reps = _replicates(base, "base"), _replicates(head, "head")
+    if history is not None:  # a report's median may be missing, zero or not a number
+        history = [float(m) for m in history if math.isfinite(m) and m > 0]
     first = base_reps[0]
     for side in [*base_reps[1:], *head_reps, *history_sides]:
         if side.kind != first.kind or side.scope != first.scope:
@@ -751,7 +758,7 @@ def compare_sides(
     )
     earlier = [s for s in history_sides if s.steps] if per_step else []
     if len(earlier) < noise.MIN_HISTORY:
-        if history_sides:
+        if history_sides and per_step:
             notes.append(
                 f"{len(earlier)} earlier runs with steps: fewer than {noise.MIN_HISTORY}, so "
                 "their spread is not used"

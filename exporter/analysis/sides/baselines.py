@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,10 +42,11 @@ def check_name(value: str, what: str = "workload") -> str:
 # Earlier runs a session's step time is judged against (their reports' median step).
 HISTORY_RUNS = 10
 # Earlier runs whose captures give each frame's spread (each is read: its side cache,
-# else its capture). 8: with one capture a side, 8 earlier runs named a loop grown by
-# 10 % of the step in 33-38 % of orientations against 5 runs' 10 %, and no unchanged
-# pair had a verdict (bench/frame_history.py, docs/analysis.md).
-HISTORY_SIDES = 8
+# else its capture). Two more than the 8 a one-capture comparison needs before the runs
+# judge its frames (noise.MIN_HISTORY_ALONE; docs/analysis.md, "Each frame's own
+# history"), so that a run that cannot be read, or holds no steps, does not send its
+# reports back to the fixed floors.
+HISTORY_SIDES = 10
 REPORT = "analysis.json"
 
 
@@ -174,15 +175,18 @@ class BaselineStore:
             newest.id, f"newest earlier session of workload {workload} not started by an alert"
         )
 
-    def history(self, record: SessionRecord, limit: int = HISTORY_RUNS) -> list[float]:
+    def history(
+        self, record: SessionRecord, limit: int = HISTORY_RUNS, exclude: Collection[str] = ()
+    ) -> list[float]:
         """Median step times (ns) of the workload's earlier runs, from their reports.
 
         The newest ``limit`` earlier finished sessions of ``record``'s workload that an
         alert did not start and whose report gives a median step: the spread a
         comparison judges the step time against (``compare_sides(history=...)``). Read
-        from each ``analysis.json``, never by decoding a capture again.
+        from each ``analysis.json``, never by decoding a capture again. ``exclude``: the
+        sessions compared (the baseline is no earlier run of its own comparison).
         """
-        earlier = self._same_workload_newest(record)
+        earlier = [r for r in self._same_workload_newest(record) if r.id not in exclude]
         medians: list[float] = []
         for r in earlier:
             if len(medians) >= limit:
@@ -197,11 +201,15 @@ class BaselineStore:
                 medians.append(float(median) * 1e6)
         return medians
 
-    def history_sessions(self, record: SessionRecord, limit: int = HISTORY_SIDES) -> list[str]:
+    def history_sessions(
+        self, record: SessionRecord, limit: int = HISTORY_SIDES, exclude: Collection[str] = ()
+    ) -> list[str]:
         """The newest ``limit`` earlier sessions of ``record``'s workload (the same name
-        and configuration) not started by an alert: the runs whose captures give each
-        frame's between-run spread (``compare_sides(history_sides=...)``)."""
-        return [r.id for r in self._same_workload_newest(record)[:limit]]
+        and configuration) not started by an alert, but those in ``exclude`` (the
+        sessions compared): the runs whose captures give each frame's between-run spread
+        (``compare_sides(history_sides=...)``)."""
+        earlier = [r.id for r in self._same_workload_newest(record) if r.id not in exclude]
+        return earlier[:limit]
 
     def _same_workload_newest(self, record: SessionRecord) -> list[SessionRecord]:
         """Earlier sessions of the same workload and configuration, newest first."""
