@@ -308,3 +308,23 @@ def test_history_medians_that_are_no_numbers_are_left_out() -> None:
     judged = compare_sides(base, head, history=[*good, float("nan"), float("inf"), 0.0])
     clean = compare_sides(base, head, history=good)
     assert judged.step_verdict.to_json() == clean.step_verdict.to_json()
+
+
+def test_one_capture_a_side_mirrors_pair_by_pair() -> None:
+    """A vs B and B vs A, one capture a side of ops that move x1.2 between runs: the
+    machine-wide scale is one the inverse of the other, and the verdicts mirror (a
+    regression one way is an improvement the other). Found one way only, the scale
+    weighed the frames by its own base: 4 of 25 such pairs did not mirror."""
+    broken = []
+    for seed in range(25):
+        a = capture(2 * seed, extra={"fusion.2": 1.5e6} if seed % 2 else None)
+        b = capture(2 * seed + 1)
+        forward, backward = compare_sides(a, b), compare_sides(b, a)
+        assert forward.step_verdict.scale is not None
+        assert backward.step_verdict.scale is not None
+        assert forward.step_verdict.scale * backward.step_verdict.scale == pytest.approx(1)
+        if verdicts(forward.regressions) != verdicts(backward.improvements) or verdicts(
+            forward.improvements
+        ) != verdicts(backward.regressions):
+            broken.append(seed)
+    assert broken == []

@@ -844,23 +844,33 @@ def compare_sides(
     base_step_ns = float(np.median(base.step_ns)) if per_step and base.step_ns else 0.0
     if step is not None and step.base_median_ms is not None:
         base_step_ns = step.base_median_ms * 1e6  # one number: the verdict's own
+    head_step_ns = float(np.median(head.step_ns)) if per_step and head.step_ns else 0.0
+    if step is not None and step.head_median_ms is not None:
+        head_step_ns = step.head_median_ms * 1e6
     # "Changed" by the scale (see scale_of) is by the floor that the verdicts use.
-    floor_ns = (
-        base_step_ns
-        * (noise.REPLICATE_MIN_STEP_PCT if measured else noise.MIN_GROWN_STEP_PCT[view])
-        / 100
-    )
+    floor_pct = noise.REPLICATE_MIN_STEP_PCT if measured else noise.MIN_GROWN_STEP_PCT[view]
 
-    def scale_of(reference: np.ndarray, other: np.ndarray) -> float | None:
+    def scale_of(reference: np.ndarray, other: np.ndarray, other_step: float) -> float | None:
         def changed(k: float) -> int:
             # Fewest frames changed by the floor's time; on a tie the first (all the
             # common work) is kept: measured the steadier on loaded CPU captures.
+            floor_ns = floor_pct / 100 * other_step
             return int((np.abs(other[work] - k * reference[work]) >= floor_ns).sum())
 
         scales = _scales(reference, other, work)
         return min(scales, key=changed) if scales else None
 
-    scale = scale_of(bs, hs) if per_step and base_step_ns > 0 else None
+    scale = None
+    if per_step and base_step_ns > 0:
+        # Found both ways and met in the middle, so that read backwards the scale is its
+        # inverse: each way alone weighs the frames by its own base and picks by its own
+        # step, and 4 of 25 pairs of one capture a side got verdicts that did not mirror.
+        forward = scale_of(bs, hs, head_step_ns or base_step_ns)
+        backward = scale_of(hs, bs, base_step_ns)
+        if forward is not None and backward is not None:
+            scale = math.sqrt(forward / backward)
+        else:
+            scale = forward if backward is None else 1 / backward
     s = scale if scale is not None else 1.0
     expected_step = s * base_step_ns  # what step_pct shows a share of
     # What the floors are judged against: the geometric mean of the base step at the
@@ -868,9 +878,6 @@ def compare_sides(
     # share, negated. Of the base step alone, a loop grown by 10 % of the step was a
     # verdict in 20 % of comparisons forward and none backward at one capture a side
     # (the grown side's longer step made its share smaller; bench/frame_history.py).
-    head_step_ns = float(np.median(head.step_ns)) if per_step and head.step_ns else 0.0
-    if step is not None and step.head_median_ms is not None:
-        head_step_ns = step.head_median_ms * 1e6
     judged_step = expected_step
     if expected_step > 0 and head_step_ns > 0:
         judged_step = math.sqrt(expected_step * head_step_ns)
