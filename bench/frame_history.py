@@ -133,6 +133,12 @@ def main() -> None:
     parser.add_argument("--shape", default="transformer")
     parser.add_argument("--histories", default="0,3,5,8")
     parser.add_argument("--sides", default="1", help="captures a side (replicates), e.g. 1,4")
+    parser.add_argument(
+        "--history-from",
+        type=Path,
+        help="draw the history from this set's unchanged captures (taken at another time "
+        "and load) instead of the compared set's",
+    )
     parser.add_argument("--pairs", type=int, default=40, help="pairs drawn per change and H")
     parser.add_argument("--changes", default="grown 10,input 10,added 5,grown 5")
     parser.add_argument("--json", type=Path)
@@ -146,10 +152,12 @@ def main() -> None:
         write_fixture(args.write_fixture, found)
         return
     same = found.get("same", [])
+    pool = _captures(args.history_from, args.shape)["same"] if args.history_from else None
+    history_pool = pool
     changes = [c for c in args.changes.split(",") if found.get(c)]
     histories = [int(h) for h in args.histories.split(",")]
     sides_n = [int(n) for n in args.sides.split(",")]
-    if len(same) < 2 * max(sides_n) + max(histories):
+    if len(same) < 2 * max(sides_n) + (0 if pool else max(histories)):
         raise SystemExit(f"{len(same)} unchanged captures: too few for these sides and history")
     sides: dict[str, Any] = {}
     read_s: list[float] = []
@@ -176,12 +184,14 @@ def main() -> None:
                 a = rng.sample(everyone, n)
                 b = rng.sample([i for i in range(len(heads)) if change != "same" or i not in a], n)
                 rest = [i for i in everyone if i not in a and (change != "same" or i not in b)]
+                if pool is not None:
+                    rest = list(range(len(pool)))
                 cells.append((n, change, a, b, rng.sample(rest, max(histories))))
     for h in histories:
-        for n, change, a, b, pool in cells:
+        for n, change, a, b, past in cells:
             base = [side(same[i]) for i in a]
             head = [side((same if change == "same" else found[change])[i]) for i in b]
-            earlier = [side(same[i]) for i in pool[:h]]
+            earlier = [side((history_pool or same)[i]) for i in past[:h]]
             for orientation, (one, other) in (("forward", (base, head)), ("reverse", (head, base))):
                 t0 = time.process_time()
                 result = compare_sides(one, other, history_sides=earlier)

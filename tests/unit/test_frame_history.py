@@ -13,6 +13,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exporter.analysis.compare import noise
@@ -328,3 +329,29 @@ def test_one_capture_a_side_mirrors_pair_by_pair() -> None:
         ) != verdicts(backward.regressions):
             broken.append(seed)
     assert broken == []
+
+
+MANY_OPS = {f"op.{i}": (1 + i % 4) * 0.5e6 for i in range(16)}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_history_quieter_than_today_is_widened_to_todays_spread(seed: int) -> None:
+    """Earlier runs on a quiet machine (ops x1.03 apart between runs), today's two runs
+    on a busy one (x1.35): pooled as they were, today's ordinary moves were verdicts.
+    The frames' t as a whole say how much wider today's runs spread, and the history's
+    variance is widened by it (genomic control)."""
+    history = [capture(1000 * seed + i, MANY_OPS, wobble=0.03) for i in range(8)]
+    base = capture(1000 * seed + 100, MANY_OPS, wobble=0.3)
+    head = capture(1000 * seed + 200, MANY_OPS, wobble=0.3)
+    for one, other in ((base, head), (head, base)):
+        judged = compare_sides(one, other, history_sides=history)
+        assert named_both(judged) == set()
+        assert any("wider than the 8 earlier runs" in n for n in judged.notes)
+
+
+def test_the_inflation_is_the_median_t_squared_against_students() -> None:
+    rng = np.random.default_rng(7)
+    wide = rng.standard_t(20, 400) * 3
+    assert noise.inflation(wide, 20) == pytest.approx(9, rel=0.25)
+    assert noise.inflation(rng.standard_t(20, 400), 20) < 1.3
+    assert noise.inflation(np.array([50.0, 1.0, 0.5]), 20) == 1.0  # too few frames

@@ -124,6 +124,13 @@ BEYOND_REACH_PCT: Final = 1000.0
 # history's spread is not used (a history from before ops were renamed speaks for few of
 # today's frames). A choice: the frames it does not cover are judged without it.
 HISTORY_MIN_COVERAGE: Final = 0.9
+# The inflation of the history's variance (noise.inflation) below which it is taken for
+# chance (1: none): the median of 10-30 frames' t² moves that far by chance alone, and
+# applying every inflation above 1 cost a history from the same hours a third of its
+# power (a grown loop at 2 captures a side: 95 -> 65 % of orientations), while one from
+# a quieter machine inflates x4-10 (bench/frame_history.py --history-from).
+INFLATION_MIN: Final = 2.0
+INFLATION_NOTED: Final = INFLATION_MIN
 # Between runs, subtrees holding more than this share of the work on both sides are not
 # judged against the rest of it (see compare_sides).
 MAJORITY_SHARE: Final = 0.5
@@ -936,7 +943,21 @@ def compare_sides(
                 between = _ReplicateValues(
                     tree, base_reps, head_reps, work, history_values, changed
                 )
-                result = between.tests(eligible_self, eligible_total)
+            # How much wider today's captures spread than the history said, measured on
+            # the frames once the changed work is set aside (before, its move was every
+            # other frame's, and the inflation hid the change itself).
+            # The frames both sides hold 1 % of the work or more: chosen alike both ways.
+            both = (bs + hs)[work]
+            inflation = between.inflation(work[both >= SCALE_MIN_WEIGHT * both.sum()])
+            if inflation < INFLATION_MIN:  # within what chance moves a median of few t²
+                inflation = 1.0
+            if changed.any() or inflation > 1:
+                result = between.tests(eligible_self, eligible_total, inflation)
+            if inflation > INFLATION_NOTED:
+                notes.append(
+                    f"today's captures spread x{math.sqrt(inflation):.2f} wider than the "
+                    f"{len(earlier)} earlier runs did: their spread is widened to match"
+                )
             # New (or removed) work is absent from every capture of one side: no run of
             # that side has it to vary, so its steps are the samples, as with one capture
             # a side (where new work had no false alarm, bench/detection.py).
@@ -963,7 +984,7 @@ def compare_sides(
                 result = noise.RankTests(
                     result.rows, p_values, benjamini_hochberg(p_values), effects
                 )
-            detect_rows = between.spread(heavy)
+            detect_rows = between.spread(heavy, inflation)
         else:
             base_m = np.concatenate(
                 [tree.base_self[eligible_self], tree.base_total[eligible_total]]
@@ -1354,7 +1375,26 @@ class _ReplicateValues:
             squares += np.where(counts, ((g - g.mean(axis=1, keepdims=True)) ** 2).sum(axis=1), 0)
         return squares / np.maximum(df, 1), df
 
-    def tests(self, rows_self: np.ndarray, rows_total: np.ndarray) -> noise.RankTests:
+    def inflation(self, rows: np.ndarray) -> float:
+        """With a history: how much wider today's captures spread than the pooled
+        variance says, from the t of the ``rows`` (the heavy frames the earlier runs
+        all ran; :func:`exporter.analysis.compare.noise.inflation`); 1 without."""
+        if "history" not in self.sides:
+            return 1.0
+        rows = rows[self.covered_self[rows]]
+        (bm, _, bw, _), (hm, _, hw, _) = self.sides["base"], self.sides["head"]
+        between, df = self.between_variances(rows)
+        within = np.concatenate([bw[rows], hw[rows]], axis=1).mean(axis=1)
+        nb, nh = bm.shape[1], hm.shape[1]
+        se = np.sqrt(np.maximum(between, within) * (1 / nb + 1 / nh))
+        diff = hm[rows].mean(axis=1) - bm[rows].mean(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = diff / se
+        return noise.inflation(t, int(df.max()) if len(df) else 0)
+
+    def tests(
+        self, rows_self: np.ndarray, rows_total: np.ndarray, inflation: float = 1.0
+    ) -> noise.RankTests:
         def stacked(name: str) -> tuple[np.ndarray, np.ndarray]:
             ms, mt, ws, wt = self.sides[name]
             return (
@@ -1365,9 +1405,9 @@ class _ReplicateValues:
         (b, bw), (h, hw) = stacked("base"), stacked("head")
         earlier = stacked("history")[0] if "history" in self.sides else None
         covered = np.concatenate([self.covered_self[rows_self], self.covered_total[rows_total]])
-        return noise.replicate_tests(b, h, bw, hw, earlier, covered)
+        return noise.replicate_tests(b, h, bw, hw, earlier, covered, inflation)
 
-    def spread(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def spread(self, rows: np.ndarray, inflation: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """Per row: the between-capture standard deviation of its log time per step, and
         its time per step (ns, the base captures' geometric mean, at the speed of both
         sides' captures together)."""
@@ -1375,7 +1415,7 @@ class _ReplicateValues:
         between, _ = self.between_variances(rows)
         bm = bm[rows]
         within = np.concatenate([bw[rows], hw[rows]], axis=1).mean(axis=1)
-        return np.sqrt(np.maximum(between, within)), np.exp(bm.mean(axis=1))
+        return np.sqrt(np.maximum(between, within) * inflation), np.exp(bm.mean(axis=1))
 
 
 def _min_detectable(

@@ -60,6 +60,7 @@ __all__ = [
     "MIN_GROWN_STEP_PCT",
     "MIN_HISTORY",
     "MIN_HISTORY_ALONE",
+    "MIN_INFLATION_FRAMES",
     "MIN_NEW_STEP_PCT",
     "MIN_RELATIVE_CHANGE",
     "MIN_STEPS",
@@ -71,6 +72,7 @@ __all__ = [
     "STEP_NOISE_SOURCE",
     "RankTests",
     "history_step_noise_pct",
+    "inflation",
     "rank_tests",
     "replicate_tests",
 ]
@@ -128,6 +130,9 @@ STEP_NOISE_SOURCE: Final = {
     "host": "measured between processes of one CPU workload (bench/detection.py)",
     "memory": "not a time",
 }
+# Frames needed to estimate how much wider today's runs spread than the history's
+# (inflation): a median of fewer moves with a single frame.
+MIN_INFLATION_FRAMES: Final = 5
 # With replicates, the smallest step change a verdict is given for, whatever the test
 # says: captures that agree to 0.1 % make a 0.5 % change significant, and no reader acts
 # on it. A choice, not a measurement.
@@ -240,6 +245,7 @@ def replicate_tests(
     head_within: np.ndarray,
     history: np.ndarray | None = None,
     covered: np.ndarray | None = None,
+    inflation: float = 1.0,
 ) -> RankTests:
     """Student's t per row between replicates (``base``/``head``: rows x captures of each
     capture's mean), BH across rows; ``*_within``: each capture's variance of its mean
@@ -249,7 +255,8 @@ def replicate_tests(
     freedom, so that one capture a side can be judged against the workload's own
     run-to-run noise; only in the rows ``covered`` says the earlier runs all ran (a
     frame they never ran has no spread there, not a zero one). A row left with no
-    degree of freedom is not tested (p = 1).
+    degree of freedom is not tested (p = 1). ``inflation`` multiplies every row's
+    variance (today's runs spread wider than the history's, :func:`inflation`).
 
     ``effect`` is Cliff's delta between the captures' values, as :func:`rank_tests`'s is
     between steps.
@@ -268,7 +275,7 @@ def replicate_tests(
     squares = _squares(base) + _squares(head) + np.where(covered, _squares(history), 0.0)
     between = squares / np.maximum(df, 1)
     within = np.concatenate([base_within, head_within], axis=1).mean(axis=1)
-    variance = np.maximum(between, within)
+    variance = np.maximum(between, within) * inflation
     diff = head.mean(axis=1) - base.mean(axis=1)
     se = np.sqrt(variance * (1 / nb + 1 / nh))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -281,3 +288,18 @@ def replicate_tests(
     less = (head[:, :, None] < base[:, None, :]).sum(axis=(1, 2))
     effects = (greater - less) / (nb * nh)
     return RankTests(rows, p, benjamini_hochberg(p), effects.astype(float))
+
+
+def inflation(t: np.ndarray, df: int) -> float:
+    """How much wider today's runs spread than the variance behind ``t`` assumed: the
+    median of t² over many frames against its median under Student's t with ``df``
+    degrees of freedom (genomic control, Devlin & Roeder 1999), at least 1. The median
+    is robust to the few frames that did change; a history taken on a quieter machine
+    gives a variance too small for today's runs, and every frame's t grows alike.
+    Fewer than :data:`MIN_INFLATION_FRAMES` frames say nothing (1)."""
+    t = np.asarray(t, float)
+    t = t[np.isfinite(t)]
+    if len(t) < MIN_INFLATION_FRAMES or df < 1:
+        return 1.0
+    expected = student_t_critical(0.5, df) ** 2
+    return max(1.0, float(np.median(t**2)) / expected)
