@@ -165,7 +165,8 @@ HISTORY_FLOOR_PCT: Final = 2.0
 # Earlier runs needed before, with one capture a side, their spread judges each frame in
 # place of the fixed floors (with replicates MIN_HISTORY adds them to the replicates'
 # spread). bench/frame_history.py, transformer, one capture a side, both orientations,
-# 40 pairs per cell (docs/analysis.md, "Each frame's own history"): a loop grown by 10 %
+# 40 pairs per cell, its first run (before the scale and floors were made symmetric and
+# the widening; docs/analysis.md, "Each frame's own history", has today's): a loop grown by 10 %
 # of the step named in 0 / 10 / 46 % with 3 / 5 / 8 earlier runs against the floors'
 # 6 %, the data phase +10 % in 1 / 8 / 16 % against 15 %, and no unchanged pair with a
 # frame verdict either way (0-1 of 80); from 2 captures a side 3 runs already help (the
