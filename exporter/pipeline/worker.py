@@ -81,6 +81,9 @@ DASHBOARD_UID: Final = "mlprof-overview"
 # memory line per interval among the step lines, so the last MiB holds the newest
 # (a step line is ~200 bytes). Read as a tail whatever the file's size (1 GiB seen).
 MEMORY_TAIL_BYTES: Final = 1 << 20
+# The earlier runs' side caches a report reads as its history, in all (a 34.6 MiB TPU
+# capture's cache is a few hundred KiB; a 373 MB one's a few MiB).
+HISTORY_MAX_CACHE_BYTES: Final = 64 << 20
 # A run's identity file (runs/<id>.json) is a few KiB.
 MAX_RUN_FILE_BYTES: Final = 1 << 20
 
@@ -500,10 +503,26 @@ class ReportWorker:
         """The workload's earlier sessions whose captures give each frame's spread, but
         the ``compared`` ones: on a local store only (on a bucket each would be copied
         first; there the reports' median steps alone judge the step time,
-        ``--history-ns``)."""
-        sessions = self.baselines.history_sessions(record, exclude=compared)
-        dirs = [self.store.local_dir(sid) for sid in sessions]
-        found = [d for d in dirs if d is not None]
+        ``--history-ns``), and only those whose sides are cached beside their captures,
+        up to :data:`HISTORY_MAX_CACHE_BYTES` in all: the report reads each run's
+        cache, never decodes an earlier capture (ten 373 MB captures would be minutes)."""
+        from exporter.analysis.sides import cache as side_cache
+
+        found: list[Path] = []
+        budget = HISTORY_MAX_CACHE_BYTES
+        for sid in self.baselines.history_sessions(record, exclude=compared):
+            directory, earlier = self.store.local_dir(sid), self.store.read_record(sid)
+            if directory is None or earlier is None:
+                continue
+            names = [n for t in earlier.targets for n in t.files if _analysed(n)]
+            caches = [side_cache.cache_path(directory / n) for n in names]
+            try:
+                size = sum(c.stat().st_size for c in caches) if caches else -1
+            except OSError:  # a capture without its cache: it would be decoded
+                continue
+            if 0 <= size <= budget:
+                found.append(directory)
+                budget -= size
         return found if len(found) >= MIN_HISTORY else []
 
     @contextlib.contextmanager
