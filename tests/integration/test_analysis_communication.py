@@ -56,9 +56,13 @@ def test_collectives_that_take_most_of_the_step_are_found_and_named(tmp_path: Pa
     assert breakdown is not None
     share = breakdown["communication_pct"]
     # The workload's own calibration times the collectives apart from the step, so a busy
-    # machine can make it no share at all: a stressed CI run calibrated 275 % (the product
-    # read 64 % at a nominal 60). Beyond 100 % the nominal share is the reference.
-    reference = found["reference_pct"] if 0 < found["reference_pct"] <= 100 else NOMINAL_PCT
+    # machine can make it no share at all: stressed CI runs calibrated 275 % (the product
+    # read 64 % at a nominal 60) and 9.4 % (the product read 58 %). A calibration that is
+    # no share, or farther from the nominal share than the tolerance, leaves the nominal
+    # share as the reference.
+    calibrated = found["reference_pct"]
+    plausible = 0 < calibrated <= 100 and abs(calibrated - NOMINAL_PCT) <= TOLERANCE_PCT
+    reference = calibrated if plausible else NOMINAL_PCT
     assert abs(share - reference) <= TOLERANCE_PCT, (share, found)
     finding = next(f for f in report.findings if f.rule == "CommunicationBoundRule")
     assert finding.evidence["communication_pct"] >= COMMUNICATION_P2_PCT
