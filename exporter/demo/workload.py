@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import schema, sdk
+from exporter.regular_files import read_regular
 
 __all__ = ["PROFILE_FILE", "InputPipeline", "main", "profile_request"]
 
@@ -54,9 +55,12 @@ class InputPipeline:
         if mtime != self._mtime:
             self._mtime = mtime
             try:
-                self.delay_s = max(0.0, float(self.knob.read_text().strip() or 0))
-            except ValueError:
-                print(f"demo: {self.knob}: expected seconds as a number; ignoring", flush=True)
+                self.delay_s = max(0.0, float(_knob_text(self.knob) or 0))
+            except (OSError, ValueError):
+                print(
+                    f"demo: {self.knob}: expected seconds as a number in a regular file; ignoring",
+                    flush=True,
+                )
                 self.delay_s = 0.0
             print(f"demo: input pipeline delay now {self.delay_s:.3f}s", flush=True)
 
@@ -77,15 +81,31 @@ PROFILE_FILE = "demo-profile"
 PROFILE_STEPS = 5
 
 
+# A knob holds one number: anything longer is no knob.
+MAX_KNOB_BYTES = 64
+
+
+def _knob_text(knob: Path) -> str:
+    """A knob file's text: a regular file of a few bytes, never a link, and never a
+    blocking open (a FIFO under the knob's name would stop the step loop)."""
+    return read_regular(knob, MAX_KNOB_BYTES).decode("utf-8", "replace").strip()
+
+
 def profile_request(knob: Path) -> int:
     """The steps the knob file asks to trace (it is removed once read); 0 when none."""
+    text: str | None
     try:
-        text = knob.read_text()
-    except OSError:  # no request (the usual case: one stat per step)
+        text = _knob_text(knob)
+    except FileNotFoundError:  # no request (the usual case: one open per step)
         return 0
+    except OSError as exc:  # a link, a FIFO, a huge file: no request, and it is taken
+        print(f"demo: {knob}: {exc}; ignored", flush=True)
+        text = None
     knob.unlink(missing_ok=True)
+    if text is None:
+        return 0
     try:
-        return min(max(1, int(text.strip() or PROFILE_STEPS)), 1000)
+        return min(max(1, int(text or PROFILE_STEPS)), 1000)
     except ValueError:
         print(f"demo: {knob}: expected a number of steps; tracing {PROFILE_STEPS}", flush=True)
         return PROFILE_STEPS

@@ -39,3 +39,18 @@ def test_the_workload_traces_the_steps_asked_for_into_a_session(tmp_path: Path) 
     record = json.loads(records[0].read_text())
     assert (record["status"], record["trigger"]) == ("done", "programmatic")
     assert list(records[0].parent.rglob("*.xplane.pb"))
+
+
+def test_a_fifo_or_a_link_under_the_knobs_name_is_no_request(tmp_path: Path) -> None:
+    """The knob is read as the project reads every file others may write: a FIFO there
+    blocked the step loop in open(), a link was followed."""
+    import os
+
+    knob = tmp_path / PROFILE_FILE
+    os.mkfifo(knob)
+    assert profile_request(knob) == 0  # returns at once, no reader waits on it
+    assert not knob.exists()
+    (tmp_path / "elsewhere").write_text("7")
+    knob.symlink_to(tmp_path / "elsewhere")
+    assert profile_request(knob) == 0
+    assert (tmp_path / "elsewhere").read_text() == "7"
