@@ -1364,16 +1364,9 @@ class _ReplicateValues:
         """Per row: the variance between captures of its log self time (both sides' and,
         where the earlier runs all ran it, the history's pooled), and its degrees of
         freedom."""
-        df = np.zeros(len(rows), np.int64)
-        squares = np.zeros(len(rows))
-        for name in ("base", "head", "history"):
-            if name not in self.sides:
-                continue
-            g = self.sides[name][0][rows]
-            counts = self.covered_self[rows] if name == "history" else np.ones(len(rows), bool)
-            df += np.where(counts, max(g.shape[1] - 1, 0), 0)
-            squares += np.where(counts, ((g - g.mean(axis=1, keepdims=True)) ** 2).sum(axis=1), 0)
-        return squares / np.maximum(df, 1), df
+        history = self.sides["history"][0][rows] if "history" in self.sides else None
+        base, head = self.sides["base"][0][rows], self.sides["head"][0][rows]
+        return noise.between_variance(base, head, history, self.covered_self[rows])
 
     def inflation(self, rows: np.ndarray) -> float:
         """With a history: how much wider today's captures spread than the pooled

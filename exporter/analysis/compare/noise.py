@@ -71,6 +71,7 @@ __all__ = [
     "STEP_NOISE_PCT",
     "STEP_NOISE_SOURCE",
     "RankTests",
+    "between_variance",
     "history_step_noise_pct",
     "inflation",
     "rank_tests",
@@ -239,6 +240,25 @@ def _squares(values: np.ndarray) -> np.ndarray:
     return np.asarray(((values - values.mean(axis=1, keepdims=True)) ** 2).sum(axis=1))
 
 
+def between_variance(
+    base: np.ndarray,
+    head: np.ndarray,
+    history: np.ndarray | None = None,
+    covered: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (``base``/``head``/``history``: rows x captures), the variance between
+    captures, each group about its own mean, pooled, with its degrees of freedom; the
+    history's only in the rows ``covered`` says the earlier runs all ran."""
+    if history is None:
+        history = np.zeros((len(base), 0))
+    if covered is None:
+        covered = np.ones(len(base), bool)
+    earlier = history.shape[1] - 1 if history.shape[1] > 1 else 0
+    df = base.shape[1] + head.shape[1] - 2 + np.where(covered, earlier, 0)
+    squares = _squares(base) + _squares(head) + np.where(covered, _squares(history), 0.0)
+    return squares / np.maximum(df, 1), df
+
+
 def replicate_tests(
     base: np.ndarray,
     head: np.ndarray,
@@ -264,17 +284,13 @@ def replicate_tests(
     """
     rows = np.arange(len(base), dtype=np.int64)
     nb, nh = base.shape[1], head.shape[1]
-    if history is None:
-        history = np.zeros((len(base), 0))
-    if covered is None:
-        covered = np.ones(len(base), bool)
-    earlier = history.shape[1] - 1 if history.shape[1] > 1 else 0
-    df = nb + nh - 2 + np.where(covered, earlier, 0)
-    if not len(rows) or nb == 0 or nh == 0 or df.max() < 1:
+    if not len(rows) or nb == 0 or nh == 0:
         empty = np.zeros(0)
         return RankTests(rows[:0], empty, empty, empty)
-    squares = _squares(base) + _squares(head) + np.where(covered, _squares(history), 0.0)
-    between = squares / np.maximum(df, 1)
+    between, df = between_variance(base, head, history, covered)
+    if df.max() < 1:
+        empty = np.zeros(0)
+        return RankTests(rows[:0], empty, empty, empty)
     within = np.concatenate([base_within, head_within], axis=1).mean(axis=1)
     variance = np.maximum(between, within) * inflation
     diff = head.mean(axis=1) - base.mean(axis=1)
