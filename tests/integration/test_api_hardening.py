@@ -77,6 +77,16 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
         profiler.close()
 
 
+def _ended(api: Api, session_id: str, what: str) -> dict[str, Any]:
+    """The session's record once it is no longer running."""
+    found: dict[str, Any] = wait_until(
+        lambda: (r := httpx.get(f"{api.url}{CAPTURES}/{session_id}", timeout=5).json())
+        and r["status"] != "running" and r,
+        timeout=60, what=f"{what} to end",
+    )  # fmt: skip
+    return found
+
+
 # -- first seconds -------------------------------------------------------------------------
 
 
@@ -198,11 +208,7 @@ def test_a_session_names_the_live_run_that_owns_the_server(api: Api) -> None:
                          "kind": "snapshot", "duration_ms": 50}, timeout=10)  # fmt: skip
     assert started.status_code == 202, started.text
     session_id = started.json()["session_id"]
-    record = wait_until(
-        lambda: (r := httpx.get(f"{api.url}{CAPTURES}/{session_id}", timeout=5).json())
-        and r["status"] != "running" and r,
-        timeout=30, what="the snapshot session to end",
-    )  # fmt: skip
+    record = _ended(api, session_id, "the snapshot session")
     assert record["status"] == "done", record
     assert (record["run_id"], record["workload"]) == ("demo-mlp-2", "demo-mlp")
     assert record["trigger"] == "snapshot"
@@ -288,12 +294,7 @@ def test_the_mcp_capture_tool_asks_for_several_captures(api: Api) -> None:
     )  # fmt: skip
     tools = ProfileTools(str(api.store), api_url=api.url)
     started = tools.capture(duration_ms=50, targets=[address], captures=2)
-    session_id = started["session_id"]
-    record = wait_until(
-        lambda: (r := httpx.get(f"{api.url}{CAPTURES}/{session_id}", timeout=5).json())
-        and r["status"] != "running" and r,
-        timeout=60, what="the MCP capture session to end",
-    )  # fmt: skip
+    record = _ended(api, started["session_id"], "the MCP capture session")
     assert record["status"] == "done", record
     assert record["options"]["captures"] == 2, record["options"]
     assert sum(len(t["files"]) for t in record["targets"]) == 2, record["targets"]

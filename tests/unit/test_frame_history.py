@@ -1,8 +1,8 @@
 """Issue 29, item 3: frames judged against the workload's own history, and two defects
 of the between-run test that the history made plain (bench/frame_history.py).
 
-The captures are made here, each one process of its own: a machine speed, and each
-op's own move between runs (``wobble``), then step-to-step jitter inside the run.
+The synthetic captures are tests/replicate_captures.py's, each one process of its own;
+the saved ones are real captures' sides.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -20,42 +19,9 @@ from exporter.analysis.compare import noise
 from exporter.analysis.compare.comparison import Comparison, Entry, compare_sides
 from exporter.analysis.sides.load import Side
 from exporter.profiles.flamegraph import FlameGraph
+from tests.replicate_captures import OPS, capture
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-OPS = {"dot.1": 4e6, "fusion.2": 2e6, "ynn_fusion": 1.5e6, "copy": 1e6, "dot.3": 1.5e6}
-
-
-def capture(
-    seed: int,
-    ops: dict[str, float] = OPS,
-    wobble: float = 0.2,
-    extra: dict[str, float] | None = None,
-    phase: tuple[str, float] | None = None,
-    slower: float = 1.0,
-    jitter: float = 0.03,
-    fixed_speed: float | None = None,
-) -> Side:
-    """One process: ``ops`` under ``jit_step`` (ns per step), each moved by its own
-    log-normal factor (``wobble``) and the machine's speed; ``extra``: ns per step added
-    to an op; ``phase``: a frame beside the program, (name, ns per step); ``slower``: the
-    machine's speed divided by this; ``jitter``: each step's own wobble."""
-    rng = random.Random(seed)
-    speed = rng.uniform(0.7, 1.5) * slower if fixed_speed is None else fixed_speed
-    moved = {op: rng.lognormvariate(0, wobble) for op in ops}
-    graphs = []
-    for _ in range(12):
-        graph = FlameGraph(sample_type="device_time", unit="nanoseconds")
-        for op, ns in ops.items():
-            value = (ns * moved[op] + (extra or {}).get(op, 0.0)) * speed
-            graph.add(["jit_step", op], round(value * (1 + rng.uniform(-jitter, jitter))))
-        if phase is not None:
-            graph.add([phase[0]], round(phase[1] * speed * (1 + rng.uniform(-jitter, jitter))))
-        graphs.append(graph)
-    whole = FlameGraph(sample_type="device_time", unit="nanoseconds")
-    for g in graphs:
-        whole.merge(g)
-    return Side(f"c{seed}", "capture", "device", whole, graphs, [g.root.total for g in graphs],
-                "device_steps")  # fmt: skip
 
 
 def verdicts(entries: list[Entry]) -> set[tuple[str, str]]:

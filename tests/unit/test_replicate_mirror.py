@@ -4,35 +4,17 @@ backwards gets the mirrored test, not a weaker one."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from exporter.analysis.compare.comparison import compare_sides
 from exporter.analysis.sides.load import Side
-from exporter.profiles.flamegraph import FlameGraph
-
-OPS = {"dot.1": 4e6, "fusion.2": 2e6, "ynn_fusion": 1.5e6, "copy": 1e6, "dot.3": 1.5e6}
+from tests.replicate_captures import capture as replicate_capture
 
 
 def capture(seed: int, grown: float = 0.0) -> Side:
     """One process: its own machine speed (x0.6-x2.5) and each op's own wobble."""
-    rng = random.Random(seed)
-    speed = rng.uniform(0.6, 2.5)
-    wobble = {op: rng.lognormvariate(0, 0.2) for op in OPS}
-    graphs = []
-    for _ in range(12):
-        graph = FlameGraph(sample_type="device_time", unit="nanoseconds")
-        for op, ns in OPS.items():
-            extra = grown * 1e7 if op == "fusion.2" else 0.0
-            value = (ns * wobble[op] + extra) * speed * (1 + rng.uniform(-0.05, 0.05))
-            graph.add(["jit_step", op], round(value))
-        graphs.append(graph)
-    whole = FlameGraph(sample_type="device_time", unit="nanoseconds")
-    for g in graphs:
-        whole.merge(g)
-    return Side(f"c{seed}", "capture", "device", whole, graphs, [g.root.total for g in graphs],
-                "device_steps")  # fmt: skip
+    extra = {"fusion.2": grown * 1e7}
+    return replicate_capture(seed, wobble=0.2, extra=extra, jitter=0.05, speeds=(0.6, 2.5))
 
 
 def _fusion(entries):  # type: ignore[no-untyped-def]
@@ -60,22 +42,10 @@ def loop_capture(seed: int, grown: float = 0.0) -> Side:
     """One process of a step whose ops each run x1.28 apart between processes (a loaded
     CPU's spread, after the machine's speed); ``grown``: the loop's added share of the
     step (13 ms)."""
-    rng = random.Random(seed)
-    speed = rng.uniform(0.6, 2.5)
-    wobble = {op: rng.lognormvariate(0, 0.25) for op in LOOP_OPS}
-    graphs = []
-    for _ in range(12):
-        graph = FlameGraph(sample_type="device_time", unit="nanoseconds")
-        for op, ns in LOOP_OPS.items():
-            extra = grown * 1.3e7 if op == "while.loop" else 0.0
-            value = (ns * wobble[op] + extra) * speed * (1 + rng.uniform(-0.05, 0.05))
-            graph.add(["jit_step", op], round(value))
-        graphs.append(graph)
-    whole = FlameGraph(sample_type="device_time", unit="nanoseconds")
-    for g in graphs:
-        whole.merge(g)
-    return Side(f"l{seed}", "capture", "device", whole, graphs, [g.root.total for g in graphs],
-                "device_steps")  # fmt: skip
+    extra = {"while.loop": grown * 1.3e7}
+    return replicate_capture(
+        seed, LOOP_OPS, wobble=0.25, extra=extra, jitter=0.05, speeds=(0.6, 2.5)
+    )
 
 
 def test_a_grown_op_is_judged_against_the_rest_of_its_capture() -> None:
